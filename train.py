@@ -1,0 +1,11 @@
+"""Entry point for the launchers: `deepspeed train.py --preset NAME [--set k=v ...]` or `torchrun ... train.py`.
+
+Everything lives in the `trainer` package; this file only forwards the command line (including the
+launcher's --local_rank) to `python -m trainer train`.
+"""
+import sys
+
+from trainer.__main__ import main
+
+if __name__ == "__main__":
+    sys.exit(main(["train", *sys.argv[1:]]))

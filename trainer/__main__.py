@@ -1,0 +1,46 @@
+"""`python -m trainer <command>`: presets, show, export, train, plan, doctor, lint.
+
+Each command is a pair of functions in its module, `<command>_arguments(parser)` and
+`<command>(args) -> int`; this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import UserError
+
+COMMANDS = {
+    "presets": ("trainer.cli", "list the shipped presets"),
+    "show": ("trainer.cli", "print a preset's fully resolved config"),
+    "export": ("trainer.cli", "write a preset's resolved DeepSpeed JSON"),
+    "train": ("trainer.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
+    "plan": ("trainer.plan", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
+    "doctor": ("trainer.doctor", "diagnose a failed run's log and propose the next change"),
+    "lint": ("trainer.lint", "check a resolved preset against the tuning checklist"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, (module_name, help_text) in COMMANDS.items():
+        try:
+            modules[name] = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue  # a command whose module is not in this checkout yet
+        getattr(modules[name], f"{name}_arguments")(sub.add_parser(name, help=help_text))
+    args = parser.parse_args(argv)
+    try:
+        return int(getattr(modules[args.command], args.command)(args) or 0)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The configuration schema: what a preset file may say, with one line of documentation per field.
+
+Sections mirror the preset files (`hardware`, `model`, `data`, `train`, `deepspeed`, `logging`).
+This module only declares; `trainer.presets` loads files into it (strictly: unknown keys and wrong
+types are errors) and `trainer.resolve` fills "auto", solves the batch triad and validates.
+The `deepspeed` section is DeepSpeed's own JSON, kept as a dict and owned by `trainer.ds_config`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+AUTO = "auto"
+
+
+def doc(text: str, default: Any = None, factory: Any = None):
+    """A dataclass field with its one-line documentation kept in metadata (shown by `show --docs`)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class HardwareConfig:
+    gpu: str = doc("GPU type from trainer.hardware.GPUS (a100-80g, h100-80g, v100-32g, ...) or 'cpu'.", "cpu")
+    gpus_per_node: int = doc("Ranks per node (GPUs per node; CPU ranks for 'cpu').", 1)
+    nodes: int = doc("Number of nodes; world size = nodes x gpus_per_node.", 1)
+    cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB (planner: offload budget).", None)
+    nvme_gb: Optional[float] = doc("Local NVMe per node in GB (planner: ZeRO-Infinity budget).", None)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = doc("Train LoRA adapters (PEFT) instead of all weights.", False)
+    r: int = doc("LoRA rank.", 16)
+    alpha: int = doc("LoRA scaling numerator (scale = alpha / r).", 32)
+    dropout: float = doc("Dropout on the LoRA input.", 0.05)
+    target_modules: list[str] = doc(
+        "Module names that get adapters.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: Optional[str] = doc(
+        "Local directory or hub id with pretrained weights; None trains the inline architecture from scratch.", None)
+    family: str = doc("Architecture family of the inline config (a transformers model_type: llama, mistral, qwen2).", "llama")
+    hidden_size: int = doc("Model width h.", 4096)
+    num_layers: int = doc("Transformer blocks L.", 32)
+    num_heads: int = doc("Attention (query) heads.", 32)
+    num_kv_heads: Optional[int] = doc("Key/value heads (GQA); None means num_heads (MHA).", None)
+    intermediate_size: int = doc("SwiGLU MLP width.", 11008)
+    vocab_size: int = doc("Vocabulary size (the tokenizer must not exceed it).", 32000)
+    max_position_embeddings: int = doc("Longest sequence the model supports.", 4096)
+    tie_word_embeddings: bool = doc("Share input embedding and LM head weights.", False)
+    rope_theta: float = doc("RoPE base frequency.", 10000.0)
+    tokenizer: Optional[str] = doc("Tokenizer directory or hub id; None uses name_or_path.", None)
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = doc(
+        "Attention kernel; 'auto' = flash_attention_2 when flash-attn and CUDA are present, else sdpa.", "auto")
+    liger: bool = doc("Apply Liger kernels (CUDA + liger-kernel only; a one-line warning elsewhere).", False)
+    gradient_checkpointing: bool = doc("Recompute activations in backward (transformers gradient checkpointing).", False)
+    trust_remote_code: bool = doc("Allow model/tokenizer code from the hub repo to run (off unless asked).", False)
+    init_std: float = doc("Std of the normal init for from-scratch weights (transformers' initializer_range).", 0.02)
+    lora: LoraConfig = doc("LoRA fine-tuning through PEFT.", factory=LoraConfig)
+
+
+@dataclass
+class DataConfig:
+    task: Literal["pretrain", "sft"] = doc("pretrain: packed causal LM on raw text; sft: loss on responses only.", "pretrain")
+    source: str = doc("Local .jsonl/.json/.parquet/.txt file or directory, or a hub dataset name.", "")
+    split: str = doc("Split of a hub dataset to read.", "train")
+    eval_source: Optional[str] = doc("Separate eval data; None carves eval_fraction out of `source`.", None)
+    eval_fraction: float = doc("Share of records held out for eval when eval_source is None.", 0.05)
+    seq_len: int = doc("Tokens per training sequence.", 2048)
+    packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
+    truncate: bool = doc("Cut records longer than seq_len; when off such records are an error.", False)
+    text_field: str = doc("Column with raw text (pretrain).", "text")
+    prompt_field: str = doc("Column with the prompt (sft, prompt/response records).", "prompt")
+    response_field: str = doc("Column with the response (sft, prompt/response records).", "response")
+    messages_field: str = doc("Column with chat messages (sft, rendered with the tokenizer's chat template).", "messages")
+    num_workers: int = doc("Processes for tokenization (datasets.map num_proc); 1 = in process.", 1)
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: Union[int, str, None] = doc("Sequences per rank per forward (DeepSpeed train_micro_batch_size_per_gpu).", None)
+    grad_accum: Union[int, str, None] = doc("Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps).", None)
+    global_batch_size: Union[int, str, None] = doc("Sequences per optimizer step across data-parallel ranks.", None)
+    precision: Literal["bf16", "fp16", "fp32"] = doc("Training precision; fills DeepSpeed bf16/fp16 'auto'.", "bf16")
+    lr: float = doc("Peak learning rate.", 3e-4)
+    min_lr: float = doc("Learning rate at the end of decay (WarmupCosineLR: as a ratio of lr).", 0.0)
+    betas: tuple[float, float] = doc("Adam betas.", (0.9, 0.95))
+    eps: float = doc("Adam epsilon.", 1e-8)
+    weight_decay: float = doc("Decoupled weight decay.", 0.1)
+    grad_clip: float = doc("Global gradient-norm clip (DeepSpeed gradient_clipping); 0 disables.", 1.0)
+    warmup_steps: int = doc("Linear warmup steps.", 100)
+    max_steps: int = doc("Optimizer steps to train.", 1000)
+    eval_every: int = doc("Evaluate every N optimizer steps (0 = only at the end).", 100)
+    eval_batches: int = doc("Micro-batches per rank per evaluation.", 20)
+    save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500)
+    keep_last: int = doc("Checkpoints kept on disk (older ones are deleted).", 3)
+    seed: int = doc("Seed for init, data order and dropout.", 1234)
+    output_dir: str = doc("Run directory: metrics.jsonl, config.resolved.yaml, checkpoints/, hf/.", "runs/default")
+    resume: Optional[str] = doc("'auto' (newest complete checkpoint in output_dir), a checkpoint path, or None.", None)
+    export_hf: bool = doc("Write the final model in HF format (safetensors) to output_dir/hf.", True)
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = doc("Log metrics every N optimizer steps.", 10)
+    progress_bar: bool = doc("Show a progress bar on rank 0.", True)
+    wandb_mode: Literal["disabled", "offline", "online"] = doc("wandb tracking mode; 'disabled' never imports wandb.", "disabled")
+    wandb_project: Optional[str] = doc("wandb project.", None)
+    wandb_entity: Optional[str] = doc("wandb entity (team or user).", None)
+    run_name: Optional[str] = doc("Run name (wandb and logs); None = the preset name.", None)
+    tags: list[str] = doc("wandb tags.", factory=list)
+
+
+@dataclass
+class Config:
+    name: str = doc("Preset name (the file stem).", "")
+    description: str = doc("One line: model, hardware, what it trades off.", "")
+    deepspeed_template: Optional[str] = doc("Shared DeepSpeed JSON under presets/deepspeed/ that `deepspeed` overrides.", None)
+    hardware: HardwareConfig = doc("Where it runs.", factory=HardwareConfig)
+    model: ModelConfig = doc("What is trained.", factory=ModelConfig)
+    data: DataConfig = doc("What it is trained on.", factory=DataConfig)
+    train: TrainConfig = doc("How long, how fast, where results go.", factory=TrainConfig)
+    deepspeed: dict = doc("DeepSpeed config as DeepSpeed documents it; 'auto' values are filled from train/model.", factory=dict)
+    logging: LoggingConfig = doc("Metrics and experiment tracking.", factory=LoggingConfig)
+

@@ -1,0 +1,39 @@
+"""One table of accelerator facts used by the validator, the planner and the MFU meter.
+
+Peaks are dense bf16 (fp16 for V100, which has no bf16) tensor-core TFLOP/s from the vendors'
+data sheets; memory is what the card reports, in GiB-ish vendor GB (we use 1e9 bytes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_gb: float      # device memory, 1e9 bytes
+    bf16: bool            # hardware bf16 support (Ampere and newer)
+    peak_tflops: float    # dense 16-bit tensor-core peak
+    description: str
+
+
+GPUS: dict[str, Gpu] = {g.name: g for g in [
+    Gpu("a100-40g", 40, True, 312, "NVIDIA A100 40GB SXM"),
+    Gpu("a100-80g", 80, True, 312, "NVIDIA A100 80GB SXM"),
+    Gpu("h100-80g", 80, True, 989, "NVIDIA H100 80GB SXM"),
+    Gpu("h200", 141, True, 989, "NVIDIA H200 141GB SXM"),
+    Gpu("v100-16g", 16, False, 125, "NVIDIA V100 16GB SXM2 (fp16 only)"),
+    Gpu("v100-32g", 32, False, 125, "NVIDIA V100 32GB SXM2 (fp16 only)"),
+    Gpu("l40s", 48, True, 362, "NVIDIA L40S 48GB"),
+    Gpu("rtx4090", 24, True, 165, "NVIDIA GeForce RTX 4090 24GB"),
+    # CPU ranks (tests, rehearsals): no GPU memory budget, fp32 only in practice.
+    Gpu("cpu", 0, True, 0, "CPU ranks (gloo); fp32 recommended"),
+]}
+
+
+def gpu_spec(name: str) -> Gpu:
+    """The table row for `name`, or a ValueError that lists the known types."""
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU type {name!r}; known: {', '.join(GPUS)}") from None

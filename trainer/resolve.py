@@ -1,0 +1,122 @@
+"""Config -> Resolved: "auto" filled, batch triad solved, everything validated, all problems at once.
+
+The only function most callers need is `resolve(config, world_size)`. Its result is what the loop,
+`show`, `export`, the planner and the linter read; it holds no "auto".
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from . import ds_config as dsc
+from .config import AUTO, Config
+from .errors import ConfigError
+from .hardware import GPUS
+from .rules import check_rules, notices
+
+
+@dataclass(frozen=True)
+class Resolved:
+    config: Config          # train batch fields are ints; deepspeed is the filled DeepSpeed dict
+    world_size: int
+    batch: dsc.Batch
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def ds(self) -> dict:
+        return self.config.deepspeed
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch.global_batch_size * self.config.data.seq_len
+
+    def summary(self) -> dict:
+        """Derived numbers shown by `show`."""
+        return {
+            "world_size": self.world_size,
+            "data_parallel_size": self.batch.data_parallel_size,
+            "autotp_size": dsc.autotp_size(self.ds),
+            "zero_stage": dsc.zero_stage(self.ds),
+            "offload": {"optimizer": dsc.offload_optimizer_device(self.ds), "param": dsc.offload_param_device(self.ds)},
+            "precision": dsc.precision(self.ds),
+            "global_batch_size": self.batch.global_batch_size,
+            "tokens_per_step": self.tokens_per_step,
+            "total_tokens": self.tokens_per_step * self.config.train.max_steps,
+        }
+
+
+def declared_world_size(cfg: Config) -> int:
+    return cfg.hardware.nodes * cfg.hardware.gpus_per_node
+
+
+def launcher_world_size() -> int | None:
+    """WORLD_SIZE set by deepspeed/torchrun, or None outside a launcher."""
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value else None
+
+
+def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Resolved:
+    world = world_size or declared_world_size(cfg)
+    problems = check_values(cfg)
+    if world < 1:
+        problems.append(f"world size {world} must be >= 1")
+    problems += dsc.check_keys(cfg.deepspeed, typed=False)
+    if problems:  # the steps below assume well-typed input
+        raise ConfigError(problems, source or cfg.name)
+    batch = dsc.solve_batch(cfg, world, problems)
+    ds = dsc.fill_auto(cfg, batch, problems) if batch else cfg.deepspeed
+    if batch and not problems:
+        problems += dsc.check_keys(ds)  # now typed: DeepSpeed's models see real values
+        problems += check_rules(cfg, ds, world)
+    if problems:
+        raise ConfigError(problems, source or cfg.name)
+    train = dataclasses.replace(cfg.train, micro_batch_size=batch.micro_batch_size, grad_accum=batch.grad_accum,
+                                global_batch_size=batch.global_batch_size)
+    resolved = dataclasses.replace(cfg, train=train, deepspeed=ds)
+    return Resolved(resolved, world, batch, notices(resolved, ds, world))
+
+
+def check_values(cfg: Config) -> list[str]:
+    """Impossible values in the trainer's own sections (types were checked when the preset was read)."""
+    m, d, t, h = cfg.model, cfg.data, cfg.train, cfg.hardware
+    checks = [
+        (h.gpu in GPUS, f"hardware.gpu: unknown GPU type {h.gpu!r}; known: {', '.join(GPUS)}"),
+        (h.gpus_per_node >= 1, f"hardware.gpus_per_node={h.gpus_per_node} must be >= 1"),
+        (h.nodes >= 1, f"hardware.nodes={h.nodes} must be >= 1"),
+        (m.hidden_size > 0 and m.num_layers > 0 and m.num_heads > 0 and m.intermediate_size > 0 and m.vocab_size > 0,
+         "model: hidden_size, num_layers, num_heads, intermediate_size and vocab_size must be positive"),
+        (m.num_heads <= 0 or m.hidden_size % m.num_heads == 0,
+         f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}"),
+        (m.num_kv_heads is None or (m.num_kv_heads > 0 and m.num_heads % m.num_kv_heads == 0),
+         f"model.num_heads={m.num_heads} must be divisible by model.num_kv_heads={m.num_kv_heads}"),
+        (d.seq_len > 0, f"data.seq_len={d.seq_len} must be positive"),
+        (d.seq_len <= m.max_position_embeddings,
+         f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"),
+        (0 <= d.eval_fraction < 1, f"data.eval_fraction={d.eval_fraction} must be in [0, 1)"),
+        (bool(d.source), "data.source is empty: give a local file/directory or a hub dataset name"),
+        (d.num_workers >= 1, f"data.num_workers={d.num_workers} must be >= 1"),
+        (t.lr > 0, f"train.lr={t.lr} must be > 0"),
+        (0 <= t.min_lr <= t.lr, f"train.min_lr={t.min_lr} must be in [0, train.lr]"),
+        (all(0 <= b < 1 for b in t.betas), f"train.betas={list(t.betas)} must be in [0, 1)"),
+        (t.eps > 0, f"train.eps={t.eps} must be > 0"),
+        (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
+        (t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0"),
+        (t.max_steps >= 1, f"train.max_steps={t.max_steps} must be >= 1"),
+        (0 <= t.warmup_steps <= t.max_steps, f"train.warmup_steps={t.warmup_steps} must be in [0, max_steps]"),
+        (t.eval_every >= 0 and t.save_every >= 0 and t.eval_batches >= 1,
+         "train.eval_every and train.save_every must be >= 0 and train.eval_batches >= 1"),
+        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1 (the newest checkpoint is always kept)"),
+        (bool(t.output_dir), "train.output_dir is empty"),
+        (cfg.logging.log_every >= 1, f"logging.log_every={cfg.logging.log_every} must be >= 1"),
+        (m.lora.r >= 1 and m.lora.alpha > 0 and 0 <= m.lora.dropout < 1,
+         "model.lora: r >= 1, alpha > 0 and dropout in [0, 1) required"),
+        (not (m.lora.enabled and m.name_or_path is None),
+         "model.lora.enabled needs pretrained weights: set model.name_or_path (LoRA on a random model learns nothing)"),
+    ]
+    problems = [message for ok, message in checks if not ok]
+    for key in ("micro_batch_size", "grad_accum", "global_batch_size"):
+        value = getattr(t, key)
+        if isinstance(value, str) and value != AUTO:
+            problems.append(f"train.{key}: {value!r} must be a positive integer or 'auto'")
+    return problems

@@ -1,0 +1,162 @@
+"""Every cross-field rule in one place. Each rule reads the resolved config and returns problems (errors).
+
+DeepSpeed 0.19.8 accepts several of these combinations and silently does something else; the table
+says what it would do, which is why each is an error here.
+
+| rule | DeepSpeed 0.19.8 on its own |
+|---|---|
+| offload_param needs stage 3 | ignores offload_param at stage 1/2 |
+| offload_optimizer needs stage >= 1 | fails late in engine setup |
+| NVMe offload needs stage 3, an existing writable nvme_path, optimizer buffer_count >= 4 | stage 1/2 treat 'nvme' as CPU |
+| aio.thread_count is not a key (intra_op_parallelism is) | ignores it (checked in ds_config.check_keys) |
+| AutoTP size divides the world size | asserts at engine start |
+| bf16 needs a GPU with bf16 (not V100) | fails or emulates slowly |
+| fp16 and bf16 not both | raises at config parse |
+| fp16 not on CPU ranks | "Type fp16 is not supported on your device" |
+| round_robin_gradients only at stage 1/2 | ignores it |
+| zero_hpz_partition_size divides the world size | hangs or asserts |
+| ZeRO++ (hpZ, quantized weights/gradients) needs stage 3 | only stage 3 reads the keys: silently nothing |
+| quantized weights not on CPU ranks | "not implemented on CPU backend" |
+| 1-bit / 0-1 optimizers are gone | raises (checked in ds_config.check_keys) |
+| activation_checkpointing block needs model.gradient_checkpointing | the block does nothing alone |
+| gradient checkpointing turns the model's use_cache off | transformers warns every step (a notice here) |
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from . import ds_config as dsc
+from .config import Config
+from .hardware import GPUS
+
+Rule = Callable[[Config, dict, int], list[str]]
+
+
+def offload_param_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
+    if dsc.offload_param_device(ds) != "none" and dsc.zero_stage(ds) != 3:
+        return [f"deepspeed.zero_optimization.offload_param needs stage 3 (stage is {dsc.zero_stage(ds)}; "
+                f"DeepSpeed would silently ignore it): set zero_optimization.stage=3 or remove offload_param"]
+    return []
+
+
+def offload_optimizer_needs_zero(cfg: Config, ds: dict, world: int) -> list[str]:
+    if dsc.offload_optimizer_device(ds) != "none" and dsc.zero_stage(ds) == 0:
+        return ["deepspeed.zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage is 0)"]
+    return []
+
+
+def nvme_offload(cfg: Config, ds: dict, world: int) -> list[str]:
+    problems = []
+    for which in ("offload_optimizer", "offload_param"):
+        block = dsc.offload_block(ds, which)
+        if block.get("device") != "nvme":
+            continue
+        key = f"deepspeed.zero_optimization.{which}"
+        if dsc.zero_stage(ds) != 3:
+            problems.append(f"{key}.device=nvme needs stage 3: stages 1/2 quietly treat 'nvme' as CPU and never "
+                            f"use nvme_path; set zero_optimization.stage=3 or device=cpu")
+        path = block.get("nvme_path")
+        if not path:
+            problems.append(f"{key}.nvme_path is missing: point it at a directory on a local NVMe drive")
+        elif not Path(path).is_dir():
+            problems.append(f"{key}.nvme_path {path!r} does not exist: create it or point it at a mounted NVMe drive")
+        elif not os.access(path, os.W_OK):
+            problems.append(f"{key}.nvme_path {path!r} is not writable by this user")
+        if which == "offload_optimizer" and int(block.get("buffer_count", 4)) < 4:
+            problems.append(f"{key}.buffer_count={block['buffer_count']} is too small: Adam swaps 4 state "
+                            f"tensors per parameter group, use buffer_count >= 4")
+    return problems
+
+
+def autotp_divides_world(cfg: Config, ds: dict, world: int) -> list[str]:
+    tp = dsc.autotp_size(ds)
+    if tp > 1 and world % tp:
+        return [f"deepspeed.tensor_parallel.autotp_size={tp} must divide the world size {world}"]
+    return []
+
+
+def bf16_needs_hardware(cfg: Config, ds: dict, world: int) -> list[str]:
+    gpu = GPUS.get(cfg.hardware.gpu)
+    if dsc.bf16_enabled(ds) and gpu is not None and not gpu.bf16:
+        return [f"bf16 is enabled but {gpu.description} has no bf16: use fp16 with dynamic loss scaling "
+                f"(--set train.precision=fp16 with an fp16 block, as in preset 7b_2xv100)"]
+    return []
+
+
+def one_half_precision(cfg: Config, ds: dict, world: int) -> list[str]:
+    if dsc.bf16_enabled(ds) and dsc.fp16_enabled(ds):
+        return ["deepspeed.bf16.enabled and deepspeed.fp16.enabled are both true: choose one "
+                "(train.precision fills both when they are 'auto')"]
+    return []
+
+
+def cpu_ranks_precision(cfg: Config, ds: dict, world: int) -> list[str]:
+    if cfg.hardware.gpu == "cpu" and dsc.fp16_enabled(ds):
+        return ["fp16 is enabled on CPU ranks: DeepSpeed's CPU accelerator does not support fp16; use "
+                "train.precision=fp32 (bf16 works but is ~13x slower on these CPUs)"]
+    return []
+
+
+def round_robin_needs_stage_1_2(cfg: Config, ds: dict, world: int) -> list[str]:
+    if dsc.zero(ds).get("round_robin_gradients") and dsc.zero_stage(ds) not in (1, 2):
+        return [f"deepspeed.zero_optimization.round_robin_gradients only works at stage 1/2 "
+                f"(stage is {dsc.zero_stage(ds)}); remove it"]
+    return []
+
+
+def zeropp_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
+    used = [k for k, on in (("zero_hpz_partition_size", dsc.hpz_partition_size(ds) > 1),
+                            ("zero_quantized_weights", dsc.quantized_weights(ds)),
+                            ("zero_quantized_gradients", dsc.quantized_gradients(ds))) if on]
+    if used and dsc.zero_stage(ds) != 3:
+        return [f"ZeRO++ ({', '.join(used)}) needs stage 3: in DeepSpeed 0.19.8 only the stage-3 code reads these "
+                f"keys, so at stage {dsc.zero_stage(ds)} they silently do nothing (the seed's template F on stage 2 "
+                f"is outdated); set zero_optimization.stage=3"]
+    return []
+
+
+def hpz_divides_world(cfg: Config, ds: dict, world: int) -> list[str]:
+    hpz = dsc.hpz_partition_size(ds)
+    if hpz > 1 and world % hpz:
+        return [f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} must divide the world size {world} "
+                f"(normally it equals GPUs per node, {cfg.hardware.gpus_per_node})"]
+    return []
+
+
+def quantized_weights_need_gpu(cfg: Config, ds: dict, world: int) -> list[str]:
+    if cfg.hardware.gpu == "cpu" and dsc.quantized_weights(ds):
+        return ["deepspeed.zero_optimization.zero_quantized_weights is not implemented on DeepSpeed's CPU "
+                "backend; turn it off on CPU ranks"]
+    return []
+
+
+def ds_checkpointing_needs_model_flag(cfg: Config, ds: dict, world: int) -> list[str]:
+    if dsc.has_activation_checkpointing(ds) and not cfg.model.gradient_checkpointing:
+        return ["deepspeed.activation_checkpointing is set but model.gradient_checkpointing is false: the block "
+                "does nothing on its own; set model.gradient_checkpointing=true or remove the block"]
+    return []
+
+
+RULES: list[Rule] = [
+    offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, autotp_divides_world,
+    bf16_needs_hardware, one_half_precision, cpu_ranks_precision, round_robin_needs_stage_1_2,
+    zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, ds_checkpointing_needs_model_flag,
+]
+
+
+def check_rules(cfg: Config, ds: dict, world: int) -> list[str]:
+    return [problem for rule in RULES for problem in rule(cfg, ds, world)]
+
+
+def notices(cfg: Config, ds: dict, world: int) -> list[str]:
+    """Things the user should know that are not errors."""
+    out = []
+    if cfg.model.gradient_checkpointing:
+        out.append("gradient checkpointing is on: the model's use_cache is turned off for training")
+    if cfg.model.trust_remote_code:
+        out.append("trust_remote_code is ON: code from the model's hub repo will run")
+    if cfg.hardware.gpu == "cpu" and dsc.bf16_enabled(ds):
+        out.append("bf16 on CPU ranks is ~13x slower than fp32 here; train.precision=fp32 is the CPU choice")
+    return out
