@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -26,8 +27,11 @@ def add_preset_arguments(parser: argparse.ArgumentParser, positional: bool = Tru
 
 
 def load_and_resolve(args) -> Resolved:
-    config = load_preset(args.preset, args.overrides)
-    return resolve(config, args.world_size)
+    # DeepSpeed logs to stdout (e.g. "Setting accelerator to CPU" on import); keep stdout for the
+    # YAML/JSON that `show` and `export -o -` print, so it can be piped into a file.
+    with contextlib.redirect_stdout(sys.stderr):
+        config = load_preset(args.preset, args.overrides)
+        return resolve(config, args.world_size)
 
 
 def config_as_dict(resolved: Resolved) -> dict:

@@ -101,6 +101,9 @@ class TrainConfig:
     seed: int = doc("Seed for init, data order and dropout.", 1234)
     output_dir: str = doc("Run directory: metrics.jsonl, config.resolved.yaml, checkpoints/, hf/.", "runs/default")
     resume: Optional[str] = doc("'auto' (newest complete checkpoint in output_dir), a checkpoint path, or None.", None)
+    stop_after: Optional[int] = doc(
+        "End this invocation after N optimizer steps (checkpoint saved) even before max_steps; resume later with "
+        "--resume auto. For allocations shorter than the run.", None)
     export_hf: bool = doc("Write the final model in HF format (safetensors) to output_dir/hf.", True)
 
 

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import torch
 
 from trainer.config import DataConfig, ModelConfig
+from trainer.errors import UserError
 
 IGNORE_INDEX = -100                      # labels the loss skips (torch CrossEntropyLoss default)
 ORIGIN = "_origin"                       # per-record "path line N" / "path row N", for error messages
@@ -37,8 +38,11 @@ COLUMNS = ("input_ids", "labels", "attention_mask")
 FILE_FORMATS = (".jsonl", ".json", ".parquet", ".txt")
 
 
-class DataError(ValueError):
-    """A problem with the data or its configuration; the message says where and how to fix it."""
+class DataError(UserError, ValueError):
+    """A problem with the data or its configuration; the message says where and how to fix it.
+
+    A UserError, so the CLI prints it without a traceback; a ValueError for callers that catch those.
+    """
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
@@ -51,6 +55,8 @@ def load_tokenizer(model_cfg: ModelConfig):
     if not path:
         raise DataError("model.tokenizer and model.name_or_path are both unset; set model.tokenizer to a "
                         "tokenizer directory (e.g. data/tiny/tokenizer) or a hub id")
+    if not Path(path).expanduser().exists() and _looks_like_path(path):
+        raise DataError(f"tokenizer {path!r}: no such directory; fix model.tokenizer / model.name_or_path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError) as e:
@@ -60,16 +66,7 @@ def load_tokenizer(model_cfg: ModelConfig):
         raise DataError(f"tokenizer {path!r} has no eos_token; samples need one to end on")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    _check_vocab_fits(tokenizer, model_cfg, path)
     return tokenizer
-
-
-def _check_vocab_fits(tokenizer, model_cfg: ModelConfig, path: str) -> None:
-    # Only the inline (from-scratch) architecture takes its vocab size from the config.
-    if model_cfg.name_or_path is None and isinstance(model_cfg.vocab_size, int) \
-            and len(tokenizer) > model_cfg.vocab_size:
-        raise DataError(f"tokenizer {path!r} has {len(tokenizer)} tokens but model.vocab_size is "
-                        f"{model_cfg.vocab_size}; raise model.vocab_size to at least {len(tokenizer)}")
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -92,9 +89,10 @@ def load_records(source: str, split: str = "train") -> datasets.Dataset:
 
 
 def _looks_like_path(source: str) -> bool:
-    # Hub ids are "name" or "org/name"; anything else that does not exist is a mistyped local path.
+    # Hub ids are "name" or "org/name"; anything else that does not exist is a mistyped local path,
+    # and so is "dir/name" when dir exists here (asking the hub would only retry and fail offline).
     return (Path(source).suffix in FILE_FORMATS or source.startswith((".", "/", "~"))
-            or source.count("/") > 1)
+            or source.count("/") > 1 or ("/" in source and Path(source).parent.is_dir()))
 
 
 def _load_hub(name: str, split: str) -> datasets.Dataset:
@@ -136,7 +134,7 @@ def _read_jsonl(path: Path) -> datasets.Dataset:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path} line {number}: invalid JSON ({e.msg} at column {e.colno}); each line "
+            raise DataError(f"{path} line {number}: invalid JSON at column {e.colno} ({e.msg}); each line "
                             f"must hold one JSON object, e.g. {{\"text\": \"...\"}}") from None
         rows.append(_checked_object(record, f"{path} line {number}"))
     return _records_from_rows(rows, path)
@@ -148,7 +146,7 @@ def _read_json(path: Path) -> datasets.Dataset:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         if text.lstrip().startswith("["):
-            raise DataError(f"{path} line {e.lineno}: invalid JSON ({e.msg} at column {e.colno}); the file "
+            raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
                             f"must be a JSON array of objects or JSON lines") from None
         return _read_jsonl(path)  # many .json files are really JSON lines
     rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(_json_rows(data), 1)]
@@ -209,8 +207,19 @@ def _records_from_rows(rows: list[dict], path: Path) -> datasets.Dataset:
     try:
         return datasets.Dataset.from_dict({name: [row.get(name) for row in rows] for name in names})
     except (pa.ArrowException, TypeError, ValueError) as e:
-        raise DataError(f"{path}: records disagree on a field's type ({e}); give each field one type "
-                        f"in every record") from e
+        raise DataError(f"{_first_type_change(rows) or path}: records disagree on a field's type ({e}); "
+                        f"give each field one type in every record") from e
+
+
+def _first_type_change(rows: list[dict]) -> Optional[str]:
+    """Origin and field of the first record whose field type differs from earlier records'."""
+    seen: dict[str, type] = {}
+    for row in rows:
+        for name, value in row.items():
+            kind = float if isinstance(value, int) and not isinstance(value, bool) else type(value)
+            if value is not None and seen.setdefault(name, kind) is not kind:
+                return f"{row[ORIGIN]} (field '{name}' is {type(value).__name__})"
+    return None
 
 
 def _visible(records: datasets.Dataset) -> list[str]:
@@ -220,7 +229,11 @@ def _visible(records: datasets.Dataset) -> list[str]:
 # --------------------------------------------------------------------------------------------- split
 
 def split_records(records: datasets.Dataset, eval_fraction: float, seed: int, source: str):
-    """(train, eval): a seeded random `eval_fraction` of the records is held out; train is shuffled."""
+    """(train, eval): a seeded random `eval_fraction` of the records is held out.
+
+    Both keep file order, so the first problem reported for a split is its earliest in the file; the
+    loader shuffles the packed sequences anyway.
+    """
     if not 0 < eval_fraction < 1:
         raise DataError(f"{source}: data.eval_fraction is {eval_fraction}; set it in (0, 1) or set "
                         f"data.eval_source")
@@ -229,7 +242,7 @@ def split_records(records: datasets.Dataset, eval_fraction: float, seed: int, so
     if n_eval >= len(records):
         raise DataError(f"{source}: only {len(records)} record(s); holding out {n_eval} for eval leaves "
                         f"none to train on; add records, lower data.eval_fraction or set data.eval_source")
-    return records.select(order[n_eval:]), records.select(np.sort(order[:n_eval]))
+    return records.select(np.sort(order[n_eval:])), records.select(np.sort(order[:n_eval]))
 
 
 # ------------------------------------------------------------------------------------------ tokenize
@@ -383,9 +396,10 @@ def _append_fitted(out: dict, ids: list[int], labels: list[int], cfg: DataConfig
 
 def _raise_first_problem(samples: datasets.Dataset) -> None:
     problems = _column(samples, "_problem")
-    first = next((i for i, p in enumerate(problems) if p), None)
-    if first is not None:
-        raise DataError(f"{samples[first][ORIGIN]}: {problems[first]}")
+    bad = [i for i, problem in enumerate(problems) if problem]
+    if bad:
+        more = f" ({len(bad) - 1} more record(s) of this split have problems too)" if len(bad) > 1 else ""
+        raise DataError(f"{samples[bad[0]][ORIGIN]}: {problems[bad[0]]}{more}")
 
 
 def _column(dataset: datasets.Dataset, name: str) -> list:
@@ -443,7 +457,9 @@ def _fill_blocks(ids: list[list[int]], labels: list[list[int]], groups: list[lis
         position = 0
         for i in group:
             end = position + len(ids[i])
-            input_ids[row, position:end], block_labels[row, position:end], mask[row, position:end] = ids[i], labels[i], 1
+            input_ids[row, position:end] = ids[i]
+            block_labels[row, position:end] = labels[i]
+            mask[row, position:end] = 1
             position = end
     return input_ids, block_labels, mask
 
@@ -451,10 +467,10 @@ def _fill_blocks(ids: list[list[int]], labels: list[list[int]], groups: list[lis
 def blocks_dataset(input_ids: np.ndarray, labels: np.ndarray, attention_mask: np.ndarray) -> datasets.Dataset:
     """A Dataset of [n, seq_len] int arrays, built through Arrow (no Python lists per token)."""
     n, seq_len = input_ids.shape
-    offsets = pa.array(np.arange(0, (n + 1) * seq_len, seq_len, dtype=np.int64), pa.int64())
+    offsets = pa.array(np.arange(0, (n + 1) * seq_len, seq_len, dtype=np.int32), pa.int32())
 
     def as_lists(array: np.ndarray) -> pa.Array:
-        return pa.LargeListArray.from_arrays(offsets, pa.array(array.reshape(-1).astype(np.int64)))
+        return pa.ListArray.from_arrays(offsets, pa.array(array.reshape(-1).astype(np.int64)))
 
     table = pa.table({"input_ids": as_lists(input_ids), "labels": as_lists(labels),
                       "attention_mask": as_lists(attention_mask)})
@@ -486,7 +502,7 @@ def build_datasets(data_cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
         if record_format(eval_records, data_cfg, tokenizer, data_cfg.eval_source) != fmt:
             raise DataError(f"{data_cfg.eval_source}: eval records have columns {_visible(eval_records)}, "
                             f"a different format from {data_cfg.source}'s {_visible(records)}; use one format")
-        train_records = records.shuffle(seed=seed)
+        train_records = records
     else:
         train_records, eval_records = split_records(records, data_cfg.eval_fraction, seed, data_cfg.source)
     train, train_stats = _prepare_split(train_records, fmt, data_cfg, tokenizer, "train", data_cfg.source)

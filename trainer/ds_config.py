@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -113,6 +114,63 @@ def without_tensor_parallel(ds: dict) -> dict:
     return {k: v for k, v in ds.items() if k != "tensor_parallel"}
 
 
+# DeepSpeed 0.19.8 defaults of the keys below (runtime/zero/config.py), used when a config omits them.
+_ZERO_DEFAULTS = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8), "prefetch_bucket_size": int(5e7),
+                  "max_live_parameters": int(1e9), "max_reuse_distance": int(1e9),
+                  "param_persistence_threshold": int(1e5), "sub_group_size": int(1e9)}
+_STAGE3_ALIASED = ("prefetch_bucket_size", "max_live_parameters", "max_reuse_distance", "param_persistence_threshold",
+                   "gather_16bit_weights_on_model_save")
+
+
+def zero_key(ds: dict, name: str) -> str:
+    """The spelling of a ZeRO key this config uses: stage-3 keys have a `stage3_` alias, and giving both is an
+    error, so an override must reuse whichever is present (the prefixed one when neither is)."""
+    if name not in _STAGE3_ALIASED:
+        return name
+    return name if name in zero(ds) else f"stage3_{name}"
+
+
+def zero_setting(ds: dict, name: str):
+    """A ZeRO setting (either spelling), or DeepSpeed's default."""
+    z = zero(ds)
+    for key in (name, f"stage3_{name}"):
+        if key in z and z[key] != AUTO:
+            return z[key]
+    return _ZERO_DEFAULTS.get(name)
+
+
+def overlap_comm(ds: dict) -> bool:
+    """DeepSpeed's default is on at stage 3 only."""
+    return bool(zero(ds).get("overlap_comm", zero_stage(ds) == 3))
+
+
+def contiguous_gradients(ds: dict) -> bool:
+    return bool(zero(ds).get("contiguous_gradients", True))
+
+
+def round_robin_gradients(ds: dict) -> bool:
+    return bool(zero(ds).get("round_robin_gradients", False))
+
+
+def offload_pin_memory(ds: dict, which: str) -> bool:
+    return bool(offload_block(ds, which).get("pin_memory", False))
+
+
+def nvme_pipelined(ds: dict) -> bool:
+    """Whether optimizer NVMe swaps overlap with compute (pipeline_read and pipeline_write)."""
+    block = offload_block(ds, "offload_optimizer")
+    return bool(block.get("pipeline_read", False)) and bool(block.get("pipeline_write", False))
+
+
+def fp16_min_loss_scale(ds: dict) -> float:
+    return float((ds.get("fp16") or {}).get("min_loss_scale", 1))
+
+
+def forces_ds_cpu_optimizer(ds: dict) -> bool:
+    """DeepSpeed insists on DeepSpeedCPUAdam for CPU offload unless this is turned off."""
+    return bool(ds.get("zero_force_ds_cpu_optimizer", True))
+
+
 # --- builders (the planner writes configs through these) -------------------------------------
 
 
@@ -175,6 +233,105 @@ def base_config(stage: int, offload_optimizer: str = "none", offload_param: str 
     return ds
 
 
+def with_zeropp(ds: dict, hpz_partition_size: int, quantized_weights: bool = True,
+                quantized_gradients: bool = True) -> dict:
+    """A copy with ZeRO++ on (stage 3 only in 0.19.8): hpZ keeps a node-local secondary copy of the params so
+    forward/backward all-gathers stay inside the node; weights and gradients cross nodes quantized."""
+    ds = copy.deepcopy(ds)
+    ds["zero_optimization"].update(zero_hpz_partition_size=hpz_partition_size,
+                                   zero_quantized_weights=quantized_weights,
+                                   zero_quantized_gradients=quantized_gradients)
+    return ds
+
+
+# --- `--set` overrides (the planner's launch line and the doctor's proposals) ------------------
+
+_ZERO_SWITCHES = ("stage", "round_robin_gradients", "sub_group_size", "zero_hpz_partition_size",
+                  "zero_quantized_weights", "zero_quantized_gradients")
+
+
+def set_override(path: str, value: Any) -> str:
+    """`deepspeed.PATH=VALUE` for `--set` (JSON is YAML flow syntax; null deletes the key)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"deepspeed.{path}={json.dumps(value)}"
+
+
+def zero_overrides(current: dict, target: dict) -> list[str]:
+    """Overrides that move `current`'s stage, offload devices, round-robin and ZeRO++ settings to `target`'s.
+
+    Tuned fields of an offload block that keeps its device are left alone; keys that would be errors or
+    silently ignored after the move (round_robin at stage 3, ZeRO++ below 3, offload_param below 3) are removed."""
+    cz, tz = zero(current), zero(target)
+    out = []
+    for key in _ZERO_SWITCHES:
+        if key in tz and cz.get(key) != tz[key]:
+            out.append(set_override(f"zero_optimization.{key}", tz[key]))
+        elif key not in tz and key in cz and key != "sub_group_size":
+            out.append(set_override(f"zero_optimization.{key}", None))
+    for which in ("offload_optimizer", "offload_param"):
+        now = (cz.get(which) or {}).get("device", "none")
+        want = (tz.get(which) or {}).get("device", "none")
+        if want == "none" and which in cz:
+            out.append(set_override(f"zero_optimization.{which}", None))
+        elif want != now:
+            out.append(set_override(f"zero_optimization.{which}", tz[which]))
+    if "aio" in target and "aio" not in current:
+        out.append(set_override("aio", target["aio"]))
+    return out
+
+
+def precision_overrides(current: dict, precision_name: str) -> list[str]:
+    """Overrides that make the bf16/fp16 blocks follow `train.precision=precision_name` (set that too)."""
+    if precision(current) == precision_name:
+        return []
+    out = []
+    for block in ("bf16", "fp16"):
+        if block != precision_name and block in current:
+            out.append(set_override(block, None))
+    if precision_name == "bf16":
+        out.append(set_override("bf16", {"enabled": AUTO}))
+    elif precision_name == "fp16":
+        fp16 = base_config(0, precision_name="fp16")["fp16"]
+        out.append(set_override("fp16", {**fp16, "enabled": AUTO}))
+    return out
+
+
+def activation_checkpointing_overrides(current: dict, enabled: bool) -> list[str]:
+    """The DeepSpeed block is only meaningful with model.gradient_checkpointing; drop it when that goes off."""
+    if not enabled and has_activation_checkpointing(current):
+        return [set_override("activation_checkpointing", None)]
+    return []
+
+
+def gather_on_save_override(current: dict) -> str:
+    return set_override(f"zero_optimization.{zero_key(current, 'gather_16bit_weights_on_model_save')}", True)
+
+
+def min_loss_scale_override(value: float) -> str:
+    return set_override("fp16.min_loss_scale", value)
+
+
+def torch_adam_on_cpu_overrides() -> list[str]:
+    """Offload with torch's AdamW on the CPU instead of the compiled DeepSpeedCPUAdam (5-7x slower step)."""
+    return [set_override("zero_force_ds_cpu_optimizer", False), set_override("optimizer.params.torch_adam", True)]
+
+
+# Stage-3 buffers the OOM ladder shrinks, with the floor below which halving stops paying.
+_STAGE3_BUFFER_FLOORS = {"prefetch_bucket_size": int(1e7), "max_live_parameters": int(1e8),
+                         "max_reuse_distance": int(1e8)}
+
+
+def smaller_stage3_buffers(current: dict) -> list[str]:
+    """Halve the stage-3 prefetch bucket, live-parameter and reuse-distance limits (never below a floor)."""
+    out = []
+    for name, floor in _STAGE3_BUFFER_FLOORS.items():
+        value = int(zero_setting(current, name))
+        if value > floor:
+            out.append(set_override(f"zero_optimization.{zero_key(current, name)}", max(floor, value // 2)))
+    return out
+
+
 # --- "auto" filling and the batch triad --------------------------------------------------------
 
 
@@ -195,19 +352,33 @@ class Batch:
 def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[Batch]:
     """Solve micro x accum x dp = global from any two of them (train section or DeepSpeed keys)."""
     ds, train = cfg.deepspeed, cfg.train
+    tp_value = (ds.get("tensor_parallel") or {}).get("autotp_size", 0)
+    if isinstance(tp_value, bool) or not isinstance(tp_value, int) or tp_value < 0:
+        problems.append(f"deepspeed.tensor_parallel.autotp_size: {tp_value!r} must be a whole number of ranks "
+                        f"(0 or 1 = no tensor parallelism; 'auto' has no rule to fill it)")
+        return None
     tp = autotp_size(ds)
     if world_size % tp:
-        return None  # reported by the AutoTP rule
+        problems.append(f"deepspeed.tensor_parallel.autotp_size={tp} must divide the world size {world_size}: "
+                        f"choose a divisor of {world_size} (normally the GPUs per node)")
+        return None
     dp = world_size // tp
     micro = _merge_batch_value(train.micro_batch_size, ds.get("train_micro_batch_size_per_gpu"),
                                "train.micro_batch_size", "train_micro_batch_size_per_gpu", problems)
     accum = _merge_batch_value(train.grad_accum, ds.get("gradient_accumulation_steps"),
                                "train.grad_accum", "gradient_accumulation_steps", problems)
     ds_global = ds.get("train_batch_size")
+    ds_global_key = "train_batch_size"
     if isinstance(ds_global, (int, float)) and not isinstance(ds_global, bool) and tp > 1:
+        if ds_global % tp:
+            problems.append(f"deepspeed.train_batch_size={ds_global} must be a multiple of autotp_size {tp}: under "
+                            f"AutoTP DeepSpeed counts every rank, train_batch_size = micro x accum x world size "
+                            f"{world_size}")
+            return None
         ds_global = ds_global // tp  # DeepSpeed's number counts TP replicas; ours counts distinct samples
+        ds_global_key = "train_batch_size/autotp_size"
     total = _merge_batch_value(train.global_batch_size, ds_global,
-                               "train.global_batch_size", "train_batch_size", problems)
+                               "train.global_batch_size", ds_global_key, problems)
     if None in (micro, accum, total) and [micro, accum, total].count(None) >= 2:
         accum = accum or 1  # DeepSpeed's own rule when fewer than two are given
     if micro is None and total is None:
@@ -252,6 +423,11 @@ def fill_auto(cfg: Config, batch: Batch, problems: list[str]) -> dict:
     for block, enabled in (("bf16", train.precision == "bf16"), ("fp16", train.precision == "fp16")):
         if block in ds:
             _fill(ds[block], "enabled", enabled, problems, f"{block}.")
+    if train.precision != "fp32" and "enabled" not in (ds.get(train.precision) or {}):
+        problems.append(f"train.precision={train.precision} but deepspeed has no '{train.precision}.enabled', so "
+                        f"DeepSpeed would silently train in fp32: add deepspeed.{train.precision}: {{enabled: auto}}"
+                        + (" with the loss-scaling keys (as in preset 7b_2xv100)" if train.precision == "fp16" else "")
+                        + " or set train.precision=fp32")
     opt = (ds.get("optimizer") or {}).get("params")
     if isinstance(opt, dict):
         for key, value in (("lr", train.lr), ("betas", list(train.betas)), ("eps", train.eps),
@@ -381,7 +557,9 @@ def _probe_dict_keys() -> tuple[frozenset, dict]:
     """Parse a config with DeepSpeedConfig and record which keys it looks up: (top-level keys, block -> keys)."""
     from deepspeed.runtime.config import DeepSpeedConfig, _REMOVED_TOP_LEVEL_CONFIG_KEYS
     seen: set = set()
-    probe = _RecordingDict({**{b: {} for b in _DICT_BLOCKS}, "train_batch_size": 1}, seen=seen)
+    # micro x accum without train_batch_size: valid at any world size, also inside a running job
+    probe = _RecordingDict({**{b: {} for b in _DICT_BLOCKS}, "train_micro_batch_size_per_gpu": 1,
+                            "gradient_accumulation_steps": 1}, seen=seen)
     DeepSpeedConfig(probe)
     top = {k[0] for k in seen if len(k) == 1} - set(_REMOVED_TOP_LEVEL_CONFIG_KEYS)
     top |= set(_pydantic_blocks())
@@ -401,20 +579,21 @@ def check_keys(ds: dict, typed: bool = True) -> list[str]:
             problems.append(f"deepspeed.{key}: {_REMOVED_TOP_LEVEL_CONFIG_KEYS[key]}")
         elif key not in top:
             problems.append(f"deepspeed.{key}: not a DeepSpeed config key{closest(key, top)}")
-        elif key in dict_blocks and isinstance(value, dict):
+        elif (key in dict_blocks or key in _pydantic_blocks() or key in ("optimizer", "scheduler")) \
+                and not isinstance(value, dict):
+            problems.append(f"deepspeed.{key}: expected a mapping of {key} settings, got {value!r}")
+        elif key in dict_blocks:
             for sub in value:
                 if sub not in dict_blocks[key]:
                     problems.append(f"deepspeed.{key}.{sub}: not read by DeepSpeed (it would be silently ignored)"
                                     f"{closest(sub, dict_blocks[key])}{_renamed_hint(key, sub)}")
     for sub, message in _REMOVED_ZERO_CONFIG_KEYS.items():
-        if sub in zero(ds):
+        if isinstance(ds.get("zero_optimization"), dict) and sub in zero(ds):
             problems.append(f"deepspeed.zero_optimization.{sub}: {message}")
-    if problems:
-        return problems  # model checks below would repeat the same unknown keys less helpfully
     problems += _check_pydantic_blocks(ds, strict=typed)
     problems += _check_optimizer(ds)
     problems += _check_scheduler(ds)
-    return problems
+    return _dedupe(problems)  # a key reported above (removed, not a mapping) is not repeated less helpfully
 
 
 def _renamed_hint(block: str, key: str) -> str:
@@ -435,6 +614,8 @@ def _check_pydantic_blocks(ds: dict, strict: bool) -> list[str]:
             continue
         if key == "zero_optimization":
             problems += _unknown_model_keys(block, model, "zero_optimization")
+        else:
+            problems += _unknown_model_keys_flat(block, model, key)
         try:
             model(strict=strict, **block)  # DeepSpeedConfigModel: strict=False drops "auto" values
         except pydantic.ValidationError as err:
@@ -492,6 +673,9 @@ def _check_optimizer(ds: dict) -> list[str]:
         return [f"deepspeed.optimizer: expected a mapping with 'type' and 'params', got {opt!r}"]
     problems = [f"deepspeed.optimizer.{k}: not a DeepSpeed key{closest(k, ['type', 'params'])}"
                 for k in opt if k not in ("type", "params", "legacy_fusion")]
+    if not isinstance(opt.get("params", {}), dict):
+        problems.append(f"deepspeed.optimizer.params: expected a mapping (lr, betas, ...), got {opt['params']!r}")
+        return problems
     name = str(opt.get("type", "")).lower()
     if name in REMOVED_OPTIMIZERS:
         problems.append(
@@ -515,12 +699,58 @@ def _check_scheduler(ds: dict) -> list[str]:
     sched = ds.get("scheduler")
     if sched is None:
         return []
-    name = sched.get("type") if isinstance(sched, dict) else None
+    if not isinstance(sched, dict):
+        return [f"deepspeed.scheduler: expected a mapping with 'type' and 'params', got {sched!r}"]
+    name = sched.get("type")
     if name not in lr_schedules.VALID_LR_SCHEDULES:
         return [f"deepspeed.scheduler.type: unknown scheduler {name!r}"
                 f"{closest(str(name), lr_schedules.VALID_LR_SCHEDULES)}; DeepSpeed has "
                 f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)}"]
     accepted = set(inspect.signature(getattr(lr_schedules, name).__init__).parameters) - {
         "self", "optimizer", "last_batch_iteration"}
+    if not isinstance(sched.get("params", {}), dict):
+        return [f"deepspeed.scheduler.params: expected a mapping of {name} parameters, got {sched['params']!r}"]
     return [f"deepspeed.scheduler.params.{key}: not a {name} parameter{closest(key, accepted)}"
             for key in (sched.get("params") or {}) if key not in accepted]
+
+
+# --- rehearsal: the preset's DeepSpeed features on a toy model and the ranks present -------------
+
+
+def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) -> tuple[dict, list[str]]:
+    """What must change for a CPU/laptop rehearsal, each with a one-line notice. Features stay on; only
+    what the present hardware cannot do (or would need GBs for) is swapped."""
+    ds = copy.deepcopy(ds)
+    notices = []
+    z = ds.get("zero_optimization") or {}
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        if key in z and z[key] != AUTO:
+            z[key] = AUTO  # 5e8-element buckets would allocate GBs for a toy model
+            notices.append(f"zero_optimization.{key} -> 'auto' (sized for the shrunk model)")
+    if "allgather_bucket_size" in z:
+        z["allgather_bucket_size"] = 2e6
+    for which in ("offload_optimizer", "offload_param"):
+        block = z.get(which) or {}
+        if block.get("device") == "nvme":
+            block["nvme_path"] = nvme_dir
+            notices.append(f"{which}.nvme_path -> {nvme_dir} (local directory)")
+        if which == "offload_param" and "buffer_size" in block:
+            block["buffer_size"] = 1e7
+    if hpz_partition_size(ds) > 1 and world_size % hpz_partition_size(ds):
+        z["zero_hpz_partition_size"] = world_size
+        notices.append(f"zero_hpz_partition_size -> {world_size} (must divide the {world_size} ranks present)")
+    tp = ds.get("tensor_parallel") or {}
+    if tp.get("autotp_size", 0) > 1 and world_size % tp["autotp_size"]:
+        tp["autotp_size"] = world_size
+        notices.append(f"tensor_parallel.autotp_size -> {world_size} (ranks present)")
+    if on_cpu:
+        if quantized_weights(ds):
+            z["zero_quantized_weights"] = False
+            notices.append("zero_quantized_weights -> off (not implemented on DeepSpeed's CPU backend)")
+        for block in ("bf16", "fp16"):
+            if block in ds:
+                ds[block]["enabled"] = AUTO  # filled from train.precision, which the rehearsal sets to fp32
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if key in ds:
+            ds[key] = AUTO  # solved again from the rehearsal's batch
+    return ds, notices

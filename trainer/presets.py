@@ -125,8 +125,9 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
     raw = apply_overrides(raw, overrides or [])
     raw.setdefault("name", path.stem)
     template = raw.get("deepspeed_template")
-    if isinstance(template, str):
-        raw["deepspeed"] = deep_merge(load_template(template), raw.get("deepspeed") or {})
+    section = raw.get("deepspeed")
+    if isinstance(template, str) and (section is None or isinstance(section, dict)):  # else reported below
+        raw["deepspeed"] = deep_merge(load_template(template), section or {})
     return config_from_dict(raw, source=str(path))
 
 

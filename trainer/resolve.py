@@ -93,7 +93,9 @@ def check_values(cfg: Config) -> list[str]:
         (d.seq_len > 0, f"data.seq_len={d.seq_len} must be positive"),
         (d.seq_len <= m.max_position_embeddings,
          f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"),
-        (0 <= d.eval_fraction < 1, f"data.eval_fraction={d.eval_fraction} must be in [0, 1)"),
+        (0 <= d.eval_fraction < 1 and (d.eval_fraction > 0 or d.eval_source),
+         f"data.eval_fraction={d.eval_fraction} must be in (0, 1) (or in [0, 1) with data.eval_source set): "
+         f"the loop evaluates every train.eval_every steps"),
         (bool(d.source), "data.source is empty: give a local file/directory or a hub dataset name"),
         (d.num_workers >= 1, f"data.num_workers={d.num_workers} must be >= 1"),
         (t.lr > 0, f"train.lr={t.lr} must be > 0"),
@@ -106,6 +108,7 @@ def check_values(cfg: Config) -> list[str]:
         (0 <= t.warmup_steps <= t.max_steps, f"train.warmup_steps={t.warmup_steps} must be in [0, max_steps]"),
         (t.eval_every >= 0 and t.save_every >= 0 and t.eval_batches >= 1,
          "train.eval_every and train.save_every must be >= 0 and train.eval_batches >= 1"),
+        (t.stop_after is None or t.stop_after >= 1, f"train.stop_after={t.stop_after} must be >= 1 or null"),
         (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1 (the newest checkpoint is always kept)"),
         (bool(t.output_dir), "train.output_dir is empty"),
         (cfg.logging.log_every >= 1, f"logging.log_every={cfg.logging.log_every} must be >= 1"),

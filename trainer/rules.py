@@ -19,6 +19,7 @@ says what it would do, which is why each is an error here.
 | quantized weights not on CPU ranks | "not implemented on CPU backend" |
 | 1-bit / 0-1 optimizers are gone | raises (checked in ds_config.check_keys) |
 | activation_checkpointing block needs model.gradient_checkpointing | the block does nothing alone |
+| train.min_lr > 0 needs WarmupCosineLR | WarmupDecayLR decays to 0 regardless |
 | gradient checkpointing turns the model's use_cache off | transformers warns every step (a notice here) |
 """
 from __future__ import annotations
@@ -139,10 +140,19 @@ def ds_checkpointing_needs_model_flag(cfg: Config, ds: dict, world: int) -> list
     return []
 
 
+def min_lr_needs_cosine(cfg: Config, ds: dict, world: int) -> list[str]:
+    if cfg.train.min_lr > 0 and dsc.scheduler_type(ds) != "WarmupCosineLR":
+        return [f"train.min_lr={cfg.train.min_lr} is only used by the WarmupCosineLR scheduler (scheduler is "
+                f"{dsc.scheduler_type(ds)}, which decays to 0): set deepspeed.scheduler.type=WarmupCosineLR or "
+                f"train.min_lr=0"]
+    return []
+
+
 RULES: list[Rule] = [
     offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, autotp_divides_world,
     bf16_needs_hardware, one_half_precision, cpu_ranks_precision, round_robin_needs_stage_1_2,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, ds_checkpointing_needs_model_flag,
+    min_lr_needs_cosine,
 ]
 
 

@@ -1,0 +1,249 @@
+"""The training job: `deepspeed train.py --preset NAME` ends up in `run_training`, and `fit` is the loop.
+
+Read it top to bottom: resolve the config -> start the ranks -> data -> model -> deepspeed.initialize
+-> resume -> fit (step, log, eval, save) -> final checkpoint -> HF export.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from . import checkpoint
+from .checkpoint import TrainState
+from .config import Config
+from .errors import UserError
+from .metrics import MetricsLogger, peak_memory_gb, print0, redact
+from .presets import load_preset
+from .resolve import Resolved, resolve
+
+
+def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None) -> int:
+    config = load_preset(preset, overrides)
+    rank = start_distributed()
+    rehearsal_notices: list[str] = []
+    if rehearse:
+        from .rehearse import rehearsal_config
+        config, rehearsal_notices = rehearsal_config(config, dist.get_world_size())
+    resolved = resolve(config, world_size)
+    cfg = resolved.config
+    run_dir = Path(cfg.train.output_dir)
+    seed_everything(cfg.train.seed, rank)
+    for notice in rehearsal_notices + resolved.notices:
+        print0(f"notice: {notice}", rank=rank)
+    prepare_run_dir(run_dir, resolved, rank)
+
+    from .data import MicroBatchLoader, build_datasets, load_tokenizer
+    tokenizer = load_tokenizer(cfg.model)
+    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
+    print0(f"data: {data.stats}", rank=rank)
+
+    import deepspeed
+    from .model import build_model, count_parameters
+    model, hf_ds_config = build_model(cfg, rank)
+    check_vocab(tokenizer, cfg)
+    total_params, trainable_params = count_parameters(model)
+    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable)", rank=rank)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg.deepspeed)
+    del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
+
+    dp_rank, dp_size = data_parallel_rank(engine), resolved.batch.data_parallel_size
+    train_batches = MicroBatchLoader(data.train, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed)
+    eval_batches = MicroBatchLoader(data.eval, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed,
+                                    shuffle=False)
+
+    ckpt_dir = run_dir / "checkpoints"
+    state, resumed_from = resume_if_asked(engine, cfg, ckpt_dir, train_batches, rank)
+
+    metrics = MetricsLogger(cfg, run_dir, rank, total_params, resolved.world_size, config_dict(resolved))
+    try:
+        fit(engine, train_batches, eval_batches, state, resolved, metrics, ckpt_dir, resumed_from)
+        if cfg.train.export_hf and state.step == cfg.train.max_steps:
+            out = checkpoint.export_hf(engine, tokenizer, run_dir / "hf")
+            if out:
+                print0(f"exported HF model to {out}", rank=rank)
+    finally:
+        metrics.close()
+    return 0
+
+
+def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
+        ckpt_dir: Path, resumed_from: str | None) -> None:
+    cfg = resolved.config
+    train, accum = cfg.train, cfg.train.grad_accum
+    tokens_per_step = resolved.tokens_per_step
+    batches = iter(train_batches)
+    metrics.start_progress(state.step, train.max_steps)
+    window_start, window_steps, window_loss = time.perf_counter(), 0, torch.zeros(())
+    last_step = min(train.max_steps, state.step + train.stop_after) if train.stop_after else train.max_steps
+
+    while state.step < last_step:
+        engine.train()
+        for _ in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
+            batch = to_device(next(batches), engine.device)
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            window_loss += loss.detach().float().cpu()
+        state.step += 1
+        state.consumed_samples += resolved.batch.global_batch_size
+        state.data = train_batches.state_dict()
+        window_steps += 1
+        metrics.advance()
+
+        if state.step % cfg.logging.log_every == 0 or state.step == last_step:
+            elapsed = time.perf_counter() - window_start
+            metrics.log({"step": state.step,
+                         "loss": mean_across_ranks(window_loss / (window_steps * accum)),
+                         "lr": engine.get_lr()[0],
+                         "grad_norm": grad_norm(engine),
+                         **loss_scale(engine),
+                         **metrics.throughput(tokens_per_step * window_steps, elapsed, window_steps),
+                         "peak_mem_gb": peak_memory_gb()})
+            window_start, window_steps, window_loss = time.perf_counter(), 0, torch.zeros(())
+
+        if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
+            eval_loss = evaluate(engine, eval_batches, train.eval_batches)
+            metrics.log({"step": state.step, "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))})
+
+        if (train.save_every and state.step % train.save_every == 0) or state.step == last_step:
+            checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last, protect=resumed_from)
+            resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
+
+
+@torch.no_grad()
+def evaluate(engine, eval_batches, max_batches: int) -> float:
+    """Mean token-level loss over the same first eval micro-batches of every rank, every time."""
+    engine.eval()
+    eval_batches.load_state_dict({"epoch": 0, "batches_in_epoch": 0})
+    total, count = torch.zeros(()), torch.zeros(())
+    for index, batch in enumerate(eval_batches):
+        if index >= min(max_batches, eval_batches.batches_per_epoch()):
+            break
+        batch = to_device(batch, engine.device)
+        loss = engine(**batch).loss.float().cpu()
+        tokens = (batch["labels"][:, 1:] != -100).sum().cpu()  # the model shifts labels by one
+        total += loss * tokens
+        count += tokens
+    engine.train()
+    pair = torch.stack([total, count]).to(engine.device)
+    if dist.is_initialized():
+        dist.all_reduce(pair)
+    return float(pair[0] / pair[1].clamp(min=1))
+
+
+# --- small helpers ---------------------------------------------------------------------------------
+
+def start_distributed() -> int:
+    """deepspeed.init_distributed under a launcher; a one-rank group for a plain `python` run."""
+    import deepspeed
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    deepspeed.init_distributed()
+    return dist.get_rank()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Dropout and other runtime randomness differ per rank; init and data order have their own seeds."""
+    random.seed(seed + rank)
+    np.random.seed(seed + rank)
+    torch.manual_seed(seed + rank)
+
+
+def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
+    if rank == 0:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            probe = run_dir / ".write_test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"train.output_dir {str(run_dir)!r} is not writable: {err.strerror}; "
+                            f"choose another directory with --set train.output_dir=PATH") from None
+        (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(config_dict(resolved), sort_keys=False))
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def config_dict(resolved: Resolved) -> dict:
+    from .cli import config_as_dict
+    return redact({**config_as_dict(resolved), "derived": resolved.summary()})
+
+
+def rank0_first(build):
+    """Run `build` on rank 0 first (it fills the datasets cache), then on the others (cache hits)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank != 0 and dist.is_initialized():
+        dist.barrier()
+    result = build()
+    if rank == 0 and dist.is_initialized():
+        dist.barrier()
+    return result
+
+
+def check_vocab(tokenizer, cfg: Config) -> None:
+    if len(tokenizer) > cfg.model.vocab_size:
+        raise UserError(f"the tokenizer has {len(tokenizer)} tokens but model.vocab_size is {cfg.model.vocab_size}: "
+                        f"raise model.vocab_size or use the model's own tokenizer")
+
+
+def resume_if_asked(engine, cfg: Config, ckpt_dir: Path, train_batches, rank: int):
+    path = checkpoint.find_resume(cfg.train.resume, ckpt_dir)
+    if path is None:
+        if cfg.train.resume == "auto":
+            print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
+        return TrainState(), None
+    _, saved_config = checkpoint.read_trainer_state(path)
+    checkpoint.check_same_model(saved_config, dataclasses.asdict(cfg.model), path)
+    state = checkpoint.load(engine, path)
+    train_batches.load_state_dict(state.data)
+    print0(f"resume: continuing from {path} (step {state.step})", rank=rank)
+    return state, str(path)
+
+
+def data_parallel_rank(engine) -> int:
+    """Ranks of one AutoTP group share a data-parallel rank (and so see the same batch, as DeepSpeed demands)."""
+    if engine.autotp_size() > 1:
+        return engine.get_data_parallel_rank()  # DeepSpeed's (dp, tp) mesh
+    return dist.get_rank()
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def mean_across_ranks(value: torch.Tensor) -> float:
+    value = value.clone().float()
+    if dist.is_initialized():
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return float(value)
+
+
+def grad_norm(engine) -> float | None:
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def loss_scale(engine) -> dict:
+    if not engine.fp16_enabled():
+        return {}
+    return {"loss_scale": float(engine.optimizer.cur_scale)}
+

@@ -1,0 +1,375 @@
+"""Memory formulas for the planner: parameter counts, ZeRO model states, activations and logits.
+
+Pure arithmetic on a `ModelConfig` (LLaMA-style decoder: llama, mistral, qwen2); no torch, no
+DeepSpeed import. Sizes are bytes; GB in messages are 1e9 bytes, as in `trainer.hardware`.
+
+Parameters (exact, from the architecture; head_dim d = h / a, kv width h_kv = kv_heads x d)
+    embeddings V.h, LM head V.h unless tied, final RMSNorm h, and per layer:
+    q h.h, k h.h_kv, v h.h_kv, o h.h (+ q/k/v biases for qwen2), SwiGLU gate/up/down 3.h.I, 2 RMSNorms 2h.
+    The largest layer is what DeepSpeed's `model_to_params` calls one: the most parameters owned
+    directly by one module (the embedding or LM head for every Llama so far, else an MLP projection).
+
+Model states (per GPU and per node) follow DeepSpeed 0.19.8's estimators exactly for 16-bit training
+    (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`, read in
+    deepspeed/runtime/zero/stage_1_and_2.py and stage3.py), P params, G GPUs, g per node, n nodes,
+    f = 1.5 (additional_buffer_factor), LL = 4 bytes x largest layer:
+      stage 2            GPU 2P + int(18P/G)              CPU 4.P.g.f
+      stage 2 + offload  GPU 2P                           CPU P.max(4G, 16).f
+      stage 3            GPU LL + int(18P/G)              CPU 4.P.g.f  (zero.Init: 4.largest.g.f)
+      3 + opt offload    GPU LL + int(2P/G)               CPU P.max(4g, 16/n).f (zero.Init: 16P/n.f)
+      3 + opt+param      GPU LL                           CPU P.max(4g, 18/n).f (zero.Init: 18P/n.f)
+    18 = 2 (16-bit grads) + 4 (fp32 grads) + 4 (fp32 master) + 8 (Adam moments). DeepSpeed has no
+    estimator for stages 0 and 1; they use the same byte counts: stage 0 shards nothing
+    (2P + 18P, DeepSpeed's stage-2 number at G=1) and stage 1 keeps the 16-bit gradients whole
+    (2P + 2P + int(16P/G)). fp32 training (CPU ranks) has no DeepSpeed estimator either; there the
+    counts are the tensors DeepSpeed's optimizers allocate in fp32 (see `fp32_model_states`).
+
+Activations per transformer layer (bytes; s sequence, b micro-batch, h hidden, h_kv kv width,
+    I MLP width, a heads, e = 2 bytes for 16-bit training, 4 for fp32). Korthikanti et al. 2022
+    (https://arxiv.org/abs/2205.05198, eq. 2) give s.b.h.(34 + 5.a.s/h) for a GeLU 4h MLP with dropout
+    and a materialised score matrix. Adapted to a HF Llama layer under autograd:
+      2 RMSNorms            2 x (4 + 2e).s.b.h   fp32 input (kept for pow/mul), normalised value, output
+                            + 2 x 4.s.b          1/rms in fp32
+      q, k, v after RoPE    e.s.b.(h + 2.h_kv)   saved by flash/sdpa (native GQA: k, v stay h_kv wide)
+      attention output      e.s.b.h              kept by the kernel; o_proj's input is a view of it
+                                                 (flash/sdpa lay it out as b.s.a.d already)
+      logsumexp             4.s.b.a              fp32, per head and token
+      SwiGLU                4 x e.s.b.I          gate, SiLU(gate), up, SiLU(gate)*up (down_proj input)
+    e = 2:  s.b.(20h + 4.h_kv + 8I + 4a + 8)  (Llama-2-7B: ~45.5.s.b.h; Korthikanti, GeLU/MHA/no flash: 34 + 5as/h)
+    Checked against the tensors autograd saves (saved_tensors_hooks) on a CPU model: within 1%.
+    flash/sdpa never store the a.s.s score matrix; `eager` attention adds s.b.a.s.(4 + e)
+    (fp32 softmax output + its 16-bit copy). No dropout terms: Llama has none.
+    Full activation checkpointing keeps only each layer's input, e.s.b.h, and recomputes one layer at
+    a time in backward: L.e.s.b.h + one layer's activations.
+    Final RMSNorm (4 + 2e).s.b.h + 4.s.b, token ids 8.s.b.
+Logits: the loss upcasts the 16-bit logits to fp32 (4.s.b.V), log-softmax keeps its fp32 output
+    (4.s.b.V) and backward makes an fp32 gradient of the same size (4.s.b.V): 12.s.b.V at the peak;
+    the 16-bit logits (e.s.b.V) are gone by then unless the caller keeps `outputs.logits`.
+LoRA: the frozen base is 16-bit weights only (sharded at stage 3, on CPU with param offload); the
+    adapters get DeepSpeed's model-state accounting. Activations are counted as for full training
+    (an overestimate: frozen projections do not save their inputs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from .config import LoraConfig, ModelConfig
+
+GB = 1e9
+ADDITIONAL_BUFFER_FACTOR = 1.5  # DeepSpeed's estimator default: host-side margin for pinned buffers, fragmentation
+FP32_BYTES = 4
+
+
+def bytes_per_element(precision: str) -> int:
+    """Element size of parameters, gradients and activations for a training precision."""
+    return FP32_BYTES if precision == "fp32" else 2
+
+
+# --- parameters --------------------------------------------------------------------------------
+
+
+def head_dim(m: ModelConfig) -> int:
+    return m.hidden_size // m.num_heads
+
+
+def kv_width(m: ModelConfig) -> int:
+    """Width of the k and v projections: kv heads x head dim (GQA; equals hidden for MHA)."""
+    return (m.num_kv_heads or m.num_heads) * head_dim(m)
+
+
+def has_qkv_bias(m: ModelConfig) -> bool:
+    return m.family == "qwen2"  # Qwen2 keeps biases on q/k/v; Llama and Mistral have none
+
+
+def module_params(m: ModelConfig) -> dict[str, int]:
+    """Parameters owned directly by each distinct module of one decoder layer and of the model ends."""
+    h, kv, inter = m.hidden_size, kv_width(m), m.intermediate_size
+    bias = has_qkv_bias(m)
+    modules = {
+        "embed_tokens": m.vocab_size * h,
+        "q_proj": h * h + (h if bias else 0),
+        "k_proj": h * kv + (kv if bias else 0),
+        "v_proj": h * kv + (kv if bias else 0),
+        "o_proj": h * h,
+        "gate_proj": h * inter,
+        "up_proj": h * inter,
+        "down_proj": inter * h,
+        "input_layernorm": h,
+        "post_attention_layernorm": h,
+        "norm": h,
+    }
+    if not m.tie_word_embeddings:
+        modules["lm_head"] = m.vocab_size * h
+    return modules
+
+
+LAYER_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                 "input_layernorm", "post_attention_layernorm")
+
+
+def params_per_layer(m: ModelConfig) -> int:
+    modules = module_params(m)
+    return sum(modules[name] for name in LAYER_MODULES)
+
+
+def count_params(m: ModelConfig) -> int:
+    """Exact trainable parameter count of the full model (a tied LM head counted once)."""
+    modules = module_params(m)
+    ends = modules["embed_tokens"] + modules["norm"] + modules.get("lm_head", 0)
+    return ends + m.num_layers * params_per_layer(m)
+
+
+def largest_layer_params(m: ModelConfig) -> int:
+    """DeepSpeed's 'largest layer': max over modules of the parameters each owns directly."""
+    return max(module_params(m).values())
+
+
+def lora_params(m: ModelConfig, lora: LoraConfig) -> int:
+    """Adapter parameters: r x (in + out) for every targeted projection of every layer."""
+    h, kv, inter = m.hidden_size, kv_width(m), m.intermediate_size
+    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+              "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    unknown = [t for t in lora.target_modules if t not in shapes]
+    if unknown:
+        raise ValueError(f"LoRA target modules {unknown} are not Llama projections ({', '.join(shapes)})")
+    per_layer = sum(lora.r * (shapes[t][0] + shapes[t][1]) for t in lora.target_modules)
+    return m.num_layers * per_layer
+
+
+# --- model states ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per-GPU and per-node model-state bytes for one ZeRO configuration.
+
+    gpu_bytes and cpu_bytes are DeepSpeed's numbers (16-bit) for the same inputs; the per-GPU split
+    (params + gradients + optimizer + working == gpu_bytes) is ours, for the table."""
+    gpu_bytes: int
+    cpu_bytes: int
+    params: int        # 16-bit (or fp32) parameters resident on the GPU
+    gradients: int     # gradient partitions
+    optimizer: int     # fp32 master weights + Adam moments
+    working: int       # stage 3: DeepSpeed's largest-layer term (gathered params + grads of one module)
+
+
+def zero2_model_states(total_params: int, gpus_per_node: int = 1, nodes: int = 1, cpu_offload: bool = False,
+                       additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR) -> tuple[int, int]:
+    """(cpu, gpu) bytes exactly as `estimate_zero2_model_states_mem_needs` computes them."""
+    total_gpus = nodes * gpus_per_node
+    if cpu_offload:
+        gpu = 2 * total_params
+        cpu = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu = total_params * 4 * gpus_per_node * additional_buffer_factor
+    return int(cpu), int(gpu)
+
+
+def zero3_model_states(total_params: int, largest_layer: int, gpus_per_node: int = 1, nodes: int = 1,
+                       cpu_offload: bool = False, cpu_offload_params: bool = False, zero_init: bool = True,
+                       additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR) -> tuple[int, int, int]:
+    """(cpu, gpu, largest_layer_memory) exactly as `estimate_zero3_model_states_mem_needs` computes them."""
+    total_gpus = nodes * gpus_per_node
+    gpus_factor = 1 / nodes
+    largest_layer_memory = 4 * largest_layer
+    if cpu_offload:
+        state_bytes = 18 if cpu_offload_params else 16  # fp32 master+moments+grads (+16-bit params)
+        gpu = largest_layer_memory if cpu_offload_params else largest_layer_memory + int(2 * total_params / total_gpus)
+        if zero_init:
+            cpu = total_params * state_bytes * gpus_factor * additional_buffer_factor
+        else:
+            cpu = total_params * max(4 * gpus_per_node, state_bytes * gpus_factor) * additional_buffer_factor
+    else:
+        gpu = largest_layer_memory + int(18 * total_params / total_gpus)
+        loaded = largest_layer if zero_init else total_params  # zero.Init never materialises the full model
+        cpu = loaded * 4 * gpus_per_node * additional_buffer_factor
+    return int(cpu), int(gpu), largest_layer_memory
+
+
+def model_states(total_params: int, largest_layer: int, stage: int, gpus_per_node: int, nodes: int,
+                 offload_optimizer: bool = False, offload_param: bool = False, zero_init: bool = True,
+                 precision: str = "bf16") -> ModelStates:
+    """Model-state bytes for one candidate. 16-bit: DeepSpeed's accounting; fp32: `fp32_model_states`."""
+    if precision == "fp32":
+        return fp32_model_states(total_params, largest_layer, stage, gpus_per_node * nodes,
+                                 offload_optimizer, offload_param)
+    gpus = gpus_per_node * nodes
+    if stage == 3:
+        cpu, gpu, working = zero3_model_states(total_params, largest_layer, gpus_per_node, nodes,
+                                               offload_optimizer, offload_param, zero_init)
+        if offload_optimizer:
+            params = 0 if offload_param else gpu - working
+            return ModelStates(gpu, cpu, params, 0, 0, working)
+        params, optimizer = int(2 * total_params / gpus), int(12 * total_params / gpus)
+        return ModelStates(gpu, cpu, params, gpu - working - params - optimizer, optimizer, working)
+    if stage == 2 or (stage == 1 and offload_optimizer):  # stage 1 + offload: the same offloaded layout
+        cpu, gpu = zero2_model_states(total_params, gpus_per_node, nodes, offload_optimizer)
+        if offload_optimizer:
+            return ModelStates(gpu, cpu, gpu, 0, 0, 0)
+        optimizer = int(12 * total_params / gpus)
+        return ModelStates(gpu, cpu, 2 * total_params, gpu - 2 * total_params - optimizer, optimizer, 0)
+    # Stages 0 and 1: no DeepSpeed estimator; same bytes per parameter, less sharding.
+    cpu, _ = zero2_model_states(total_params, gpus_per_node, nodes, cpu_offload=False)
+    sharded_over = gpus if stage == 1 else 1
+    optimizer = int(12 * total_params / sharded_over)
+    fp32_grads = int(4 * total_params / sharded_over)
+    gradients = 2 * total_params + fp32_grads
+    return ModelStates(2 * total_params + gradients + optimizer, cpu, 2 * total_params, gradients, optimizer, 0)
+
+
+def fp32_model_states(total_params: int, largest_layer: int, stage: int, gpus: int,
+                      offload_optimizer: bool, offload_param: bool) -> ModelStates:
+    """fp32 training (CPU ranks): the tensors DeepSpeed 0.19.8 allocates, read in its optimizers.
+
+    Stage 1/2 (stage_1_and_2.py): the flat fp32 params (4P, whole), the gradient partition
+    `grads_in_partition` (4P/G; the fp32 'conversion' in step is the same tensor), the fp32 master
+    partition `single_partition_of_fp32_groups` (4P/G, a clone even in fp32) and Adam's two moments
+    (8P/G). Stage 1 also keeps whole gradients in param.grad (4P). Stage 3 (stage3.py): parameter
+    partition `lp_param_buffer` (4P/G), `grad_partitions_flat_buffer` (4P/G), fp32 master partitions
+    (4P/G) and moments (8P/G), plus one gathered module's params and grads (8 x largest layer).
+    Stage 0 is plain torch AdamW: params, grads, moments. No 1.5x factor and no CPU-side count:
+    these are compared against what a run holds, not used to size a host.
+    """
+    P, LL = total_params, largest_layer
+    if stage == 0:
+        return ModelStates(16 * P, 0, 4 * P, 4 * P, 8 * P, 0)
+    shard = lambda n: int(n * P / gpus)  # noqa: E731 - a one-line helper reads better inline
+    if stage in (1, 2):
+        params = 4 * P
+        gradients = shard(4) + (4 * P if stage == 1 else 0)
+        optimizer = 0 if offload_optimizer else shard(12)
+        gradients = 0 if offload_optimizer else gradients
+        return ModelStates(params + gradients + optimizer, 0, params, gradients, optimizer, 0)
+    working = 8 * LL
+    params = 0 if offload_param else shard(4)
+    gradients = 0 if offload_optimizer else shard(4)
+    optimizer = 0 if offload_optimizer else shard(12)
+    return ModelStates(params + gradients + optimizer + working, 0, params, gradients, optimizer, working)
+
+
+# --- activations -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Activations:
+    layers: int      # saved activations of all transformer layers (+ one recomputed layer with checkpointing)
+    logits: int      # loss-side peak: fp32 logits, log-softmax output and its gradient
+    total: int
+
+
+def rms_norm_bytes_per_token(hidden: int, e: int) -> int:
+    """HF LlamaRMSNorm saves the fp32 input (pow and mul), 1/rms (fp32), the normalised 16-bit value
+    (for the weight's grad) and its output (the next projection's input)."""
+    return (4 + 2 * e) * hidden + 4
+
+
+def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16",
+                           attention: str = "sdpa") -> int:
+    """Bytes one decoder layer saves for backward (module docstring has the derivation)."""
+    e = bytes_per_element(precision)
+    h, kv, inter, a = m.hidden_size, kv_width(m), m.intermediate_size, m.num_heads
+    per_token = (2 * rms_norm_bytes_per_token(h, e)  # two RMSNorms
+                 + e * (h + 2 * kv)                # q, k, v
+                 + e * h                           # attention output (o_proj's input is a view of it)
+                 + 4 * a                           # logsumexp
+                 + 4 * e * inter)                  # SwiGLU
+    if attention == "eager":
+        per_token += a * seq_len * (4 + e)         # the score matrix flash/sdpa never store
+    return seq_len * micro_batch * per_token
+
+
+def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int) -> int:
+    """Loss-side peak: fp32 logits + fp32 log-softmax output + fp32 gradient."""
+    return 12 * seq_len * micro_batch * m.vocab_size
+
+
+def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
+                     precision: str = "bf16", attention: str = "sdpa") -> Activations:
+    """Peak activation memory of one micro-batch, with or without full activation checkpointing."""
+    e = bytes_per_element(precision)
+    tokens = seq_len * micro_batch
+    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention)
+    ends = tokens * (rms_norm_bytes_per_token(m.hidden_size, e) + 8)  # final norm + int64 token ids
+    if checkpointing:
+        layers = m.num_layers * e * tokens * m.hidden_size + one_layer
+    else:
+        layers = m.num_layers * one_layer
+    logits = logits_bytes(m, seq_len, micro_batch)
+    return Activations(layers + ends, logits, layers + ends + logits)
+
+
+# --- working buffers ---------------------------------------------------------------------------
+
+
+def reduce_bucket_bytes(stage: int, reduce_bucket_size: int, precision: str, overlap_comm: bool) -> int:
+    """Gradient reduction buckets: stage 1/2 keep two (with overlap_comm) contiguous 16-bit buckets;
+    stage 3 one. Stage 0 reduces through the optimizer's own buffers (not counted)."""
+    if stage == 0:
+        return 0
+    count = 2 if (stage in (1, 2) and overlap_comm) else 1
+    return count * reduce_bucket_size * bytes_per_element(precision)
+
+
+def hpz_secondary_bytes(total_params: int, hpz_partition_size: int, precision: str) -> int:
+    """ZeRO++ hpZ keeps a second, node-local partition of the 16-bit params: 2P / hpz per GPU."""
+    if hpz_partition_size <= 1:
+        return 0
+    return int(bytes_per_element(precision) * total_params / hpz_partition_size)
+
+
+# --- LoRA --------------------------------------------------------------------------------------
+
+
+def lora_model_states(base_params: int, adapter_params: int, largest_layer: int, stage: int,
+                      gpus_per_node: int, nodes: int, offload_optimizer: bool, offload_param: bool,
+                      precision: str = "bf16") -> ModelStates:
+    """Frozen 16-bit base (sharded at stage 3, on CPU with param offload) + adapters on DeepSpeed's accounting.
+
+    The base is loaded in 16-bit on every rank first (zero.Init shards it at stage 3), which is the
+    host-side cost added to the adapters' CPU number."""
+    e = bytes_per_element(precision)
+    adapters = model_states(adapter_params, largest_layer, stage, gpus_per_node, nodes,
+                            offload_optimizer, offload_param, precision=precision)
+    gpus = gpus_per_node * nodes
+    if stage == 3:
+        frozen_gpu = 0 if offload_param else int(e * base_params / gpus)
+        frozen_cpu = int(e * base_params / nodes * ADDITIONAL_BUFFER_FACTOR) if offload_param else 0
+    else:
+        frozen_gpu = e * base_params
+        frozen_cpu = int(e * base_params * gpus_per_node * ADDITIONAL_BUFFER_FACTOR)
+    return ModelStates(adapters.gpu_bytes + frozen_gpu, adapters.cpu_bytes + frozen_cpu,
+                       adapters.params + frozen_gpu, adapters.gradients, adapters.optimizer, adapters.working)
+
+
+# --- NVMe (ZeRO-Infinity) ----------------------------------------------------------------------
+
+
+def nvme_offload_bytes(total_params: int, nodes: int, optimizer: bool = True, params: bool = True) -> int:
+    """NVMe per node for ZeRO-Infinity: the optimizer's fp32 master, moments and gradients (16P) and/or the
+    16-bit params (2P) of the node's partitions, with DeepSpeed's 1.5x margin."""
+    per_param = (16 if optimizer else 0) + (2 if params else 0)
+    return int(per_param * total_params / nodes * ADDITIONAL_BUFFER_FACTOR)
+
+
+def nvme_host_buffer_bytes(total_params: int, gpus: int, gpus_per_node: int, sub_group_size: int = int(1e9),
+                           optimizer_buffer_count: int = 4, param_buffer_count: int = 5,
+                           param_buffer_size: int = int(1e8), max_in_cpu: int = int(1e9)) -> int:
+    """Host RAM per node for ZeRO-Infinity: each rank's pinned swap buffers (one optimizer sub-group of
+    fp32 master, moments and grads per optimizer buffer; 16-bit param buffers; params kept in CPU)."""
+    sub_group = min(sub_group_size, -(-total_params // gpus))
+    per_rank = (optimizer_buffer_count * sub_group * 4 * FP32_BYTES
+                + param_buffer_count * param_buffer_size * 2
+                + min(max_in_cpu, total_params) * 2)
+    return int(per_rank * gpus_per_node)
+
+
+def seed_sharding_formula(total_params: int, stage: int, gpus: int) -> dict[str, float]:
+    """The seed's table (step 1.3): 2 + 2 + 12 bytes/param, sharded per stage (16 bytes/param, no 1.5x)."""
+    params, grads, optim = 2.0 * total_params, 2.0 * total_params, 12.0 * total_params
+    if stage >= 1:
+        optim /= gpus
+    if stage >= 2:
+        grads /= gpus
+    if stage >= 3:
+        params /= gpus
+    return {"params": params, "gradients": grads, "optimizer": optim, "total": params + grads + optim}

@@ -1,0 +1,170 @@
+"""Build the model the resolved config asks for: transformers causal LM, ZeRO-3 sharded construction,
+attention kernel, Liger, gradient checkpointing, LoRA.
+
+From-scratch initialisation is a pure function of (seed, parameter name): every parameter is drawn
+from its own generator seeded by its name, on the full (unsharded) shape, and copied in. So the
+same seed gives the same weights at every ZeRO stage, world size and partitioning: switching stage
+after an OOM does not change the experiment. Under ZeRO-3, plain `zero.Init` would skip transformers'
+init and transformers' own ZeRO-3 init draws different numbers; gathering each parameter and
+filling it by name avoids both (see ../shared/notes/deepspeed.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+from typing import Any
+
+import torch
+
+from . import ds_config as dsc
+from .config import Config, ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def hf_config(model_cfg: ModelConfig, attn_implementation: str):
+    """A transformers config for the inline architecture (from-scratch training)."""
+    from transformers import AutoConfig
+    return AutoConfig.for_model(
+        model_cfg.family,
+        hidden_size=model_cfg.hidden_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_kv_heads or model_cfg.num_heads,
+        intermediate_size=model_cfg.intermediate_size,
+        vocab_size=model_cfg.vocab_size,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        tie_word_embeddings=model_cfg.tie_word_embeddings,
+        rope_theta=model_cfg.rope_theta,
+        initializer_range=model_cfg.init_std,
+        attn_implementation=attn_implementation,
+        use_cache=False,
+    )
+
+
+def choose_attention(model_cfg: ModelConfig) -> str:
+    """'auto' -> flash_attention_2 when flash-attn is installed and CUDA is present, else sdpa."""
+    wanted = model_cfg.attn_implementation
+    flash_ok = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+    if wanted == "auto":
+        return "flash_attention_2" if flash_ok else "sdpa"
+    if wanted == "flash_attention_2" and not flash_ok:
+        log.warning("flash_attention_2 needs CUDA and the flash-attn package; using sdpa instead")
+        return "sdpa"
+    return wanted
+
+
+def training_dtype(ds: dict) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dsc.precision(ds)]
+
+
+def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
+    """The model, ready for deepspeed.initialize, plus the HfDeepSpeedConfig that must stay referenced
+    while transformers builds/loads under ZeRO-3 (None otherwise)."""
+    from transformers import AutoModelForCausalLM
+    ds, model_cfg = cfg.deepspeed, cfg.model
+    attention = choose_attention(model_cfg)
+    hf_ds_config = _zero3_integration(ds)
+    maybe_apply_liger(model_cfg)
+    if model_cfg.name_or_path:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_cfg.name_or_path, attn_implementation=attention, dtype=training_dtype(ds),
+            trust_remote_code=model_cfg.trust_remote_code)
+    else:
+        model = AutoModelForCausalLM.from_config(hf_config(model_cfg, attention))
+        init_weights_by_name(model, cfg.train.seed, model_cfg.init_std, rank)
+    model.config.use_cache = False  # a KV cache is useless in training and costs time every forward
+    if model_cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model, ds)
+    if model_cfg.lora.enabled:
+        model = apply_lora(model, model_cfg)
+    return model, hf_ds_config
+
+
+def _zero3_integration(ds: dict):
+    """Under ZeRO-3, transformers builds/loads the model sharded (zero.Init) while this object lives.
+    It gets the config without `tensor_parallel`: transformers 5.x refuses sharded loading with it."""
+    if dsc.zero_stage(ds) != 3:
+        return None
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig
+    return HfDeepSpeedConfig(dsc.without_tensor_parallel(ds))
+
+
+def name_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed from the run seed and a parameter name (Python's hash() is salted per process)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def init_value(name: str, shape: torch.Size, seed: int, std: float) -> torch.Tensor:
+    """Llama's init, per parameter name: norms = 1, biases = 0, everything else N(0, std)."""
+    if "norm" in name:
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    generator = torch.Generator().manual_seed(name_seed(seed, name))
+    return torch.empty(shape).normal_(0.0, std, generator=generator)
+
+
+@torch.no_grad()
+def init_weights_by_name(model: torch.nn.Module, seed: int, std: float, rank: int) -> None:
+    """Fill every parameter from init_value(); ZeRO-3 partitioned parameters are gathered one at a time
+    and rank 0's values are scattered back (GatheredParameters with modifier_rank=0)."""
+    for name, param in model.named_parameters():
+        if hasattr(param, "ds_id"):  # partitioned by zero.Init
+            import deepspeed
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                if rank == 0:
+                    param.copy_(init_value(name, param.shape, seed, std))
+        else:
+            param.copy_(init_value(name, param.shape, seed, std))
+
+
+def enable_gradient_checkpointing(model, ds: dict) -> None:
+    """transformers' per-layer checkpointing; with a DeepSpeed `activation_checkpointing` block the
+    recompute goes through deepspeed.checkpointing so partition_activations/cpu_checkpointing apply."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if dsc.has_activation_checkpointing(ds):
+        import deepspeed
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds)
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+
+
+def maybe_apply_liger(model_cfg: ModelConfig) -> None:
+    """Liger's fused kernels patch transformers' Llama modules; CUDA + liger-kernel only."""
+    if not model_cfg.liger:
+        return
+    if not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None:
+        log.warning("model.liger is on but Liger needs CUDA and the liger-kernel package; running without it")
+        return
+    from liger_kernel.transformers import monkey_patch
+    apply = getattr(monkey_patch, f"apply_liger_kernel_to_{model_cfg.family}", None)
+    if apply is None:
+        log.warning("Liger has no kernels for model family %r; running without it", model_cfg.family)
+        return
+    apply()
+
+
+def apply_lora(model, model_cfg: ModelConfig):
+    from peft import LoraConfig, get_peft_model
+    lora = model_cfg.lora
+    peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_config)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts, correct under ZeRO-3 (ds_numel is the unpartitioned size)."""
+    total = trainable = 0
+    for param in model.parameters():
+        numel = getattr(param, "ds_numel", param.numel())
+        total += numel
+        trainable += numel if param.requires_grad else 0
+    return total, trainable
+
+
+def unwrap(module: torch.nn.Module):
+    """The transformers model inside a DeepSpeed engine and/or a PEFT wrapper."""
+    return getattr(module, "module", module)
+

@@ -1,0 +1,94 @@
+"""`--rehearse`: run a preset's exact DeepSpeed features on a toy model with the ranks present.
+
+Kept: ZeRO stage, offload devices (CPU/NVMe), AutoTP, hpZ, quantized gradients, activation
+checkpointing, optimizer, scheduler, checkpointing, export, the task (pretrain/SFT/LoRA).
+Changed, each with a one-line notice: the model shrinks to 2 layers of the same architecture
+(heads, GQA ratio, tied embeddings kept), pretrained weights are replaced by a random init of the
+shrunk model (saved to disk first when the preset fine-tunes, so the loading path runs too),
+data/tokenizer become the shipped tiny set of the same task when the preset's are not local,
+bf16/fp16 -> fp32 and quantized weights off on CPU, flash-attn -> sdpa, the NVMe path -> a local
+directory, the world size -> the ranks present, a few steps with an eval and a save.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from . import ds_config as dsc
+from .config import Config
+from .presets import REPO_ROOT
+
+TINY = REPO_ROOT / "data" / "tiny"
+TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "sft.jsonl"}
+
+
+def rehearsal_config(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
+    on_cpu = not torch.cuda.is_available()
+    run_dir = Path(cfg.train.output_dir).parent / f"rehearse_{cfg.name}"
+    notices = [f"rehearsal of {cfg.name}: model shrunk to 2 layers, {world_size} rank(s), 6 steps, "
+               f"output in {run_dir}"]
+    model = shrink_model(cfg, notices)
+    data = tiny_data(cfg, notices)
+    ds, ds_notices = dsc.rehearsal_changes(cfg.deepspeed, world_size, str(run_dir / "nvme"), on_cpu)
+    notices += ds_notices
+    (run_dir / "nvme").mkdir(parents=True, exist_ok=True)
+    precision = cfg.train.precision
+    if on_cpu and precision != "fp32":
+        notices.append(f"{precision} -> fp32 (CPU ranks)")
+        precision = "fp32"
+    train = dataclasses.replace(cfg.train, micro_batch_size=2, grad_accum=min(2, cfg.train.grad_accum or 1),
+                                global_batch_size=None, precision=precision, max_steps=6, warmup_steps=2,
+                                eval_every=3, eval_batches=2, save_every=3, keep_last=2, output_dir=str(run_dir))
+    hardware = dataclasses.replace(cfg.hardware, gpu="cpu" if on_cpu else cfg.hardware.gpu,
+                                   gpus_per_node=world_size, nodes=1)
+    logging = dataclasses.replace(cfg.logging, wandb_mode="disabled", log_every=1)
+    rehearsed = dataclasses.replace(cfg, model=model, data=data, train=train, hardware=hardware, logging=logging,
+                                    deepspeed=ds)
+    if model.lora.enabled:
+        rehearsed = with_saved_base_model(rehearsed, run_dir / "base_model", notices)
+    return rehearsed, notices
+
+
+def shrink_model(cfg: Config, notices: list[str]):
+    m = cfg.model
+    heads = min(m.num_heads, 4)
+    kv_ratio = m.num_heads // (m.num_kv_heads or m.num_heads)
+    kv_heads = max(1, heads // kv_ratio)
+    hidden = 16 * heads
+    attention = m.attn_implementation
+    if attention == "flash_attention_2" and not torch.cuda.is_available():
+        notices.append("flash_attention_2 -> sdpa (no CUDA)")
+        attention = "sdpa"
+    if m.name_or_path:
+        notices.append(f"pretrained weights {m.name_or_path} -> random init of the shrunk model")
+    return dataclasses.replace(m, name_or_path=None, tokenizer=str(TINY / "tokenizer"), hidden_size=hidden,
+                               num_layers=2, num_heads=heads, num_kv_heads=kv_heads,
+                               intermediate_size=int(hidden * m.intermediate_size / m.hidden_size) // 8 * 8 or 8,
+                               vocab_size=1024, max_position_embeddings=256, attn_implementation=attention)
+
+
+def tiny_data(cfg: Config, notices: list[str]):
+    d = cfg.data
+    if Path(d.source).exists():
+        return dataclasses.replace(d, seq_len=min(d.seq_len, 64))
+    notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data)")
+    return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=64, num_workers=1,
+                               eval_fraction=0.05)
+
+
+def with_saved_base_model(cfg: Config, path: Path, notices: list[str]) -> Config:
+    """LoRA needs pretrained weights: save a random init of the shrunk model once, then load it as one."""
+    from .model import hf_config, init_weights_by_name
+    import torch.distributed as dist
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0 and not (path / "config.json").exists():
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
+        init_weights_by_name(model, cfg.train.seed, cfg.model.init_std, rank=0)
+        model.save_pretrained(str(path))
+    if dist.is_initialized():
+        dist.barrier()
+    notices.append(f"LoRA base model -> {path} (random init, saved for the rehearsal)")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=str(path)))
