@@ -1,0 +1,40 @@
+"""Launch real DeepSpeed jobs on 2 CPU ranks from tests, each on its own --master_port."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEEPSPEED = Path(sys.executable).parent / "deepspeed"
+_ports = itertools.count(29600 + (os.getpid() % 40) * 10)
+
+
+def launch(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None) -> str:
+    """Run `deepspeed --num_gpus N --master_port P <script_args>`; returns the output, fails with its tail."""
+    port = next(_ports)
+    cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(port), *script_args]
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true",
+                **(env or {})}
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-6000:]}"
+    return output
+
+
+def run_many(runs: list[dict], workdir: Path, timeout: int = 1500) -> tuple[str, list]:
+    """Run several trainings in one launch (tests/workers/run_many.py); returns (output, report)."""
+    spec = workdir / "spec.json"
+    report = workdir / "report.json"
+    spec.write_text(json.dumps({"runs": runs, "report": str(report)}))
+    output = launch(["tests/workers/run_many.py", str(spec)], timeout=timeout)
+    return output, json.loads(report.read_text())
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(train rows, eval rows) of a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]

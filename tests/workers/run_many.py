@@ -1,0 +1,33 @@
+"""Run several trainings one after another inside one DeepSpeed launch (one process group).
+
+Launching costs ~20 s per job on 2 cores (imports, rendezvous); running the configs of a test module
+back to back in one job keeps the suite fast. Usage (under `deepspeed --num_gpus 2`):
+    python tests/workers/run_many.py SPEC.json
+SPEC: {"runs": [{"preset": "tiny_cpu", "overrides": ["k=v", ...], "rehearse": false}, ...],
+       "report": "path.json"}; the report records which wandb modules were imported after each run.
+"""
+import argparse
+import json
+import sys
+
+from trainer.loop import run_training
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("spec")
+    args, _ = parser.parse_known_args()  # the launcher adds --local_rank
+    spec = json.load(open(args.spec))
+    report = []
+    for run in spec["runs"]:
+        run_training(run["preset"], run["overrides"], rehearse=run.get("rehearse", False))
+        report.append({"name": run.get("name"), "wandb_modules": sorted(m for m in sys.modules if m.startswith("wandb"))})
+    if spec.get("report"):
+        import torch.distributed as dist
+        if dist.get_rank() == 0:
+            json.dump(report, open(spec["report"], "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
