@@ -38,3 +38,11 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """(train rows, eval rows) of a run's metrics.jsonl."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+
+
+def losses(run_dir) -> list[float]:
+    return [row["loss"] for row in read_metrics(run_dir)[0]]
+
+
+def eval_losses(run_dir) -> list[float]:
+    return [row["eval_loss"] for row in read_metrics(run_dir)[1]]

@@ -11,94 +11,10 @@ import json
 import pytest
 import torch
 
-from distributed import read_metrics, run_many
+from conftest import STAGES, STEPS, TINY
+from distributed import eval_losses, losses, read_metrics
 
 pytestmark = pytest.mark.multirank
-
-STEPS = 6
-TINY = [
-    "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
-    "model.intermediate_size=176", "model.max_position_embeddings=128", "data.seq_len=64",
-    "train.micro_batch_size=2", "train.grad_accum=2", f"train.max_steps={STEPS}", "train.warmup_steps=2",
-    "train.lr=1e-3", "logging.log_every=1", "train.eval_every=3", "train.eval_batches=2", "train.save_every=3",
-    "train.export_hf=false",
-]
-STAGES = {
-    "z0": ["deepspeed.zero_optimization.stage=0"],
-    "z1": ["deepspeed.zero_optimization.stage=1"],
-    "z2": ["deepspeed.zero_optimization.stage=2"],
-    "z3": ["deepspeed.zero_optimization.stage=3"],
-    "z2_cpu_offload": ["deepspeed.zero_optimization.stage=2",
-                       "deepspeed.zero_optimization.offload_optimizer={device: cpu, pin_memory: false}"],
-    "z3_cpu_offload": ["deepspeed.zero_optimization.stage=3",
-                       "deepspeed.zero_optimization.offload_optimizer={device: cpu, pin_memory: false}",
-                       "deepspeed.zero_optimization.offload_param={device: cpu, pin_memory: false}"],
-    "z2_grad_ckpt": ["deepspeed.zero_optimization.stage=2", "model.gradient_checkpointing=true"],
-    "z3_ds_act_ckpt": ["deepspeed.zero_optimization.stage=3", "model.gradient_checkpointing=true",
-                       "deepspeed.activation_checkpointing={partition_activations: false}"],
-}
-
-
-def nvme_overrides(path) -> list[str]:
-    block = f"{{device: nvme, nvme_path: {path}, pin_memory: false, buffer_count: 4}}"
-    return ["deepspeed.zero_optimization.stage=3",
-            f"deepspeed.zero_optimization.offload_optimizer={block}",
-            f"deepspeed.zero_optimization.offload_param={{device: nvme, nvme_path: {path}, pin_memory: false, "
-            f"buffer_count: 5, buffer_size: 1.0e+6}}",
-            "deepspeed.aio={block_size: 1048576, queue_depth: 8, intra_op_parallelism: 1, single_submit: false, "
-            "overlap_events: true}"]
-
-
-@pytest.fixture(scope="session")
-def pretrained_dir(tmp_path_factory):
-    """The tiny architecture initialised once and saved: the 'pretrained weights' every run starts from."""
-    from trainer.model import hf_config, init_weights_by_name
-    from trainer.presets import load_preset
-    from transformers import AutoModelForCausalLM
-    cfg = load_preset("tiny_cpu", TINY)
-    model = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
-    init_weights_by_name(model, seed=7, std=0.02, rank=0)
-    path = tmp_path_factory.mktemp("pretrained")
-    model.save_pretrained(str(path))
-    return path
-
-
-@pytest.fixture(scope="session")
-def engine_runs(tmp_path_factory, pretrained_dir):
-    """Every non-TP run of this module in one launch; returns {name: run_dir} and the wandb report."""
-    root = tmp_path_factory.mktemp("engine")
-    runs, dirs = [], {}
-
-    def add(name, overrides):
-        dirs[name] = root / name
-        runs.append({"name": name, "preset": "tiny_cpu",
-                     "overrides": TINY + overrides + [f"train.output_dir={root / name}"]})
-
-    for name, overrides in STAGES.items():
-        add(f"scratch_{name}", overrides)
-    (root / "nvme").mkdir()
-    add("scratch_z3_nvme", nvme_overrides(root / "nvme"))
-    for name in ("z0", "z2", "z3", "z3_cpu_offload"):
-        add(f"pretrained_{name}", STAGES[name] + [f"model.name_or_path={pretrained_dir}"])
-    # resume: 2N straight vs N, stop, resume, N (same config: only stop_after differs)
-    for stage in ("z2", "z3"):
-        add(f"straight_{stage}", STAGES[stage] + ["train.max_steps=8", "train.save_every=4"])
-        add(f"halves_{stage}", STAGES[stage] + ["train.max_steps=8", "train.save_every=4", "train.stop_after=4"])
-        add(f"halves_{stage}", STAGES[stage] + ["train.max_steps=8", "train.save_every=4", "train.resume=auto"])
-    for stage in ("z2", "z3"):
-        add(f"export_{stage}", STAGES[stage] + ["train.export_hf=true"])
-    add("wandb_offline", STAGES["z2"] + ["logging.wandb_mode=offline", "logging.wandb_project=tests"])
-    _, report = run_many(runs, root)
-    return dirs, report
-
-
-def losses(run_dir) -> list[float]:
-    return [row["loss"] for row in read_metrics(run_dir)[0]]
-
-
-def eval_losses(run_dir) -> list[float]:
-    return [row["eval_loss"] for row in read_metrics(run_dir)[1]]
-
 
 @pytest.mark.parametrize("name", [n for n in STAGES if n != "z0"] + ["z3_nvme"])
 def test_from_scratch_losses_match_across_zero_configs(engine_runs, name):

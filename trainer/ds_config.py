@@ -736,9 +736,6 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
             notices.append(f"{which}.nvme_path -> {nvme_dir} (local directory)")
         if which == "offload_param" and "buffer_size" in block:
             block["buffer_size"] = 1e7
-    if hpz_partition_size(ds) > 1 and world_size % hpz_partition_size(ds):
-        z["zero_hpz_partition_size"] = world_size
-        notices.append(f"zero_hpz_partition_size -> {world_size} (must divide the {world_size} ranks present)")
     tp = ds.get("tensor_parallel") or {}
     if tp.get("autotp_size", 0) > 1 and world_size % tp["autotp_size"]:
         tp["autotp_size"] = world_size

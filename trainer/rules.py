@@ -120,7 +120,8 @@ def zeropp_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
 
 def hpz_divides_world(cfg: Config, ds: dict, world: int) -> list[str]:
     hpz = dsc.hpz_partition_size(ds)
-    if hpz > 1 and world % hpz:
+    group = min(hpz, world)  # DeepSpeed's secondary-partition group size
+    if hpz > 1 and world % group:
         return [f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} must divide the world size {world} "
                 f"(normally it equals GPUs per node, {cfg.hardware.gpus_per_node})"]
     return []
