@@ -13,15 +13,24 @@ DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 _ports = itertools.count(29600 + (os.getpid() % 40) * 10)
 
 
-def launch(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None) -> str:
-    """Run `deepspeed --num_gpus N --master_port P <script_args>`; returns the output, fails with its tail."""
-    port = next(_ports)
-    cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(port), *script_args]
+def launch_command(script_args: list[str], ranks: int = 2, env: dict | None = None) -> tuple[list[str], dict]:
+    cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(next(_ports)), *script_args]
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true",
                 **(env or {})}
+    return cmd, full_env
+
+
+def launch_raw(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None):
+    """(returncode, output) of `deepspeed --num_gpus N --master_port P <script_args>`."""
+    cmd, full_env = launch_command(script_args, ranks, env)
     proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-6000:]}"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def launch(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None) -> str:
+    """Run `deepspeed --num_gpus N --master_port P <script_args>`; returns the output, fails with its tail."""
+    code, output = launch_raw(script_args, timeout, ranks, env)
+    assert code == 0, f"{' '.join(script_args)} failed ({code}):\n{output[-6000:]}"
     return output
 
 

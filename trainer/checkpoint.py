@@ -111,7 +111,7 @@ def set_rng_state(state: dict) -> None:
 # --- save ----------------------------------------------------------------------------------------
 
 def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int,
-         protect: Optional[str] = None) -> Path:
+         protect: Optional[str] = None, faults=None) -> Path:
     """Save a complete checkpoint of `state.step` on every rank; returns its directory."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     tag = tag_for(state.step)
@@ -126,6 +126,8 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
     _write_json_atomic(partial / f"rng_rank{rank}.json", rng_state())
     if rank == 0:
         _write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
+    if faults is not None:
+        faults.kill_if("kill_in_save", state.step, rank)  # tests: a rank dies with the files half written
     _barrier()
     _fsync_tree(partial)  # every rank flushes what is visible to it before the switch
     _barrier()

@@ -105,6 +105,10 @@ class TrainConfig:
         "End this invocation after N optimizer steps (checkpoint saved) even before max_steps; resume later with "
         "--resume auto. For allocations shorter than the run.", None)
     export_hf: bool = doc("Write the final model in HF format (safetensors) to output_dir/hf.", True)
+    max_bad_steps: int = doc("Stop after this many consecutive non-finite (skipped) steps.", 3)
+    spike_ratio: float = doc("Warn when a step's loss exceeds this x its moving average (0 = off).", 3.0)
+    spike_window: int = doc("Steps in the loss moving average for spike detection.", 50)
+    min_loss_scale_hits: int = doc("fp16: report when the loss scale sits at min_loss_scale this many steps.", 10)
 
 
 @dataclass

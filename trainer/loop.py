@@ -22,6 +22,9 @@ from . import checkpoint
 from .checkpoint import TrainState
 from .config import Config
 from .errors import UserError
+from . import ds_config as dsc
+from .guards import Faults, LossScaleWatch, StepGuard, StopSignal, any_rank
+from .hardware import GPUS
 from .metrics import MetricsLogger, peak_memory_gb, print0, redact
 from .presets import load_preset
 from .resolve import Resolved, resolve
@@ -35,90 +38,139 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         from .rehearse import rehearsal_config
         config, rehearsal_notices = rehearsal_config(config, dist.get_world_size())
     resolved = resolve(config, world_size)
+    check_world_size(resolved)
     cfg = resolved.config
     run_dir = Path(cfg.train.output_dir)
     seed_everything(cfg.train.seed, rank)
     for notice in rehearsal_notices + resolved.notices:
         print0(f"notice: {notice}", rank=rank)
-    prepare_run_dir(run_dir, resolved, rank)
+    # Everything that can refuse the run (config, resume checkpoint, tokenizer, data) is checked
+    # before the run directory is created or anything in it is written.
+    ckpt_dir = run_dir / "checkpoints"
+    resume_path = checkpoint_to_resume(cfg, ckpt_dir, rank)
 
     from .data import MicroBatchLoader, build_datasets, load_tokenizer
     tokenizer = load_tokenizer(cfg.model)
+    check_vocab(tokenizer, cfg)
     data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
     print0(f"data: {data.stats}", rank=rank)
+    prepare_run_dir(run_dir, resolved, rank)
 
     import deepspeed
     from .model import build_model, count_parameters
     model, hf_ds_config = build_model(cfg, rank)
-    check_vocab(tokenizer, cfg)
     total_params, trainable_params = count_parameters(model)
     print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable)", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg.deepspeed)
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
+    engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
     dp_rank, dp_size = data_parallel_rank(engine), resolved.batch.data_parallel_size
     train_batches = MicroBatchLoader(data.train, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed)
     eval_batches = MicroBatchLoader(data.eval, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed,
                                     shuffle=False)
 
-    ckpt_dir = run_dir / "checkpoints"
-    state, resumed_from = resume_if_asked(engine, cfg, ckpt_dir, train_batches, rank)
+    state, resumed_from = resume_if_asked(engine, resume_path, train_batches, rank)
 
     metrics = MetricsLogger(cfg, run_dir, rank, total_params, resolved.world_size, config_dict(resolved))
     try:
-        fit(engine, train_batches, eval_batches, state, resolved, metrics, ckpt_dir, resumed_from)
-        if cfg.train.export_hf and state.step == cfg.train.max_steps:
+        ended = fit(engine, train_batches, eval_batches, state, resolved, metrics, ckpt_dir, resumed_from)
+        if cfg.train.export_hf and ended == "finished":
             out = checkpoint.export_hf(engine, tokenizer, run_dir / "hf")
             if out:
                 print0(f"exported HF model to {out}", rank=rank)
     finally:
         metrics.close()
-    return 0
+    return 3 if ended in ("bad_steps", "corrupted") else 0  # a preempted run exits 0: it saved its work
 
 
 def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
-        ckpt_dir: Path, resumed_from: str | None) -> None:
+        ckpt_dir: Path, resumed_from: str | None) -> str:
+    """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended."""
     cfg = resolved.config
     train, accum = cfg.train, cfg.train.grad_accum
+    rank = dist.get_rank() if dist.is_initialized() else 0
     tokens_per_step = resolved.tokens_per_step
     batches = iter(train_batches)
+    stop, guard, faults = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window), Faults()
+    scale_watch = LossScaleWatch(dsc.fp16_min_loss_scale(cfg.deepspeed), train.min_loss_scale_hits)
     metrics.start_progress(state.step, train.max_steps)
-    window_start, window_steps, window_loss = time.perf_counter(), 0, torch.zeros(())
+    window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
     last_step = min(train.max_steps, state.step + train.stop_after) if train.stop_after else train.max_steps
+    ended = "finished" if last_step == train.max_steps else "stop_after"
 
     while state.step < last_step:
         engine.train()
+        position = train_batches.state_dict()  # where this step's data starts, for spike reports
+        step_loss = torch.zeros((), device=engine.device)
         for _ in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
             batch = to_device(next(batches), engine.device)
-            loss = engine(**batch).loss
+            loss = faults.nan_loss(engine(**batch).loss, state.step + 1)
             engine.backward(loss)
             engine.step()
-            window_loss += loss.detach().float().cpu()
+            step_loss += loss.detach().float()
         state.step += 1
         state.consumed_samples += resolved.batch.global_batch_size
         state.data = train_batches.state_dict()
-        window_steps += 1
         metrics.advance()
 
-        if state.step % cfg.logging.log_every == 0 or state.step == last_step:
+        # one small all-reduce per step: did any rank see a non-finite loss, or a stop signal?
+        nonfinite, stop_requested = any_rank([not torch.isfinite(step_loss).item(), stop.requested], engine.device)
+        loss_value = float("nan") if nonfinite else step_loss.item() / accum
+        if guard.check(loss_value, grad_norm(engine), engine.was_step_applied()):
+            state.bad_steps += 1
+            metrics.log({"step": state.step, "skipped_step": True, "bad_steps_in_a_row": guard.consecutive_bad})
+            if nonfinite and engine.was_step_applied():  # no overflow check (ZeRO-0 fp32): weights are now bad
+                print0(f"stopping: a non-finite update was applied at step {state.step} (ZeRO stage 0 has no "
+                       f"overflow check); not saving; resume from the last checkpoint with --resume auto", rank=rank)
+                return "corrupted"
+            if guard.exhausted:
+                print0(f"stopping: {guard.consecutive_bad} non-finite steps in a row (train.max_bad_steps); "
+                       f"the last good state is saved at step {state.step}", rank=rank)
+                ended = "bad_steps"
+        else:
+            window_loss += loss_value
+            window_steps += 1
+            average = guard.spike(loss_value)
+            if average is not None:
+                print0(f"warning: loss spike at step {state.step}: {loss_value:.4g} > {train.spike_ratio} x moving "
+                       f"average {average:.4g}; data position {position}", rank=rank)
+                metrics.log({"step": state.step, "loss_spike": loss_value, "data_position": position})
+
+        if engine.fp16_enabled():
+            advice = scale_watch.advice(engine.optimizer.cur_scale, GPUS[cfg.hardware.gpu].bf16)
+            if advice:
+                print0(f"warning: {advice}", rank=rank)
+
+        if window_steps and (state.step % cfg.logging.log_every == 0 or state.step == last_step):
             elapsed = time.perf_counter() - window_start
             metrics.log({"step": state.step,
-                         "loss": mean_across_ranks(window_loss / (window_steps * accum)),
+                         "loss": mean_across_ranks(window_loss / window_steps, engine.device),
                          "lr": engine.get_lr()[0],
                          "grad_norm": grad_norm(engine),
                          **loss_scale(engine),
                          **metrics.throughput(tokens_per_step * window_steps, elapsed, window_steps),
                          "peak_mem_gb": peak_memory_gb()})
-            window_start, window_steps, window_loss = time.perf_counter(), 0, torch.zeros(())
+            window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
 
+        if stop_requested:
+            ended = f"signal ({stop.name or 'another rank'})"
         if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
             eval_loss = evaluate(engine, eval_batches, train.eval_batches)
             metrics.log({"step": state.step, "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))})
 
-        if (train.save_every and state.step % train.save_every == 0) or state.step == last_step:
-            checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last, protect=resumed_from)
+        stopping = ended not in ("finished", "stop_after")
+        if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or stopping:
+            checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last, protect=resumed_from,
+                            faults=faults)
             resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
+        faults.kill_if("kill_at", state.step, rank)
+        if stopping:
+            print0(f"stopped at step {state.step} ({ended}); checkpoint saved; resume with --resume auto", rank=rank)
+            break
+    stop.restore()
+    return ended
 
 
 @torch.no_grad()
@@ -198,20 +250,36 @@ def rank0_first(build):
     return result
 
 
+def check_world_size(resolved: Resolved) -> None:
+    running = dist.get_world_size()
+    if resolved.world_size != running:
+        raise UserError(
+            f"the config is resolved for {resolved.world_size} ranks (hardware.nodes x hardware.gpus_per_node, or "
+            f"--world-size) but {running} rank(s) are running: launch {resolved.world_size} ranks (e.g. deepspeed "
+            f"--num_gpus {resolved.world_size} train.py ...), or resolve for these with --world-size {running}")
+
+
 def check_vocab(tokenizer, cfg: Config) -> None:
     if len(tokenizer) > cfg.model.vocab_size:
         raise UserError(f"the tokenizer has {len(tokenizer)} tokens but model.vocab_size is {cfg.model.vocab_size}: "
                         f"raise model.vocab_size or use the model's own tokenizer")
 
 
-def resume_if_asked(engine, cfg: Config, ckpt_dir: Path, train_batches, rank: int):
+def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> Path | None:
+    """The checkpoint to resume from (None: a fresh run), checked to be complete and of this model shape."""
     path = checkpoint.find_resume(cfg.train.resume, ckpt_dir)
     if path is None:
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
-        return TrainState(), None
+        return None
     _, saved_config = checkpoint.read_trainer_state(path)
     checkpoint.check_same_model(saved_config, dataclasses.asdict(cfg.model), path)
+    return path
+
+
+def resume_if_asked(engine, path: Path | None, train_batches, rank: int):
+    if path is None:
+        return TrainState(), None
     state = checkpoint.load(engine, path)
     train_batches.load_state_dict(state.data)
     print0(f"resume: continuing from {path} (step {state.step})", rank=rank)
@@ -229,8 +297,8 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def mean_across_ranks(value: torch.Tensor) -> float:
-    value = value.clone().float()
+def mean_across_ranks(value: float, device) -> float:
+    value = torch.tensor(value, dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(value)
         value /= dist.get_world_size()

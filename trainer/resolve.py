@@ -109,6 +109,8 @@ def check_values(cfg: Config) -> list[str]:
         (t.eval_every >= 0 and t.save_every >= 0 and t.eval_batches >= 1,
          "train.eval_every and train.save_every must be >= 0 and train.eval_batches >= 1"),
         (t.stop_after is None or t.stop_after >= 1, f"train.stop_after={t.stop_after} must be >= 1 or null"),
+        (t.max_bad_steps >= 1 and t.spike_ratio >= 0 and t.spike_window >= 1 and t.min_loss_scale_hits >= 1,
+         "train.max_bad_steps, spike_window and min_loss_scale_hits must be >= 1 and spike_ratio >= 0"),
         (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1 (the newest checkpoint is always kept)"),
         (bool(t.output_dir), "train.output_dir is empty"),
         (cfg.logging.log_every >= 1, f"logging.log_every={cfg.logging.log_every} must be >= 1"),

@@ -1,0 +1,126 @@
+"""What keeps a long run honest: preemption signals, non-finite steps, loss spikes, and test-only faults.
+
+- `StopSignal`: SIGTERM/SIGINT (what Slurm and Kubernetes send before a kill) asks every rank to
+  finish the current step, save a checkpoint and exit 0. A second signal exits at once. Signals
+  within `SAME_SIGNAL_S` of the first count as the same request, because launchers forward the
+  signal they received to ranks that already got it from the scheduler (deepspeed's launcher does).
+- `StepGuard`: a step whose loss or gradient norm is not finite is skipped (ZeRO and the bf16/fp16
+  optimizers discard a step whose gradient norm is inf/NaN; the guard makes sure that happened) and
+  counted; after `train.max_bad_steps` in a row the run stops with a message. A loss above
+  `train.spike_ratio` x its moving average is logged with the step and the data position.
+- `Faults`: failure injection for the reliability tests, read from the TRAINER_FAULTS environment
+  variable (`nan_loss@3,kill_in_save@4`); empty in normal runs.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+SAME_SIGNAL_S = 5.0
+
+
+class StopSignal:
+    def __init__(self):
+        self.requested_at: float | None = None
+        self.name = ""
+        self._previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        now = time.monotonic()
+        if self.requested_at is not None and now - self.requested_at > SAME_SIGNAL_S:
+            print(f"second {signal.Signals(signum).name}: exiting now without a checkpoint", file=sys.stderr,
+                  flush=True)
+            os._exit(128 + signum)  # collectives may be blocked: no cleanup that could hang
+        if self.requested_at is None:
+            self.requested_at, self.name = now, signal.Signals(signum).name
+            print(f"{self.name} received: finishing this step, saving a checkpoint, then exiting "
+                  f"(send it again after {SAME_SIGNAL_S:.0f}s to exit at once)", file=sys.stderr, flush=True)
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def any_rank(flags: list[bool], device) -> list[bool]:
+    """Element-wise OR of per-rank flags: one small all-reduce decides for everyone."""
+    tensor = torch.tensor([1.0 if f else 0.0 for f in flags], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+class StepGuard:
+    def __init__(self, max_bad_steps: int, spike_ratio: float, spike_window: int):
+        self.max_bad_steps, self.spike_ratio = max_bad_steps, spike_ratio
+        self.recent = deque(maxlen=spike_window)
+        self.consecutive_bad = 0
+
+    def check(self, loss: float, grad_norm: float | None, step_applied: bool) -> bool:
+        """True when the step was bad (non-finite loss or gradient norm, or no update applied)."""
+        bad = not math.isfinite(loss) or (grad_norm is not None and not math.isfinite(grad_norm)) or not step_applied
+        self.consecutive_bad = self.consecutive_bad + 1 if bad else 0
+        return bad
+
+    @property
+    def exhausted(self) -> bool:
+        return self.consecutive_bad >= self.max_bad_steps
+
+    def spike(self, loss: float) -> float | None:
+        """The moving average the loss spiked above, or None; finite losses feed the average."""
+        if not math.isfinite(loss):
+            return None
+        average = sum(self.recent) / len(self.recent) if self.recent else None
+        self.recent.append(loss)
+        warm = len(self.recent) >= min(10, self.recent.maxlen)
+        if self.spike_ratio and average and warm and loss > self.spike_ratio * average:
+            return average
+        return None
+
+
+class Faults:
+    """Test-only failure injection (TRAINER_FAULTS="nan_loss@3,kill_in_save@4,kill_at@5")."""
+
+    def __init__(self, spec: str | None = None):
+        spec = os.environ.get("TRAINER_FAULTS", "") if spec is None else spec
+        self.points = {tuple(item.split("@")) for item in spec.split(",") if "@" in item}
+
+    def active(self, name: str, step: int) -> bool:
+        return (name, str(step)) in self.points
+
+    def nan_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        return loss * float("nan") if self.active("nan_loss", step) else loss
+
+    def kill_if(self, name: str, step: int, rank: int) -> None:
+        """SIGKILL this rank (rank 1, or rank 0 in single-rank runs) at the named point."""
+        victim = 1 if (dist.is_initialized() and dist.get_world_size() > 1) else 0
+        if rank == victim and self.active(name, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class LossScaleWatch:
+    """fp16: a loss scale stuck at min_loss_scale means gradients overflow at every scale; say what to do."""
+
+    def __init__(self, min_loss_scale: float, hits_to_report: int):
+        self.min_loss_scale, self.hits_to_report, self.hits = min_loss_scale, hits_to_report, 0
+
+    def advice(self, scale: float, gpu_has_bf16: bool) -> str | None:
+        self.hits = self.hits + 1 if scale <= self.min_loss_scale else 0
+        if self.hits != self.hits_to_report:
+            return None
+        fix = ("switch to bf16 (--set train.precision=bf16 with a bf16 block; no loss scaling needed)" if gpu_has_bf16
+               else "raise deepspeed.fp16.min_loss_scale, lower the lr, or check the data at the spike")
+        return (f"fp16 loss scale has been at min_loss_scale={self.min_loss_scale:g} for {self.hits} steps: "
+                f"gradients overflow at every scale. Next step: {fix} (python -m trainer doctor explains more)")
