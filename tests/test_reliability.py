@@ -162,3 +162,15 @@ def test_resume_auto_skips_incomplete_checkpoints(tmp_path):
     make_checkpoint(tmp_path, 8, complete=False)
     (tmp_path / "latest").write_text("step_00000008")  # a pointer written before a crash
     assert checkpoint.find_resume("auto", tmp_path) == tmp_path / "step_00000004"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo this-must-not-run",))
+
+
+def test_a_checkpoint_with_foreign_pickled_objects_is_refused(tmp_path):
+    from trainer.errors import UserError
+    torch.save({"module": {"w": torch.zeros(2)}, "extra": _RunsCode()}, tmp_path / "mp_rank_00_model_states.pt")
+    with pytest.raises(UserError, match="refusing to load .*mp_rank_00_model_states.pt.*Unsupported global"):
+        checkpoint.vet_pickles(tmp_path, rank=0)

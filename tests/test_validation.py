@@ -103,6 +103,10 @@ RULE_CASES = {
     "ds_checkpointing_needs_model_flag": (
         base(deepspeed={"activation_checkpointing": {"partition_activations": False}}), None,
         ["deepspeed.activation_checkpointing", "model.gradient_checkpointing", "set model.gradient_checkpointing=true"]),
+    "min_lr_needs_cosine": (
+        base(train={"min_lr": 1e-4}, deepspeed={"scheduler": {"type": "WarmupDecayLR", "params": {
+            "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}}}), None,
+        ["train.min_lr=0.0001", "WarmupCosineLR", "WarmupDecayLR", "train.min_lr=0"]),
 }
 
 
@@ -131,6 +135,7 @@ def test_rule_accepts_the_config_once_fixed(rule):
         "hpz_divides_world": ds(zero_hpz_partition_size=2),
         "quantized_weights_need_gpu": ds(zero_quantized_weights=False),
         "ds_checkpointing_needs_model_flag": {"model": {"gradient_checkpointing": True}},
+        "min_lr_needs_cosine": {"train": {"min_lr": 0.0}},
     }
     raw, world, _ = RULE_CASES[rule]
     resolve(config_from_dict(deep_merge(raw, fixes[rule])), world)

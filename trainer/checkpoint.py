@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -206,10 +207,35 @@ def check_same_model(saved_config: dict, current_model: dict, path: Path) -> Non
         raise UserError(f"checkpoint {path} was trained with a different model shape: " + "; ".join(diffs))
 
 
+def _deepspeed_state_classes() -> list:
+    """The classes DeepSpeed 0.19.8 pickles into its checkpoints besides tensors and containers."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def vet_pickles(path: Path, rank: int) -> None:
+    """DeepSpeed loads its checkpoint files with torch.load(weights_only=False): a crafted file would run
+    code. So each rank first opens the files it will read with weights_only=True (mmap: tensor data is not
+    read), allowing only DeepSpeed's own state classes; anything else is refused with a clear error."""
+    files = [f for f in sorted(path.glob("*.pt")) if f.name.startswith("mp_rank_") or f"pp_rank_{rank}_" in f.name]
+    with torch.serialization.safe_globals(_deepspeed_state_classes()):
+        for file in files:
+            try:
+                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as err:  # torch raises UnpicklingError/RuntimeError naming the offending global
+                found = re.search(r"GLOBAL ([\w.]+)", str(err))
+                reason = f"Unsupported global {found.group(1)}" if found else str(err).splitlines()[0]
+                raise UserError(f"refusing to load {file}: it holds objects a weights-only load does not allow "
+                                f"({reason[:300]}). Only load checkpoints you trust.") from None
+
+
 def load(engine, path: Path) -> TrainState:
     """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     state, _ = read_trainer_state(path)
+    vet_pickles(path, rank)
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                        load_lr_scheduler_states=True)
     if loaded is None:

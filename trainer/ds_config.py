@@ -148,10 +148,6 @@ def contiguous_gradients(ds: dict) -> bool:
     return bool(zero(ds).get("contiguous_gradients", True))
 
 
-def round_robin_gradients(ds: dict) -> bool:
-    return bool(zero(ds).get("round_robin_gradients", False))
-
-
 def offload_pin_memory(ds: dict, which: str) -> bool:
     return bool(offload_block(ds, which).get("pin_memory", False))
 

@@ -54,6 +54,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     check_vocab(tokenizer, cfg)
     data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
     print0(f"data: {data.stats}", rank=rank)
+    check_enough_batches(data, resolved)
     prepare_run_dir(run_dir, resolved, rank)
 
     import deepspeed
@@ -257,6 +258,21 @@ def check_world_size(resolved: Resolved) -> None:
             f"the config is resolved for {resolved.world_size} ranks (hardware.nodes x hardware.gpus_per_node, or "
             f"--world-size) but {running} rank(s) are running: launch {resolved.world_size} ranks (e.g. deepspeed "
             f"--num_gpus {resolved.world_size} train.py ...), or resolve for these with --world-size {running}")
+
+
+def check_enough_batches(data, resolved: Resolved) -> None:
+    """Each split gives every data-parallel rank at least one micro-batch (else MicroBatchLoader would
+    refuse it later, after the run directory exists)."""
+    from .data import DataError
+    cfg, dp = resolved.config, resolved.batch.data_parallel_size
+    micro = cfg.train.micro_batch_size
+    for name, split in (("train", data.train), ("eval", data.eval)):
+        if len(split) < micro * dp:
+            source = cfg.data.eval_source if name == "eval" and cfg.data.eval_source else cfg.data.source
+            raise DataError(f"{source}: the {name} split has {len(split)} sequence(s) of data.seq_len="
+                            f"{cfg.data.seq_len} tokens, fewer than one micro-batch (train.micro_batch_size={micro}) "
+                            f"for each of {dp} data-parallel rank(s); add data or lower train.micro_batch_size or "
+                            f"data.seq_len" + (" (or raise data.eval_fraction)" if name == "eval" else ""))
 
 
 def check_vocab(tokenizer, cfg: Config) -> None:

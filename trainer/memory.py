@@ -354,10 +354,11 @@ def nvme_offload_bytes(total_params: int, nodes: int, optimizer: bool = True, pa
 def nvme_host_buffer_bytes(total_params: int, gpus: int, gpus_per_node: int, sub_group_size: int = int(1e9),
                            optimizer_buffer_count: int = 4, param_buffer_count: int = 5,
                            param_buffer_size: int = int(1e8), max_in_cpu: int = int(1e9)) -> int:
-    """Host RAM per node for ZeRO-Infinity: each rank's pinned swap buffers (one optimizer sub-group of
-    fp32 master, moments and grads per optimizer buffer; 16-bit param buffers; params kept in CPU)."""
+    """Host RAM per node for ZeRO-Infinity: each rank's pinned swap buffers. The optimizer swapper pins
+    buffer_count fp32 buffers of the largest sub-group (swap_tensor/optimizer_utils.py SwapBufferManager);
+    the param swapper buffer_count x buffer_size 16-bit elements, plus up to max_in_cpu params kept in RAM."""
     sub_group = min(sub_group_size, -(-total_params // gpus))
-    per_rank = (optimizer_buffer_count * sub_group * 4 * FP32_BYTES
+    per_rank = (optimizer_buffer_count * sub_group * FP32_BYTES
                 + param_buffer_count * param_buffer_size * 2
                 + min(max_in_cpu, total_params) * 2)
     return int(per_rank * gpus_per_node)

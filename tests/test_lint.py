@@ -1,0 +1,119 @@
+"""`python -m trainer lint`: the seed's tuning checklist on resolved presets. Fast: no ranks."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from trainer.lint import lint_resolved  # noqa: E402
+from trainer.presets import PRESET_DIR, load_preset  # noqa: E402
+from trainer.resolve import resolve  # noqa: E402
+
+PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def findings(preset: str, overrides: list[str] | None = None):
+    return lint_resolved(resolve(load_preset(preset, overrides or [])))
+
+
+def checks(found, severity: str | None = None) -> set[str]:
+    return {f.check for f in found if severity is None or f.severity == severity}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_lint_never_changes_the_config(preset):
+    r = resolve(load_preset(preset))
+    before = (copy.deepcopy(r.ds), copy.deepcopy(r.config))
+    lint_resolved(r)
+    assert (r.ds, r.config) == before
+
+
+def test_cpu_offload_gets_the_bind_cores_advice():
+    found = findings("70b_8xa100")
+    assert any("--bind_cores_to_rank" in f.message for f in found if f.check == "#7 --bind_cores_to_rank")
+    assert "#7 --bind_cores_to_rank" not in checks(findings("7b_8xa100"))
+
+
+def test_multi_node_stage_3_without_hpz_gets_the_zeropp_advice():
+    found = findings("70b_32xa100", ["deepspeed.zero_optimization.zero_hpz_partition_size=1"])
+    zeropp = [f for f in found if f.check == "#9 ZeRO++"]
+    assert zeropp and zeropp[0].severity == "warn" and "zero_hpz_partition_size=8" in zeropp[0].message
+    assert "#9 ZeRO++" not in checks(findings("70b_32xa100"), "warn")  # the shipped preset has hpZ 8
+
+
+def test_multi_node_below_stage_3_learns_zeropp_needs_stage_3():
+    found = [f for f in findings("7b_8xa100", ["hardware.nodes=2"]) if f.check == "#9 ZeRO++"]
+    assert found and found[0].severity == "info" and "stage 3" in found[0].message
+
+
+def test_mixed_precision():
+    assert "#1 mixed precision" in checks(findings("7b_8xa100", ["train.precision=fp32"]), "warn")
+    fp16 = ["train.precision=fp16", "deepspeed.bf16=null",
+            "deepspeed.fp16={enabled: auto, loss_scale: 0, initial_scale_power: 16}"]
+    assert "#1 mixed precision" in checks(findings("7b_8xa100", fp16), "warn")
+    assert "#1 mixed precision" not in checks(findings("7b_2xv100"))  # V100: fp16 is right
+    assert "#1 mixed precision" not in checks(findings("tiny_cpu"))  # CPU ranks: fp32 is right
+
+
+def test_overlap_comm_contiguous_gradients_and_pin_memory():
+    found = findings("7b_8xa100", ["deepspeed.zero_optimization.overlap_comm=false",
+                                   "deepspeed.zero_optimization.contiguous_gradients=false"])
+    assert {"#4 overlap_comm", "contiguous gradients"} <= checks(found, "warn")
+    unpinned = findings("70b_8xa100", ["deepspeed.zero_optimization.offload_optimizer={device: cpu, pin_memory: false}"])
+    assert "#8 pin_memory" in checks(unpinned, "warn")
+
+
+def test_long_sequences_without_checkpointing():
+    found = findings("1b_pretrain_8xh100", ["data.seq_len=8192", "train.micro_batch_size=1", "train.grad_accum=32"])
+    assert "#6 activation checkpointing" in checks(found, "warn")
+
+
+def test_bucket_sizes_outside_the_useful_range():
+    found = findings("7b_8xa100", ["deepspeed.zero_optimization.reduce_bucket_size=1e6"])
+    assert any(f.check == "bucket sizes" and "reduce_bucket_size" in f.message for f in found if f.severity == "warn")
+    assert "bucket sizes" not in checks(findings("tiny_cpu"), "warn")  # CPU rehearsal sizes are for toy models
+
+
+def test_nvme_without_pipelined_io(tmp_path):
+    nvme = str(tmp_path)
+    found = findings("7b_2xv100", [
+        f"deepspeed.zero_optimization.offload_optimizer={{device: nvme, nvme_path: {nvme}, buffer_count: 4, "
+        f"pin_memory: true}}",
+        "deepspeed.aio={block_size: 1048576, queue_depth: 8}"])
+    assert "#11 NVMe pipeline" in checks(found, "info")
+
+
+def test_gradient_accumulation_vs_communication():
+    stage2 = [f for f in findings("7b_8xa100") if f.check == "#5 gradient accumulation"]
+    assert stage2 and "every micro-step" in stage2[0].message
+    stage1 = [f for f in findings("7b_8xa100", ["deepspeed.zero_optimization.stage=1", "train.grad_accum=1",
+                                                "train.micro_batch_size=8"]) if f.check == "#5 gradient accumulation"]
+    assert stage1 and "once per optimizer step" in stage1[0].message
+
+
+def test_a_preset_that_does_not_fit_is_an_error_and_exit_1():
+    result = run_cli("lint", "7b_8xa100", "--set", "train.micro_batch_size=64", "--set",
+                     "model.gradient_checkpointing=false")
+    assert result.returncode == 1
+    assert "ERROR [#2 ZeRO stage] will not fit" in result.stdout
+
+
+def test_cli_json_and_clean_presets_exit_0():
+    result = run_cli("lint", "70b_8xa100", "--json")
+    assert result.returncode == 0
+    found = json.loads(result.stdout)
+    assert {f["severity"] for f in found} <= {"error", "warn", "info"}
+    assert any(f["check"] == "#7 --bind_cores_to_rank" for f in found)

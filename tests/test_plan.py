@@ -1,0 +1,241 @@
+"""`python -m trainer plan`: every scenario's recommendation, the JSON contract, launch lines that
+resolve, DeepSpeed-exact model states, and bad input. Fast: no ranks; a few CLI subprocesses."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from trainer import ds_config as dsc  # noqa: E402
+from trainer import memory as mem  # noqa: E402
+from trainer.errors import UserError  # noqa: E402
+from trainer.plan import build_inputs, make_plan, plan_to_json, read_scenario  # noqa: E402
+from trainer.presets import load_preset  # noqa: E402
+from trainer.resolve import resolve  # noqa: E402
+
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+SEED_SCENARIOS = ["seed1_7b_8xa100", "seed2_70b_8xa100", "seed3_70b_32xa100", "seed4_7b_2xv100"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def plan_scenario(path: Path) -> dict:
+    values = read_scenario(str(path))
+    return plan_to_json(make_plan(build_inputs(values, str(path))))
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, dict]:
+    return {p.stem: plan_scenario(p) for p in SCENARIOS}
+
+
+def test_the_required_scenarios_ship():
+    names = {p.stem for p in SCENARIOS}
+    assert set(SEED_SCENARIOS) <= names
+    for required in ("13b_8xa100", "7b_lora_1x24g", "70b_full_2x8xh100", "7b_pretrain_8k_8xh100",
+                     "30b_4xa100_40g_nvme", "fits_nowhere_70b_1x4090"):
+        assert required in names
+    for path in SCENARIOS:
+        assert path.read_text().startswith("# "), f"{path.name} needs a comment header"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_gets_its_expected_recommendation(path, plans):
+    expect, plan = read_scenario(str(path))["expect"], plans[path.stem]
+    if expect.get("fits") is False:
+        assert plan["choice"] is None and plan["fits"] is False
+        text = " ".join(plan["suggestions"])
+        for word in expect["suggestions_mention"]:
+            assert word in text
+        return
+    choice = plan["choice"]
+    for key in ("stage", "offload_optimizer", "offload_param", "activation_checkpointing", "hpz_partition_size"):
+        if key in expect:
+            assert choice[key] == expect[key], key
+    assert choice["name"] == expect["candidate"]
+    low, high = expect["micro_batch"]
+    assert low <= choice["micro_batch"] <= high
+    assert plan["preset"] == expect["preset"]
+    assert choice["micro_batch"] * choice["grad_accum"] * plan["hardware"]["gpus_per_node"] * \
+        plan["hardware"]["nodes"] == read_scenario(str(path)).get("global_batch", choice["global_batch"])
+
+
+def test_seed_scenarios_one_line_each(plans):
+    """What the seed recommends vs what the planner chooses, for the report."""
+    summary = {name: (plans[name]["choice"]["name"], plans[name]["choice"]["micro_batch"]) for name in SEED_SCENARIOS}
+    assert summary == {"seed1_7b_8xa100": ("zero2", 2), "seed2_70b_8xa100": ("zero3_cpu_optimizer", 4),
+                       "seed3_70b_32xa100": ("zero3", 4), "seed4_7b_2xv100": ("zero2_cpu_offload", 1)}
+
+
+def test_seed_scenario_1_records_both_numbers(plans):
+    """The seed's 39 GB counts unsharded 16-bit gradients; DeepSpeed's estimator says 28.6 GB."""
+    seed = read_scenario(str(ROOT / "scenarios/seed1_7b_8xa100.yaml"))["seed"]
+    nominal = 7e9
+    assert 2 * nominal / 1e9 + 2 * nominal / 1e9 + 12 * nominal / 8 / 1e9 == pytest.approx(
+        seed["gpu_gb_per_gpu_seed_text"], abs=0.6)
+    zero2 = next(c for c in plans["seed1_7b_8xa100"]["candidates"] if c["name"] == "zero2")
+    assert zero2["model_states_gpu_bytes"] == mem.zero2_model_states(6_738_415_616, 8, 1, False)[1]
+    assert round(zero2["model_states_gpu_bytes"] / 1e9, 1) == seed["gpu_gb_per_gpu_deepspeed"]
+
+
+def test_candidate_model_states_are_deepspeeds(plans):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    for name in ("seed2_70b_8xa100", "70b_full_2x8xh100", "13b_8xa100"):
+        plan, hw = plans[name], plans[name]["hardware"]
+        for c in plan["candidates"]:
+            if c["stage"] == 2:
+                cpu, gpu = estimate_zero2_model_states_mem_needs(
+                    plan["params"], hw["gpus_per_node"], hw["nodes"], cpu_offload=c["offload_optimizer"] != "none")
+            elif c["stage"] == 3 and c["offload_optimizer"] != "nvme":
+                cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+                    plan["params"], plan["largest_layer_params"], hw["gpus_per_node"], hw["nodes"],
+                    cpu_offload=c["offload_optimizer"] == "cpu", cpu_offload_params=c["offload_param"] == "cpu",
+                    zero_init=True)
+            else:
+                continue
+            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+
+
+def test_json_contract(plans):
+    plan = plans["seed1_7b_8xa100"]
+    assert plan["params"] == 6_738_415_616 and plan["largest_layer_params"] == 131_072_000
+    names = [c["name"] for c in plan["candidates"]]
+    assert names == ["zero0", "zero1", "zero2", "zero2_cpu_offload", "zero3", "zero3_cpu_optimizer",
+                     "zero3_cpu_offload", "zero3_nvme"]
+    for c in plan["candidates"]:
+        assert set(c["gpu_bytes"]) == {"params", "gradients", "optimizer", "activations", "buffers", "total"}
+        assert c["gpu_bytes"]["total"] == sum(v for k, v in c["gpu_bytes"].items() if k != "total")
+        assert {"model_states_gpu_bytes", "model_states_cpu_bytes", "cpu_bytes_per_node", "nvme_bytes", "fits"} <= set(c)
+        assert c["offload_optimizer"] in ("none", "cpu", "nvme") and c["offload_param"] in ("none", "cpu", "nvme")
+    assert {"name", "micro_batch", "grad_accum", "activation_checkpointing"} <= set(plan["choice"])
+    assert plan["preset"] == "7b_8xa100" and plan["launch"].startswith("deepspeed --num_gpus 8 train.py")
+    assert not dsc.find_auto(plan["deepspeed_config"])
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_launch_lines_resolve_to_the_plan(path, plans):
+    """The --set overrides in the launch line turn the preset into exactly the chosen configuration."""
+    plan = plans[path.stem]
+    if not plan["launch"] or "--preset" not in plan["launch"]:
+        pytest.skip("no shipped preset for this model: the launch uses the exported config")
+    words = shlex.split(plan["launch"])
+    preset = words[words.index("--preset") + 1]
+    overrides = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    r = resolve(load_preset(preset, overrides))
+    c, hw = plan["choice"], plan["hardware"]
+    if hw["gpus_per_node"] * hw["nodes"] > 1:  # on one GPU the preset's stage 2 is kept (same memory as 0)
+        assert dsc.zero_stage(r.ds) == c["stage"]
+    assert (dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds)) == (c["offload_optimizer"],
+                                                                                    c["offload_param"])
+    assert (r.batch.micro_batch_size, r.batch.grad_accum) == (c["micro_batch"], c["grad_accum"])
+    assert r.config.model.gradient_checkpointing == c["activation_checkpointing"]
+    assert r.world_size == hw["gpus_per_node"] * hw["nodes"]
+    assert dsc.hpz_partition_size(r.ds) == c["hpz_partition_size"]
+    assert dsc.precision(r.ds) == plan["precision"]
+
+
+def test_launch_line_shapes(plans):
+    multi = plans["seed3_70b_32xa100"]["launch"]
+    assert multi.startswith("deepspeed --hostfile hostfile --num_nodes 4 --num_gpus 8 train.py --preset 70b_32xa100")
+    assert "--bind_cores_to_rank" in plans["seed2_70b_8xa100"]["launch"]
+    assert "--bind_cores_to_rank" not in plans["seed1_7b_8xa100"]["launch"]
+    assert plans["13b_8xa100"]["launch"] == ("deepspeed --num_gpus 8 your_train.py --deepspeed --deepspeed_config "
+                                             "ds_config.json")
+
+
+def test_cli_json_stdout_is_only_json_and_o_writes_a_valid_config(tmp_path):
+    out = tmp_path / "my dir" / "ds.json"
+    out.parent.mkdir()
+    result = run_cli("plan", "scenarios/13b_8xa100.yaml", "--json", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)  # DeepSpeed's "Setting accelerator" log went to stderr
+    written = json.loads(out.read_text())
+    assert written == plan["deepspeed_config"] and dsc.check_keys(written) == []
+    assert shlex.quote(str(out)) in plan["launch"]
+    assert dsc.zero_stage(written) == 2 and written["train_batch_size"] == 256
+
+
+def test_cli_table_and_fits_nowhere():
+    result = run_cli("plan", "scenarios/seed1_7b_8xa100.yaml")
+    assert result.returncode == 0
+    for text in ("zero3_cpu_offload", "GPU total", "Chosen: zero2", "Nearest preset: 7b_8xa100", "Launch: deepspeed"):
+        assert text in result.stdout
+    nowhere = run_cli("plan", "scenarios/fits_nowhere_70b_1x4090.yaml")
+    assert nowhere.returncode == 1
+    assert "FITS NOWHERE" in nowhere.stdout and "NVMe" in nowhere.stdout and "LoRA" in nowhere.stdout
+
+
+def test_user_micro_batch_turns_checkpointing_on():
+    values = {**read_scenario(str(ROOT / "scenarios/seed1_7b_8xa100.yaml")), "micro_batch": 8}
+    plan = plan_to_json(make_plan(build_inputs(values)))
+    assert (plan["choice"]["name"], plan["choice"]["micro_batch"], plan["choice"]["grad_accum"],
+            plan["choice"]["activation_checkpointing"]) == ("zero2", 8, 4, True)
+
+
+def test_model_specs(tmp_path):
+    raw = plan_to_json(make_plan(build_inputs({"model": 6_738_415_616, "hidden_size": 4096, "num_layers": 32,
+                                               "gpu": "a100-80g", "gpus_per_node": 8})))
+    assert raw["params"] == 6_738_415_616
+    preset = plan_to_json(make_plan(build_inputs({"model": "70b_8xa100", "gpu": "a100-80g", "gpus_per_node": 8,
+                                                  "cpu_ram_gb": 2048})))
+    assert preset["params"] == 68_976_648_192
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+                                  "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008,
+                                  "vocab_size": 32000, "max_position_embeddings": 4096}))
+    hf = plan_to_json(make_plan(build_inputs({"model": str(config), "gpu": "h100-80g", "gpus_per_node": 8})))
+    assert hf["params"] == 6_738_415_616
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "7b", "--gpu", "h100"], "unknown GPU type 'h100' (did you mean 'h100-80g'?)"),
+    (["--model", "7b"], "--gpu is required"),
+    (["--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "0"], "--gpus-per-node: 0 must be a positive"),
+    (["--model", "7b", "--gpu", "a100-80g", "--seq-len", "-5"], "--seq-len: -5 must be a positive"),
+    (["--model", "7b", "--gpu", "a100-80g", "--cpu-ram-gb", "-1"], "--cpu-ram-gb: -1.0 must be a size in GB > 0"),
+    (["--model", "7b", "--gpu", "a100-80g", "--cpu-ram-gb", "0"], "--cpu-ram-gb: 0.0 must be a size in GB > 0"),
+    (["--model", "7b", "--gpu", "a100-80g", "--nvme-gb", "-2"], "--nvme-gb: -2.0 must be a size in GB >= 0"),
+    (["--model", "7b", "--gpu", "a100-80g", "--micro-batch", "0"], "--micro-batch: 0 must be a positive"),
+    (["--model", "7b", "--gpu", "a100-80g", "--seq-len", "8192"], "beyond Llama-2-7B's 4096 positions"),
+    (["--model", "7e9", "--gpu", "a100-80g"], "--hidden-size"),
+    (["--model", "-5", "--hidden-size", "64", "--num-layers", "2", "--gpu", "a100-80g"], "must be a positive"),
+    (["--model", "7bb", "--gpu", "a100-80g"], "is not a named size"),
+    (["--model", "7b", "--gpu", "a100-80g", "--task", "sft"], "--task: 'sft' is not one of pretrain, full, lora"),
+    (["--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "8", "--global-batch", "12"],
+     "not a multiple of the 8 data-parallel ranks"),
+    (["--model", "7b", "--gpu", "cpu"], "'cpu' ranks have no GPU memory"),
+    (["scenarios/nope.yaml"], "scenario file 'scenarios/nope.yaml' not found"),
+])
+def test_bad_input_is_a_clear_error_with_non_zero_exit(args, message):
+    result = run_cli("plan", *args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_scenario_with_unknown_keys(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("# bad\nmodel: 7b\ngpus: a100-80g\nexpect: {stage: 2, micro: [1, 2]}\n")
+    result = run_cli("plan", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}: unknown key 'gpus' (did you mean 'gpu'?)" in result.stderr
+    assert "unknown key 'expect.micro'" in result.stderr
+
+
+def test_flags_override_the_scenario():
+    values = read_scenario(str(ROOT / "scenarios/seed1_7b_8xa100.yaml"))
+    plan = plan_to_json(make_plan(build_inputs({**values, "gpu": "h100-80g"})))
+    assert plan["hardware"]["gpu"] == "h100-80g"
+    with pytest.raises(UserError, match="seq_len"):
+        build_inputs({**values, "seq_len": 0}, "scenario.yaml")

@@ -1,0 +1,257 @@
+"""`python -m trainer lint PRESET`: check a resolved config against the seed's tuning checklist (step 6).
+
+Each check reads the resolved config (DeepSpeed keys only through `trainer.ds_config`) and returns
+findings with a severity: `error` (it will not run or will not fit), `warn` (a high/medium-priority
+checklist item is off) or `info` (advice, and low-priority items). Lint never changes the config;
+the exit status is 1 when there is an error, else 0.
+
+| # | checklist item (seed step 6)              | check here                                                  |
+|---|-------------------------------------------|-------------------------------------------------------------|
+| 1 | mixed precision                           | fp32 on a GPU; fp16 where bf16 exists                       |
+| 2 | lowest ZeRO stage that fits               | planner estimate vs GPU budget; stage 0/1; stage 3 when 2 fits |
+| 3 | largest micro-batch                       | planner: a larger micro-batch that still fits               |
+| 4 | overlap_comm                              | off with more than one GPU                                  |
+| 5 | gradient accumulation vs communication    | what accumulation saves at this stage                       |
+| 6 | activation checkpointing                  | long sequences without it; on when not needed               |
+| 7 | --bind_cores_to_rank with CPU offload     | advice (the launch line is not in the config)               |
+| 8 | pin_memory with offload                   | off                                                         |
+| 9 | ZeRO++ on several nodes                   | no hpZ at stage 3; hpZ size != GPUs per node; stage < 3     |
+| 11| pipelined NVMe I/O                        | pipeline_read/write off                                     |
+| - | bucket sizes                              | outside the useful range; their memory                      |
+| - | contiguous gradients                      | off                                                         |
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from . import ds_config as dsc
+from . import memory as mem
+from .cli import add_preset_arguments, load_and_resolve
+from .hardware import GPUS
+from .plan import Candidate, gb, plan_for_resolved
+from .resolve import Resolved
+
+SEVERITIES = ("error", "warn", "info")
+LONG_SEQUENCE = 8192            # seed step 6 #6: "long sequences: checkpointing is a must"
+USEFUL_BUCKET = (int(1e7), int(1e9))  # elements: below, many small collectives; above, late start and GBs of buffers
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    check: str
+    message: str
+
+
+Check = Callable[[Resolved], list[Finding]]
+
+
+def on_gpus(r: Resolved) -> bool:
+    return r.config.hardware.gpu != "cpu"
+
+
+def mixed_precision(r: Resolved) -> list[Finding]:
+    gpu, name = GPUS[r.config.hardware.gpu], dsc.precision(r.ds)
+    if not on_gpus(r):
+        return []
+    if name == "fp32":
+        want = "bf16" if gpu.bf16 else "fp16 with dynamic loss scaling"
+        return [Finding("warn", "#1 mixed precision", f"training in fp32 on {gpu.description}: {want} halves "
+                        f"activation memory and runs on tensor cores (--set train.precision=...)")]
+    if name == "fp16" and gpu.bf16:
+        return [Finding("warn", "#1 mixed precision", f"fp16 on {gpu.description}, which has bf16: bf16 needs no "
+                        f"loss scaling and does not overflow (seed step 3.2)")]
+    return []
+
+
+def zero_stage_fits(r: Resolved) -> list[Finding]:
+    est, stage, world = plan_for_resolved(r), dsc.zero_stage(r.ds), r.world_size
+    out = []
+    if on_gpus(r):
+        verdict = (f"planner: {gb(est.gpu_total)} GB per GPU of {gb(est.gpu_budget)} usable (params "
+                   f"{gb(est.states.params)}, grads {gb(est.states.gradients)}, optimizer {gb(est.states.optimizer)}, "
+                   f"activations {gb(est.activations.total)}, buffers {gb(est.buffers)}); host "
+                   f"{gb(est.cpu_bytes_per_node)} GB per node")
+        if not est.fits_gpu:
+            out.append(Finding("error", "#2 ZeRO stage", f"will not fit: {verdict}; `python -m trainer plan "
+                               f"--model {r.config.name} ...` finds one that does"))
+        elif not est.fits_cpu:
+            out.append(Finding("error", "#2 ZeRO stage", f"host RAM will not hold the offloaded states: {verdict}"))
+        else:
+            out.append(Finding("info", "#2 ZeRO stage", verdict))
+    if world > 1 and stage in (0, 1):
+        out.append(Finding("info", "#2 ZeRO stage", f"stage {stage} on {world} GPUs: stage 2 has the same "
+                           f"communication volume and shards gradients too (seed step 1.2)"))
+    if on_gpus(r) and stage == 3 and dsc.offload_optimizer_device(r.ds) == "none":
+        two = plan_for_resolved(r, candidate=Candidate("zero2", 2))
+        if two.fits:
+            out.append(Finding("info", "#2 ZeRO stage", f"stage 3 costs ~1.5x the communication of stage 2, and "
+                               f"stage 2 fits here ({gb(two.gpu_total)} GB per GPU)"))
+    return out
+
+
+def micro_batch_size(r: Resolved) -> list[Finding]:
+    if not on_gpus(r):
+        return []
+    est = plan_for_resolved(r)
+    if not est.fits:
+        return []
+    micro = r.batch.micro_batch_size
+    bigger = max((m for m in (micro * 2, micro * 4, micro * 8) if plan_for_resolved(r, micro_batch=m).fits),
+                 default=micro)
+    if bigger > micro:
+        return [Finding("info", "#3 micro-batch", f"micro-batch {micro}: the planner fits {bigger} "
+                        f"(fewer accumulation steps, better GPU utilisation); keep the global batch with "
+                        f"train.grad_accum")]
+    return []
+
+
+def overlap_comm(r: Resolved) -> list[Finding]:
+    if r.world_size > 1 and dsc.zero_stage(r.ds) > 0 and not dsc.overlap_comm(r.ds):
+        return [Finding("warn", "#4 overlap_comm", f"overlap_comm is off with {r.world_size} ranks: gradient "
+                        f"reduction waits for backward to finish (DeepSpeed defaults it on only at stage 3); "
+                        f"set deepspeed.zero_optimization.overlap_comm=true")]
+    return []
+
+
+def grad_accumulation(r: Resolved) -> list[Finding]:
+    stage, accum = dsc.zero_stage(r.ds), r.batch.grad_accum
+    if r.world_size == 1:
+        return []
+    if stage >= 2 and accum > 1:
+        return [Finding("info", "#5 gradient accumulation", f"ZeRO-{stage} reduce-scatters gradients on every "
+                        f"micro-step (each rank keeps only its partition), so grad_accum {accum} does not cut "
+                        f"its communication; a larger micro-batch does. Stages 0/1 reduce once per step")]
+    if stage <= 1 and accum == 1:
+        return [Finding("info", "#5 gradient accumulation", f"stage {stage} all-reduces once per optimizer step: "
+                        f"gradient accumulation divides that communication by the number of micro-steps")]
+    return []
+
+
+def activation_checkpointing(r: Resolved) -> list[Finding]:
+    on, seq = r.config.model.gradient_checkpointing, r.config.data.seq_len
+    if not on and seq >= LONG_SEQUENCE:
+        return [Finding("warn", "#6 activation checkpointing", f"seq_len {seq} without activation checkpointing: "
+                        f"activations grow with sequence length (seed: a must for long sequences); "
+                        f"set model.gradient_checkpointing=true unless the planner shows it fits")]
+    if on and on_gpus(r):
+        without = plan_for_resolved(r, checkpointing=False)
+        if without.fits:
+            return [Finding("info", "#6 activation checkpointing", f"checkpointing recomputes the forward "
+                            f"(~30% more compute) but this micro-batch fits without it "
+                            f"({gb(without.gpu_total)} GB per GPU)")]
+    return []
+
+
+def bind_cores(r: Resolved) -> list[Finding]:
+    if "cpu" in (dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds)):
+        return [Finding("info", "#7 --bind_cores_to_rank", "CPU offload: launch with `deepspeed --bind_cores_to_rank "
+                        "...` so each rank's CPU Adam gets its own cores (and check cores and memory bandwidth "
+                        "per rank); offloaded steps are often 10-50x slower than on-GPU ones")]
+    return []
+
+
+def pin_memory(r: Resolved) -> list[Finding]:
+    out = []
+    for which in ("offload_optimizer", "offload_param"):
+        device = dsc.offload_optimizer_device(r.ds) if which == "offload_optimizer" else dsc.offload_param_device(r.ds)
+        if device != "none" and not dsc.offload_pin_memory(r.ds, which):
+            out.append(Finding("warn", "#8 pin_memory", f"{which} to {device} without pin_memory: pageable host "
+                               f"memory halves CPU<->GPU copy speed; set zero_optimization.{which}.pin_memory=true"))
+    return out
+
+
+def zeropp_multi_node(r: Resolved) -> list[Finding]:
+    hw, stage, hpz = r.config.hardware, dsc.zero_stage(r.ds), dsc.hpz_partition_size(r.ds)
+    if hw.nodes <= 1:
+        return []
+    if stage < 3:
+        return [Finding("info", "#9 ZeRO++", f"{hw.nodes} nodes at stage {stage}: ZeRO++ (hpZ, quantized "
+                        f"weights/gradients) only works at stage 3 in DeepSpeed 0.19.8; if cross-node "
+                        f"bandwidth limits you, stage 3 + ZeRO++ is the lever")]
+    if hpz <= 1:
+        return [Finding("warn", "#9 ZeRO++", f"{hw.nodes} nodes at stage 3 without hpZ: every parameter "
+                        f"all-gather crosses nodes; set zero_optimization.zero_hpz_partition_size="
+                        f"{hw.gpus_per_node} (and zero_quantized_gradients: true) - costs 2P/{hw.gpus_per_node} "
+                        f"bytes per GPU")]
+    out = []
+    if hpz != hw.gpus_per_node:
+        out.append(Finding("info", "#9 ZeRO++", f"zero_hpz_partition_size {hpz} != GPUs per node "
+                           f"{hw.gpus_per_node}: the secondary partition should span exactly one node"))
+    if not dsc.quantized_gradients(r.ds):
+        out.append(Finding("info", "#9 ZeRO++", "zero_quantized_gradients is off: cross-node gradient "
+                           "reduce-scatter moves full 16-bit gradients"))
+    return out
+
+
+def nvme_pipeline(r: Resolved) -> list[Finding]:
+    if dsc.offload_optimizer_device(r.ds) == "nvme" and not dsc.nvme_pipelined(r.ds):
+        return [Finding("info", "#11 NVMe pipeline", "optimizer NVMe offload without pipeline_read and "
+                        "pipeline_write: swaps do not overlap the optimizer step; set both true")]
+    return []
+
+
+def bucket_sizes(r: Resolved) -> list[Finding]:
+    if not on_gpus(r) or r.world_size == 1:
+        return []  # CPU rehearsals size buckets for toy models; one GPU communicates nothing
+    stage, out = dsc.zero_stage(r.ds), []
+    names = ["reduce_bucket_size"] + (["allgather_bucket_size"] if stage in (1, 2) else [])
+    names += ["prefetch_bucket_size"] if stage == 3 else []
+    low, high = USEFUL_BUCKET
+    for name in names:
+        value = int(dsc.zero_setting(r.ds, name))
+        if value < low:
+            out.append(Finding("warn", "bucket sizes", f"{name}={value:.2g} elements: many small collectives "
+                               f"(useful range {low:.0e}-{high:.0e}; the seed suggests 5e7-5e8)"))
+        elif value > high:
+            out.append(Finding("warn", "bucket sizes", f"{name}={value:.2g} elements: communication starts late "
+                               f"and the buffers cost GBs (useful range {low:.0e}-{high:.0e})"))
+    if stage in (1, 2):
+        cost = mem.reduce_bucket_bytes(stage, int(dsc.zero_setting(r.ds, "reduce_bucket_size")), dsc.precision(r.ds),
+                                       dsc.overlap_comm(r.ds))
+        if cost >= 1e9:
+            out.append(Finding("info", "bucket sizes", f"reduce buckets hold {gb(cost)} GB per GPU; smaller buckets "
+                               f"free that memory for activations"))
+    return out
+
+
+def contiguous_gradients(r: Resolved) -> list[Finding]:
+    if dsc.zero_stage(r.ds) > 0 and not dsc.contiguous_gradients(r.ds):
+        return [Finding("warn", "contiguous gradients", "contiguous_gradients is off: gradients fragment memory "
+                        "and overlap_comm needs them contiguous; set zero_optimization.contiguous_gradients=true")]
+    return []
+
+
+CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overlap_comm, grad_accumulation,
+                       activation_checkpointing, bind_cores, pin_memory, zeropp_multi_node, nvme_pipeline,
+                       bucket_sizes, contiguous_gradients]
+
+
+def lint_resolved(r: Resolved) -> list[Finding]:
+    findings = [f for check in CHECKS for f in check(r)]
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def lint_arguments(parser: argparse.ArgumentParser) -> None:
+    add_preset_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+
+
+def lint(args) -> int:
+    resolved = load_and_resolve(args)
+    with contextlib.redirect_stdout(sys.stderr):
+        findings = lint_resolved(resolved)
+    if args.json:
+        print(json.dumps([asdict(f) for f in findings], indent=2))
+    else:
+        counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
+        print(f"lint {resolved.config.name} (world size {resolved.world_size}, ZeRO-{dsc.zero_stage(resolved.ds)}): "
+              f"{counts['error']} error(s), {counts['warn']} warning(s), {counts['info']} note(s)")
+        for f in findings:
+            print(f"{f.severity.upper():<5} [{f.check}] {f.message}")
+    return 1 if any(f.severity == "error" for f in findings) else 0
