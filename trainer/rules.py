@@ -168,6 +168,9 @@ def notices(cfg: Config, ds: dict, world: int) -> list[str]:
         out.append("gradient checkpointing is on: the model's use_cache is turned off for training")
     if cfg.model.trust_remote_code:
         out.append("trust_remote_code is ON: code from the model's hub repo will run")
+    if dsc.zero_stage(ds) == 0 and dsc.precision(ds) == "fp32":
+        out.append("ZeRO stage 0 in fp32 has no overflow check: a non-finite step cannot be skipped, so the run "
+                   "stops at the first one (ZeRO >= 1 or bf16/fp16 skip it and go on)")
     if cfg.hardware.gpu == "cpu" and dsc.bf16_enabled(ds):
         out.append("bf16 on CPU ranks is ~13x slower than fp32 here; train.precision=fp32 is the CPU choice")
     return out

@@ -1,0 +1,54 @@
+"""GPU-only paths, run on one CUDA GPU: flash-attn, Liger kernels, fp16 dynamic loss scaling, ZeRO++
+quantized weights. On CPU machines (CI) conftest.py skips them with the reason."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import STAGES, TINY
+from distributed import launch, read_metrics
+
+pytestmark = [pytest.mark.gpu]
+
+GPU_RUN = TINY + ["hardware.gpu=h100-80g", "hardware.gpus_per_node=1", "train.eval_every=0"]
+
+
+def train(tmp_path, name, *extra) -> tuple[list[dict], str]:
+    out = tmp_path / name
+    args = ["train.py", "--preset", "tiny_cpu"]
+    for item in GPU_RUN + [f"train.output_dir={out}", *extra]:
+        args += ["--set", item]
+    output = launch(args, ranks=1)
+    return read_metrics(out)[0], output
+
+
+def test_flash_attention_trains_like_sdpa(tmp_path):
+    if importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn is not installed (pip install -e '.[gpu]')")
+    flash, _ = train(tmp_path, "flash", "train.precision=bf16", "model.attn_implementation=flash_attention_2")
+    sdpa, _ = train(tmp_path, "sdpa", "train.precision=bf16", "model.attn_implementation=sdpa")
+    assert [r["loss"] for r in flash] == pytest.approx([r["loss"] for r in sdpa], rel=2e-2)
+
+
+def test_liger_kernels_train_like_plain_llama(tmp_path):
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger-kernel is not installed (pip install -e '.[gpu]')")
+    liger, output = train(tmp_path, "liger", "train.precision=bf16", "model.liger=true")
+    plain, _ = train(tmp_path, "plain", "train.precision=bf16")
+    assert "Liger needs CUDA" not in output
+    assert [r["loss"] for r in liger] == pytest.approx([r["loss"] for r in plain], rel=2e-2)
+
+
+def test_fp16_dynamic_loss_scaling_logs_the_scale(tmp_path):
+    rows, _ = train(tmp_path, "fp16", "train.precision=fp16",
+                    "deepspeed.fp16={enabled: auto, loss_scale: 0, initial_scale_power: 16, loss_scale_window: 1000, "
+                    "hysteresis: 2, min_loss_scale: 1}")
+    assert all("loss_scale" in r and r["loss_scale"] >= 1 for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"]
+
+
+def test_zeropp_quantized_weights_train(tmp_path):
+    rows, _ = train(tmp_path, "zeropp", "train.precision=bf16", *STAGES["z3"],
+                    "deepspeed.zero_optimization.zero_quantized_weights=true")
+    assert rows[-1]["loss"] < rows[0]["loss"]
