@@ -192,8 +192,12 @@ def find_resume(resume: Optional[str], ckpt_dir: Path) -> Optional[Path]:
 
 
 def read_trainer_state(path: Path) -> tuple[TrainState, dict]:
-    payload = json.loads((path / STATE_FILE).read_text())
-    return TrainState(**payload["trainer"]), payload["config"]
+    try:
+        payload = json.loads((path / STATE_FILE).read_text())
+        return TrainState(**payload["trainer"]), payload["config"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path / STATE_FILE} is not a trainer state this version can read ({err!r}); "
+                        f"resume from another checkpoint or start fresh with --resume off") from None
 
 
 def check_same_model(saved_config: dict, current_model: dict, path: Path) -> None:
