@@ -54,9 +54,10 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
-def any_rank(flags: list[bool], device) -> list[bool]:
-    """Element-wise OR of per-rank flags: one small all-reduce decides for everyone."""
-    tensor = torch.tensor([1.0 if f else 0.0 for f in flags], device=device)
+def any_rank(flags: list, device) -> list[bool]:
+    """Element-wise OR of per-rank flags (bools or 0-d device tensors): one small all-reduce and one
+    device-to-host copy decide for everyone."""
+    tensor = torch.stack([torch.as_tensor(f, device=device).float().reshape(()) for f in flags])
     if dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [bool(v) for v in tensor.tolist()]

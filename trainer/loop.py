@@ -101,8 +101,8 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
     last_step = min(train.max_steps, state.step + train.stop_after) if train.stop_after else train.max_steps
     ended = "finished" if last_step == train.max_steps else "stop_after"
 
+    engine.train()  # evaluate() switches back to train mode when it is done
     while state.step < last_step:
-        engine.train()
         position = train_batches.state_dict()  # where this step's data starts, for spike reports
         step_loss = torch.zeros((), device=engine.device)
         for _ in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
@@ -117,7 +117,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         metrics.advance()
 
         # one small all-reduce per step: did any rank see a non-finite loss, or a stop signal?
-        nonfinite, stop_requested = any_rank([not torch.isfinite(step_loss).item(), stop.requested], engine.device)
+        nonfinite, stop_requested = any_rank([~torch.isfinite(step_loss), stop.requested], engine.device)
         loss_value = float("nan") if nonfinite else step_loss.item() / accum
         if guard.check(loss_value, grad_norm(engine), engine.was_step_applied()):
             state.bad_steps += 1
@@ -125,6 +125,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
             if nonfinite and engine.was_step_applied():  # no overflow check (ZeRO-0 fp32): weights are now bad
                 print0(f"stopping: a non-finite update was applied at step {state.step} (ZeRO stage 0 has no "
                        f"overflow check); not saving; resume from the last checkpoint with --resume auto", rank=rank)
+                stop.restore()
                 return "corrupted"
             if guard.exhausted:
                 print0(f"stopping: {guard.consecutive_bad} non-finite steps in a row (train.max_bad_steps); "
