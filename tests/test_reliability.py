@@ -174,3 +174,14 @@ def test_a_checkpoint_with_foreign_pickled_objects_is_refused(tmp_path):
     torch.save({"module": {"w": torch.zeros(2)}, "extra": _RunsCode()}, tmp_path / "mp_rank_00_model_states.pt")
     with pytest.raises(UserError, match="refusing to load .*mp_rank_00_model_states.pt.*Unsupported global"):
         checkpoint.vet_pickles(tmp_path, rank=0)
+
+
+def test_fp16_scale_stuck_at_the_minimum_is_reported_once_with_advice():
+    from trainer.guards import LossScaleWatch
+    watch = LossScaleWatch(min_loss_scale=1, hits_to_report=3)
+    assert [watch.advice(s, gpu_has_bf16=True) for s in (1024, 1, 1)] == [None, None, None]
+    advice = watch.advice(1, gpu_has_bf16=True)
+    assert "min_loss_scale=1 for 3 steps" in advice and "switch to bf16" in advice
+    assert watch.advice(1, gpu_has_bf16=True) is None  # reported once per streak
+    v100 = LossScaleWatch(min_loss_scale=1, hits_to_report=1)
+    assert "raise deepspeed.fp16.min_loss_scale" in v100.advice(1, gpu_has_bf16=False)
