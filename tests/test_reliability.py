@@ -80,23 +80,29 @@ def test_kill_during_save_keeps_the_previous_checkpoint_as_latest(tmp_path, unin
     assert_same_weights(fp32_weights(out, 12), fp32_weights(uninterrupted, 12))
 
 
-def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
-    out = tmp_path / "run"
-    cmd, env = launch_command(train_args(out, "train.max_steps=400", "train.save_every=0", "logging.log_every=1"))
+def sigterm_after_step(out, step: int, *extra) -> str:
+    """Start a long run in its own process group, SIGTERM the group once `step` is logged; the output."""
+    cmd, env = launch_command(train_args(out, "train.max_steps=400", "train.save_every=0", "logging.log_every=1",
+                                         *extra))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group, like a Slurm job step
     try:
         deadline = time.time() + 600
         while time.time() < deadline:
             rows = read_metrics(out)[0] if (out / "metrics.jsonl").exists() else []
-            if rows and rows[-1]["step"] >= 3:
+            if rows and rows[-1]["step"] >= step:
                 break
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGTERM)  # the scheduler signals every process of the job
-        output, _ = proc.communicate(timeout=300)
+        return proc.communicate(timeout=300)[0]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    output = sigterm_after_step(out, 3)
     assert "SIGTERM received: finishing this step, saving a checkpoint" in output
     latest = (out / "checkpoints" / "latest").read_text().strip()
     stopped = int(latest.split("_")[1])
@@ -107,6 +113,13 @@ def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
                                "train.stop_after=2"))
     assert f"continuing from {out / 'checkpoints' / latest}" in output
     assert [r["step"] for r in read_metrics(out)[0]][-2:] == [stopped + 1, stopped + 2]
+
+
+def test_sigterm_with_on_signal_exit_stops_without_saving(tmp_path):
+    out = tmp_path / "run"
+    output = sigterm_after_step(out, 2, "train.on_signal=exit")
+    assert "no checkpoint (train.on_signal=exit)" in output
+    assert not (out / "checkpoints").exists()
 
 
 def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, uninterrupted):

@@ -69,6 +69,7 @@ class DataConfig:
     source: str = doc("Local .jsonl/.json/.parquet/.txt file or directory, or a hub dataset name.", "")
     split: str = doc("Split of a hub dataset to read.", "train")
     eval_source: Optional[str] = doc("Separate eval data; None carves eval_fraction out of `source`.", None)
+    eval_split: Optional[str] = doc("Split of a hub eval_source to read; None = the same as `split`.", None)
     eval_fraction: float = doc("Share of records held out for eval when eval_source is None.", 0.05)
     seq_len: int = doc("Tokens per training sequence.", 2048)
     packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
@@ -105,6 +106,9 @@ class TrainConfig:
         "End this invocation after N optimizer steps (checkpoint saved) even before max_steps; resume later with "
         "--resume auto. For allocations shorter than the run.", None)
     export_hf: bool = doc("Write the final model in HF format (safetensors) to output_dir/hf.", True)
+    on_signal: Literal["checkpoint", "exit"] = doc(
+        "On SIGTERM/SIGINT: finish the step, save and exit 0 ('checkpoint'), or finish the step and exit 0 without "
+        "saving ('exit': when a save takes longer than the scheduler's grace period).", "checkpoint")
     max_bad_steps: int = doc("Stop after this many consecutive non-finite (skipped) steps.", 3)
     spike_ratio: float = doc("Warn when a step's loss exceeds this x its moving average (0 = off).", 3.0)
     spike_window: int = doc("Steps in the loss moving average for spike detection.", 50)

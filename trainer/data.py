@@ -497,8 +497,7 @@ def build_datasets(data_cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
     records = load_records(data_cfg.source, data_cfg.split)
     fmt = record_format(records, data_cfg, tokenizer, data_cfg.source)
     if data_cfg.eval_source:
-        # eval_source is read with the same split name as source (DataConfig has no eval split field).
-        eval_records = load_records(data_cfg.eval_source, data_cfg.split)
+        eval_records = load_records(data_cfg.eval_source, data_cfg.eval_split or data_cfg.split)
         if record_format(eval_records, data_cfg, tokenizer, data_cfg.eval_source) != fmt:
             raise DataError(f"{data_cfg.eval_source}: eval records have columns {_visible(eval_records)}, "
                             f"a different format from {data_cfg.source}'s {_visible(records)}; use one format")

@@ -163,13 +163,15 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
             metrics.log({"step": state.step, "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))})
 
         stopping = ended not in ("finished", "stop_after")
-        if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or stopping:
+        save_now = stopping and not (stop_requested and train.on_signal == "exit")
+        if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or save_now:
             checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last, protect=resumed_from,
                             faults=faults)
             resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
         faults.kill_if("kill_at", state.step, rank)
         if stopping:
-            print0(f"stopped at step {state.step} ({ended}); checkpoint saved; resume with --resume auto", rank=rank)
+            saved = "checkpoint saved" if save_now else "no checkpoint (train.on_signal=exit)"
+            print0(f"stopped at step {state.step} ({ended}); {saved}; resume with --resume auto", rank=rank)
             break
     stop.restore()
     return ended
@@ -242,7 +244,8 @@ def config_dict(resolved: Resolved) -> dict:
 
 
 def rank0_first(build):
-    """Run `build` on rank 0 first (it fills the datasets cache), then on the others (cache hits)."""
+    """Run `build` on rank 0 first, then on the others: a data error is reported once, by rank 0, while the
+    others wait (the launcher then stops them), and a hub dataset is downloaded once into the cache."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank != 0 and dist.is_initialized():
         dist.barrier()
