@@ -198,3 +198,13 @@ def test_fp16_scale_stuck_at_the_minimum_is_reported_once_with_advice():
     assert watch.advice(1, gpu_has_bf16=True) is None  # reported once per streak
     v100 = LossScaleWatch(min_loss_scale=1, hits_to_report=1)
     assert "raise deepspeed.fp16.min_loss_scale" in v100.advice(1, gpu_has_bf16=False)
+
+
+def test_an_export_of_empty_zero3_partitions_is_caught(tmp_path):
+    from safetensors.torch import save_file
+    full = {"embed.weight": torch.ones(8, 4), "head.weight": torch.ones(8, 4)}
+    save_file({"embed.weight": torch.ones(8, 4), "head.weight": torch.empty(0)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(RuntimeError, match=r"incomplete: head.weight \(0,\) \(model: \(8, 4\)\)"):
+        checkpoint.verify_export(tmp_path, full)
+    save_file(full, str(tmp_path / "model.safetensors"))
+    checkpoint.verify_export(tmp_path, full)  # a complete export passes

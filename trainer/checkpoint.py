@@ -263,8 +263,27 @@ def export_hf(engine, tokenizer, out_dir: Path) -> Optional[Path]:
         model = unwrap(engine)
         model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
+        verify_export(out_dir, state_dict)
     _barrier()
     return out_dir if rank == 0 else None
+
+
+def verify_export(out_dir: Path, state_dict: dict) -> None:
+    """Read the written safetensors headers back and check no tensor is empty or differs in shape from the
+    model's. The classic ZeRO-3 failure is an export of empty (partitioned) tensors found only at inference."""
+    from safetensors import safe_open
+    written = {}
+    for file in sorted(out_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            written.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
+    if not written:
+        raise RuntimeError(f"HF export to {out_dir} wrote no safetensors files")
+    expected = {key: tuple(tensor.shape) for key, tensor in state_dict.items()}
+    wrong = [f"{key} {shape} (model: {expected.get(key)})" for key, shape in written.items()
+             if 0 in shape or (key in expected and expected[key] != shape)]
+    if wrong:
+        raise RuntimeError(f"HF export to {out_dir} is incomplete: {', '.join(wrong[:5])}; a ZeRO-3/AutoTP model "
+                           f"must be gathered before saving")
 
 
 def _full_state_dict(engine) -> Optional[dict]:
