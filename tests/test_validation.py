@@ -255,6 +255,21 @@ def test_unknown_optimizer_and_scheduler_names():
     assert "unknown scheduler 'WarmupLr'" in message and "did you mean 'WarmupLR'" in message
 
 
+def resolve_preset(override):
+    return resolve(load_preset("tiny_cpu", [override]))
+
+
+def load_preset_only(override):
+    return load_preset("tiny_cpu", [override])
+
+
+def assert_problem(build, override, fragments):
+    """`build(override)` raises a ConfigError with one problem that contains every fragment."""
+    with pytest.raises(ConfigError) as err:
+        build(override)
+    assert any(all(f in p for f in fragments) for p in err.value.problems), err.value.problems
+
+
 @pytest.mark.parametrize("override,fragments", [
     ("deepspeed.zero_optimization=3", ["deepspeed.zero_optimization", "expected a mapping", "3"]),
     ("deepspeed.optimizer.params=5", ["deepspeed.optimizer.params", "expected a mapping"]),
@@ -263,9 +278,7 @@ def test_unknown_optimizer_and_scheduler_names():
     ("deepspeed=5", ["deepspeed", "expected a mapping"]),
 ])
 def test_deepspeed_blocks_that_are_not_mappings(override, fragments):
-    with pytest.raises(ConfigError) as err:
-        resolve(load_preset("tiny_cpu", [override]))
-    assert any(all(f in p for f in fragments) for p in err.value.problems), err.value.problems
+    assert_problem(resolve_preset, override, fragments)
 
 
 # --- wrong types and impossible values ---------------------------------------------------------
@@ -279,9 +292,7 @@ def test_deepspeed_blocks_that_are_not_mappings(override, fragments):
     ("model.lora.target_modules=q_proj", ["model.lora.target_modules", "expected a list"]),
 ])
 def test_wrong_types_in_trainer_sections(override, fragments):
-    with pytest.raises(ConfigError) as err:
-        load_preset("tiny_cpu", [override])
-    assert any(all(f in p for f in fragments) for p in err.value.problems), err.value.problems
+    assert_problem(load_preset_only, override, fragments)
 
 
 @pytest.mark.parametrize("override,fragments", [
@@ -295,9 +306,7 @@ def test_wrong_types_in_trainer_sections(override, fragments):
     ("deepspeed.train_micro_batch_size_per_gpu=0", ["deepspeed.train_micro_batch_size_per_gpu", "positive integer"]),
 ])
 def test_wrong_types_and_ranges_in_deepspeed_section(override, fragments):
-    with pytest.raises(ConfigError) as err:
-        resolve(load_preset("tiny_cpu", [override]))
-    assert any(all(f in p for f in fragments) for p in err.value.problems), err.value.problems
+    assert_problem(resolve_preset, override, fragments)
 
 
 @pytest.mark.parametrize("lr", [0, -1e-4])

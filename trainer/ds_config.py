@@ -51,6 +51,16 @@ def offload_block(ds: dict, which: str) -> dict:
     return zero(ds).get(which) or {}
 
 
+def nvme_offloads(ds: dict) -> list[tuple[str, Optional[str], int]]:
+    """(block name, nvme_path, buffer_count) of each offload block that targets NVMe."""
+    out = []
+    for which in ("offload_optimizer", "offload_param"):
+        block = offload_block(ds, which)
+        if block.get("device") == "nvme":
+            out.append((which, block.get("nvme_path"), int(block.get("buffer_count", 4 if which == "offload_optimizer" else 5))))
+    return out
+
+
 def autotp_size(ds: dict) -> int:
     return int((ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 1)
 

@@ -50,23 +50,19 @@ def offload_optimizer_needs_zero(cfg: Config, ds: dict, world: int) -> list[str]
 
 def nvme_offload(cfg: Config, ds: dict, world: int) -> list[str]:
     problems = []
-    for which in ("offload_optimizer", "offload_param"):
-        block = dsc.offload_block(ds, which)
-        if block.get("device") != "nvme":
-            continue
+    for which, path, buffer_count in dsc.nvme_offloads(ds):
         key = f"deepspeed.zero_optimization.{which}"
         if dsc.zero_stage(ds) != 3:
             problems.append(f"{key}.device=nvme needs stage 3: stages 1/2 quietly treat 'nvme' as CPU and never "
                             f"use nvme_path; set zero_optimization.stage=3 or device=cpu")
-        path = block.get("nvme_path")
         if not path:
             problems.append(f"{key}.nvme_path is missing: point it at a directory on a local NVMe drive")
         elif not Path(path).is_dir():
             problems.append(f"{key}.nvme_path {path!r} does not exist: create it or point it at a mounted NVMe drive")
         elif not os.access(path, os.W_OK):
             problems.append(f"{key}.nvme_path {path!r} is not writable by this user")
-        if which == "offload_optimizer" and int(block.get("buffer_count", 4)) < 4:
-            problems.append(f"{key}.buffer_count={block['buffer_count']} is too small: Adam swaps 4 state "
+        if which == "offload_optimizer" and buffer_count < 4:
+            problems.append(f"{key}.buffer_count={buffer_count} is too small: Adam swaps 4 state "
                             f"tensors per parameter group, use buffer_count >= 4")
     return problems
 
