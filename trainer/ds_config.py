@@ -56,8 +56,9 @@ def nvme_offloads(ds: dict) -> list[tuple[str, Optional[str], int]]:
     out = []
     for which in ("offload_optimizer", "offload_param"):
         block = offload_block(ds, which)
+        default_buffers = 4 if which == "offload_optimizer" else 5  # DeepSpeed's defaults
         if block.get("device") == "nvme":
-            out.append((which, block.get("nvme_path"), int(block.get("buffer_count", 4 if which == "offload_optimizer" else 5))))
+            out.append((which, block.get("nvme_path"), int(block.get("buffer_count", default_buffers))))
     return out
 
 
