@@ -568,7 +568,7 @@ def test_trainer_and_rng_state_in_checkpoints_is_json(checkpoint_run):
     assert [p.name for p in rng_files] == ["rng_rank0.json"]
     assert set(json.loads(rng_files[0].read_text())) >= {"python", "numpy", "torch"}
     # everything else of ours is text; the only pickles are DeepSpeed's own engine files
-    assert (step / "COMPLETE").read_text().strip() == "step_00000002"
+    assert json.loads((step / "COMPLETE").read_text())["tag"] == "step_00000002"  # the JSON manifest
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
     pickles = sorted(p.name for p in step.iterdir() if p.name not in {
         "trainer_state.json", "rng_rank0.json", "COMPLETE"})

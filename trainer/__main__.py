@@ -1,4 +1,4 @@
-"""`python -m trainer <command>`: presets, show, export, train, plan, doctor, lint.
+"""`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int`; this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
@@ -16,6 +16,7 @@ COMMANDS = {
     "show": ("trainer.cli", "print a preset's fully resolved config"),
     "export": ("trainer.cli", "write a preset's resolved DeepSpeed JSON"),
     "train": ("trainer.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
+    "launch": ("trainer.launch", "start this node's ranks; forwards SIGTERM and waits for the checkpoint (PID 1 safe)"),
     "plan": ("trainer.plan", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
     "doctor": ("trainer.doctor", "diagnose a failed run's log and propose the next change"),
     "lint": ("trainer.lint", "check a resolved preset against the tuning checklist"),

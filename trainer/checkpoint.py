@@ -4,19 +4,25 @@ Layout of `<output_dir>/checkpoints/`:
     latest                    text file with the newest *complete* tag (replaced atomically)
     step_00000100/            DeepSpeed's files for that step, plus
         trainer_state.json    step, consumed samples, data position, resolved config (JSON, not pickle)
-        rng_rank{r}.json      python/numpy/torch RNG states of rank r
-        COMPLETE              written last, after every rank finished and the files were flushed
+        rng_rank{r}.json      python/numpy/torch RNG states of rank r, and its open log window
+        COMPLETE              written last, after every rank finished and the files were flushed: the manifest
+                              (every file's size and SHA-256), checked before any rank loads anything
+    abandoned/<time>/         checkpoints of a history this run left (it resumed an older one): kept, never pruned
 
 A save goes to `step_N.partial/`, is fsynced by every rank, renamed to `step_N/` by rank 0 and only
 then named in `latest`. A crash (even kill -9) in the middle leaves the previous checkpoint as latest.
+Each trainer_state.json names its parent checkpoint, so retention follows the run's actual history.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
+import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -25,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import integrity
 from .errors import UserError
 
 COMPLETE = "COMPLETE"
@@ -38,6 +45,11 @@ class TrainState:
     consumed_samples: int = 0           # sequences seen across data-parallel ranks
     data: dict = field(default_factory=dict)   # MicroBatchLoader.state_dict()
     bad_steps: int = 0                  # non-finite steps skipped so far
+    log_window: list = field(default_factory=lambda: [0.0, 0])  # this rank's loss sum and steps since the last
+                                        # scheduled log line (kept per rank in rng_rank*.json): the first line
+                                        # after a resume averages the same steps as an uninterrupted run
+    parent: Optional[str] = None        # the checkpoint this state continues: its tag in the same checkpoints/
+                                        # directory, or its path; None for a fresh start (the run's history)
 
 
 def tag_for(step: int) -> str:
@@ -111,38 +123,131 @@ def set_rng_state(state: dict) -> None:
 
 # --- save ----------------------------------------------------------------------------------------
 
+class NonFiniteWeights(UserError):
+    """The weights hold inf/NaN: such a state is never marked COMPLETE."""
+
+
 def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int,
-         protect: Optional[str] = None, faults=None) -> Path:
-    """Save a complete checkpoint of `state.step` on every rank; returns its directory."""
+         protect: Optional[str] = None, checksums: bool = True, faults=None) -> Path:
+    """Save a complete checkpoint of `state.step` on every rank; returns its directory.
+
+    `state.parent` names the checkpoint this state continues (the previous save, or the resumed one): it
+    is the run's history, which retention follows. Checkpoints of other histories (a branch abandoned by
+    resuming an older checkpoint) are set aside in `abandoned/`, never deleted."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     tag = tag_for(state.step)
+    bad = integrity.nonfinite_weights(engine)
+    if bad:
+        listed = ", ".join(f"{name} ({count:,})" for name, count in list(bad.items())[:4])
+        raise NonFiniteWeights(f"not saving step {state.step}: the weights hold inf/NaN values ({listed}); "
+                               f"a checkpoint of them could not be resumed")
     partial_tag = f"{tag}.partial"
-    final = ckpt_dir / tag
+    final, partial = ckpt_dir / tag, ckpt_dir / partial_tag
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(ckpt_dir / partial_tag, ignore_errors=True)  # debris of a crashed save
+        shutil.rmtree(partial, ignore_errors=True)  # debris of a crashed save
     _barrier()
-    engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state={}, save_latest=False)
-    partial = ckpt_dir / partial_tag
-    _write_json_atomic(partial / f"rng_rank{rank}.json", rng_state())
-    if rank == 0:
-        _write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
-    if faults is not None:
-        faults.kill_if("kill_in_save", state.step, rank)  # tests: a rank dies with the files half written
-    _barrier()
-    _fsync_tree(partial)  # every rank flushes what is visible to it before the switch
-    _barrier()
-    if rank == 0:
-        if final.exists():  # a checkpoint of the same step from an earlier attempt
-            shutil.rmtree(final)
-        os.rename(partial, final)
-        (final / COMPLETE).write_text(tag + "\n")
-        _fsync_dir(final)
-        _fsync_dir(ckpt_dir)
-        _write_text_atomic(ckpt_dir / "latest", tag)
-        prune(ckpt_dir, keep_last, protect)
+    with _naming_a_full_disk(ckpt_dir, tag):
+        engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
+        _write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
+        if rank == 0:
+            _write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
+        if faults is not None:
+            faults.kill_if("kill_in_save", state.step, rank)  # tests: a rank dies with the files half written
+        _barrier()
+        _fsync_tree(partial)  # every rank flushes what is visible to it before the switch
+        manifest = integrity.build_manifest(partial, tag, checksums, engine.device)  # collective
+        if rank == 0:
+            crash_point = (lambda: faults.kill_if("kill_before_latest", state.step, rank, victim=0)) if faults else None
+            _commit(ckpt_dir, partial, final, manifest, state.parent, before_latest=crash_point)
+            prune(ckpt_dir, keep_last, protect, newest=tag)
     _barrier()
     return final
+
+
+def universal_info() -> dict:
+    """What DeepSpeed's ds_to_universal converter requires in a checkpoint to convert it (for resuming on
+    another world size)."""
+    from deepspeed.checkpoint import constants
+    return {constants.UNIVERSAL_CHECKPOINT_INFO: {
+        constants.UNIVERSAL_CHECKPOINT_VERSION_KEY: constants.UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
+
+
+def _commit(ckpt_dir: Path, partial: Path, final: Path, manifest: dict, parent: Optional[str],
+            before_latest=None) -> None:
+    """Rank 0: set other histories aside, rename, write COMPLETE (the manifest), then point `latest`."""
+    set_aside_other_branches(ckpt_dir, final.name, parent)
+    if final.exists():  # an incomplete directory of the same step from an earlier, crashed attempt
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _write_json_atomic(final / COMPLETE, manifest)
+    _fsync_dir(final)
+    _fsync_dir(ckpt_dir)
+    if before_latest:
+        before_latest()  # tests: a crash between COMPLETE and `latest`
+    _write_text_atomic(ckpt_dir / "latest", final.name)
+
+
+@contextmanager
+def _naming_a_full_disk(ckpt_dir: Path, tag: str):
+    """torch/DeepSpeed report a full disk as 'basic_ios::clear: iostream error' or 'PytorchStreamWriter
+    failed writing file': say what happened and where."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        free = shutil.disk_usage(ckpt_dir).free if ckpt_dir.exists() else None
+        full = getattr(err, "errno", None) == errno.ENOSPC or (free is not None and free < 64 << 20)
+        if not full:
+            raise
+        shutil.rmtree(ckpt_dir / f"{tag}.partial", ignore_errors=True)  # give the space back
+        previous = find_resume("auto", ckpt_dir)
+        raise UserError(f"no space left on {ckpt_dir} ({free / 2**20:.1f} MiB free) while saving {tag}; its "
+                        f"partial files were removed. "
+                        + (f"The last complete checkpoint, {previous}, is intact. " if previous else "")
+                        + "Free space (or lower train.keep_last, or point train.output_dir at a larger disk) and "
+                        "resume with --resume auto") from None
+
+
+# --- history: which checkpoints belong to this run -----------------------------------------------
+
+def parent_name(path: Optional[Path], ckpt_dir: Path) -> Optional[str]:
+    """How a checkpoint records its parent: the tag when it lives in this run's checkpoints/, else its path."""
+    if path is None:
+        return None
+    return path.name if path.parent.resolve() == ckpt_dir.resolve() else str(path)
+
+
+def lineage(ckpt_dir: Path, parent: Optional[str]) -> list[str]:
+    """Tags of the ancestors in `ckpt_dir`, newest first, following each checkpoint's recorded parent."""
+    chain: list[str] = []
+    while parent and "/" not in parent and parent not in chain and (ckpt_dir / parent / STATE_FILE).is_file():
+        chain.append(parent)
+        try:
+            parent = json.loads((ckpt_dir / parent / STATE_FILE).read_text())["trainer"].get("parent")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            break
+    return chain
+
+
+def set_aside_other_branches(ckpt_dir: Path, new_tag: str, parent: Optional[str]) -> list[Path]:
+    """Move complete checkpoints that are not ancestors of `new_tag` to `abandoned/<time>/`: they belong to
+    a history this run left (it resumed an older checkpoint, or started fresh in the same directory)."""
+    ancestors = set(lineage(ckpt_dir, parent))
+    others = [p for p in complete_checkpoints(ckpt_dir) if p.name not in ancestors]
+    if not others:
+        return []
+    shelf = ckpt_dir / "abandoned" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    shelf.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for path in others:
+        os.rename(path, shelf / path.name)
+        moved.append(shelf / path.name)
+    _fsync_dir(ckpt_dir)
+    since = f"from {parent}" if parent else "from scratch"
+    print(f"checkpoints: {', '.join(p.name for p in others)} belong to another history than this run (which "
+          f"continues {since}); set aside in {shelf} -- nothing was deleted; remove them when no longer needed",
+          flush=True)
+    return moved
 
 
 def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -153,33 +258,51 @@ def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def prune(ckpt_dir: Path, keep_last: int, protect: Optional[str] = None) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints; never the newest or `protect` (the
-    checkpoint this run resumed from, until a newer one exists)."""
-    complete = complete_checkpoints(ckpt_dir)
-    keep = {p.name for p in complete[-keep_last:]}
+def prune(ckpt_dir: Path, keep_last: int, protect: Optional[str] = None, newest: Optional[str] = None) -> list[Path]:
+    """Keep the newest `keep_last` checkpoints of this run's history (`newest` and its ancestors); never
+    `newest` itself or `protect` (the checkpoint this run resumed from, until a newer one exists).
+    Without `newest`, the history is the one `latest` names."""
+    newest = newest or _latest_tag(ckpt_dir)
+    if newest is None:
+        return []
+    history = [newest] + lineage(ckpt_dir, _recorded_parent(ckpt_dir / newest))
+    keep = set(history[:max(keep_last, 1)])
     if protect:
         keep.add(Path(protect).name)
-    removed = [p for p in complete if p.name not in keep]
+    removed = [ckpt_dir / tag for tag in history if tag not in keep and (ckpt_dir / tag / COMPLETE).exists()]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
 
 
+def _latest_tag(ckpt_dir: Path) -> Optional[str]:
+    latest = ckpt_dir / "latest"
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+def _recorded_parent(path: Path) -> Optional[str]:
+    try:
+        return json.loads((path / STATE_FILE).read_text())["trainer"].get("parent")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 # --- resume --------------------------------------------------------------------------------------
 
 def find_resume(resume: Optional[str], ckpt_dir: Path) -> Optional[Path]:
-    """The checkpoint directory to resume from: None (fresh run), 'auto' (newest complete in this run's
-    checkpoints/, or fresh if none), or an explicit checkpoint directory."""
+    """The checkpoint directory to resume from: None (fresh run), 'auto', or an explicit checkpoint directory.
+
+    'auto' takes the newest complete checkpoint of the history `latest` names: `latest` itself, or a newer
+    complete descendant of it (a crash between writing COMPLETE and replacing `latest` loses nothing). When
+    `latest` is missing or names no complete checkpoint, the newest complete one; None when there is none."""
     if not resume:
         return None
     if resume == "auto":
-        latest = ckpt_dir / "latest"
-        if latest.exists():
-            candidate = ckpt_dir / latest.read_text().strip()
-            if (candidate / COMPLETE).exists():
-                return candidate
         complete = complete_checkpoints(ckpt_dir)
+        latest = _latest_tag(ckpt_dir)
+        if latest and (ckpt_dir / latest / COMPLETE).exists():
+            descendants = [p for p in complete if p.name > latest and latest in lineage(ckpt_dir, _recorded_parent(p))]
+            return descendants[-1] if descendants else ckpt_dir / latest
         return complete[-1] if complete else None
     path = Path(resume)
     if (path / "latest").exists() and not (path / COMPLETE).exists():  # a checkpoints/ directory
@@ -211,42 +334,55 @@ def check_same_model(saved_config: dict, current_model: dict, path: Path) -> Non
         raise UserError(f"checkpoint {path} was trained with a different model shape: " + "; ".join(diffs))
 
 
-def _deepspeed_state_classes() -> list:
-    """The classes DeepSpeed 0.19.8 pickles into its checkpoints besides tensors and containers."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+def _is_rng_file(name: str) -> bool:
+    return re.fullmatch(r"rng_rank\d+\.json", name) is not None
 
 
-def vet_pickles(path: Path, rank: int) -> None:
-    """DeepSpeed loads its checkpoint files with torch.load(weights_only=False): a crafted file would run
-    code. So each rank first opens the files it will read with weights_only=True (mmap: tensor data is not
-    read), allowing only DeepSpeed's own state classes; anything else is refused with a clear error."""
-    files = [f for f in sorted(path.glob("*.pt")) if f.name.startswith("mp_rank_") or f"pp_rank_{rank}_" in f.name]
-    with torch.serialization.safe_globals(_deepspeed_state_classes()):
-        for file in files:
-            try:
-                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as err:  # torch raises UnpicklingError/RuntimeError naming the offending global
-                found = re.search(r"GLOBAL ([\w.]+)", str(err))
-                reason = f"Unsupported global {found.group(1)}" if found else str(err).splitlines()[0]
-                raise UserError(f"refusing to load {file}: it holds objects a weights-only load does not allow "
-                                f"({reason[:300]}). Only load checkpoints you trust.") from None
+def verify(path: Path, device) -> None:
+    """Collective, before any rank loads anything: every file matches the manifest and no file holds
+    pickled code (see trainer.integrity). A damaged checkpoint names the one to resume instead."""
+    try:
+        warnings = integrity.verify_checkpoint(path, device, optional=_is_rng_file)
+    except integrity.CheckpointError as err:
+        previous = _previous_complete(path)
+        hint = (f"; the previous complete checkpoint is {previous}: resume it with --resume {previous}" if previous
+                else "; no earlier complete checkpoint exists: start fresh with --resume off")
+        raise integrity.CheckpointError(f"{err}{hint}") from None
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for warning in warnings:
+        if rank == 0:
+            print(f"warning: {path}: {warning}: those ranks start with fresh RNG states, so dropout and other "
+                  f"runtime randomness differ from an uninterrupted run", flush=True)
+
+
+def _previous_complete(path: Path) -> Optional[Path]:
+    ancestors = [path.parent / tag for tag in lineage(path.parent, _recorded_parent(path))]
+    older = [p for p in complete_checkpoints(path.parent) if p.name < path.name]
+    candidates = [p for p in ancestors if (p / COMPLETE).exists()] or older[::-1]
+    return candidates[0] if candidates else None
 
 
 def load(engine, path: Path) -> TrainState:
-    """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state."""
+    """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state. `verify`
+    must have passed on every rank first."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     state, _ = read_trainer_state(path)
-    vet_pickles(path, rank)
-    loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                       load_lr_scheduler_states=True)
+    try:
+        loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                           load_lr_scheduler_states=True)
+    except FileNotFoundError as err:  # a checkpoint from before manifests, missing one of DeepSpeed's files
+        previous = _previous_complete(path)
+        raise integrity.CheckpointError(
+            f"checkpoint {path} is incomplete: {Path(err.filename or str(err)).name} is missing"
+            + (f"; resume the previous complete checkpoint with --resume {previous}" if previous else "")) from None
     if loaded is None:
         raise UserError(f"DeepSpeed could not load the checkpoint at {path}")
     rng_file = path / f"rng_rank{rank}.json"
     if rng_file.exists():
-        set_rng_state(json.loads(rng_file.read_text()))
+        rank_state = json.loads(rng_file.read_text())
+        set_rng_state(rank_state)
+        state.log_window = rank_state.get("log_window", state.log_window)  # each rank logs its own losses
+    state.parent = parent_name(path, path.parent)
     return state
 
 

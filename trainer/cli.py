@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import yaml
 
 from .errors import UserError
 from .presets import list_presets, load_preset
+from .redact import redact_argv, warn_about_literal_secrets
 from .resolve import Resolved, launcher_world_size, resolve
 
 
@@ -111,9 +113,15 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args) -> int:
-    from .loop import run_training  # heavy imports (torch, deepspeed) only when training
+    from .loop import end_distributed, run_training  # heavy imports (torch, deepspeed) only when training
+    if os.environ.get("RANK", "0") == "0":
+        warn_about_literal_secrets(args.overrides)
+    sys.argv[:] = redact_argv(sys.argv)  # what wandb records as the run's command line
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"train.resume={'null' if args.resume == 'off' else args.resume}")
-    return run_training(args.preset, overrides, rehearse=args.rehearse,
-                        world_size=args.world_size or launcher_world_size())
+    try:
+        return run_training(args.preset, overrides, rehearse=args.rehearse,
+                            world_size=args.world_size or launcher_world_size())
+    finally:
+        end_distributed()

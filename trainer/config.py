@@ -98,7 +98,10 @@ class TrainConfig:
     eval_every: int = doc("Evaluate every N optimizer steps (0 = only at the end).", 100)
     eval_batches: int = doc("Micro-batches per rank per evaluation.", 20)
     save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500)
-    keep_last: int = doc("Checkpoints kept on disk (older ones are deleted).", 3)
+    keep_last: int = doc("Checkpoints of this run's history kept on disk (older ones are deleted; other histories are "
+                         "set aside in checkpoints/abandoned/, never deleted).", 3)
+    checkpoint_checksums: bool = doc("Record every checkpoint file's SHA-256 in COMPLETE and check it on resume "
+                                     "(one read of the checkpoint, split across ranks); off: sizes only.", True)
     seed: int = doc("Seed for init, data order and dropout.", 1234)
     output_dir: str = doc("Run directory: metrics.jsonl, config.resolved.yaml, checkpoints/, hf/.", "runs/default")
     resume: Optional[str] = doc("'auto' (newest complete checkpoint in output_dir), a checkpoint path, or None.", None)
@@ -109,6 +112,9 @@ class TrainConfig:
     on_signal: Literal["checkpoint", "exit"] = doc(
         "On SIGTERM/SIGINT: finish the step, save and exit 0 ('checkpoint'), or finish the step and exit 0 without "
         "saving ('exit': when a save takes longer than the scheduler's grace period).", "checkpoint")
+    dist_timeout_s: int = doc("Seconds a collective waits for the other ranks before the process group fails "
+                              "(deepspeed.init_distributed timeout): how long a hung or dead rank can stall the rest.",
+                              1800)
     max_bad_steps: int = doc("Stop after this many consecutive non-finite (skipped) steps.", 3)
     spike_ratio: float = doc("Warn when a step's loss exceeds this x its moving average (0 = off).", 3.0)
     spike_window: int = doc("Steps in the loss moving average for spike detection.", 50)

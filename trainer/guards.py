@@ -1,7 +1,8 @@
 """What keeps a long run honest: preemption signals, non-finite steps, loss spikes, and test-only faults.
 
 - `StopSignal`: SIGTERM/SIGINT (what Slurm and Kubernetes send before a kill) asks every rank to
-  finish the current step, save a checkpoint and exit 0. A second signal exits at once. Signals
+  finish the current step, save a checkpoint and exit 0. A second signal exits at once, even from inside
+  a blocked collective (a watchdog thread acts on it). Signals
   within `SAME_SIGNAL_S` of the first count as the same request, because launchers forward the
   signal they received to ranks that already got it from the scheduler (deepspeed's launcher does).
 - `StepGuard`: a step whose loss or gradient norm is not finite is skipped (ZeRO and the bf16/fp16
@@ -17,6 +18,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 
@@ -27,14 +29,40 @@ SAME_SIGNAL_S = 5.0
 
 
 class StopSignal:
+    """SIGTERM/SIGINT policy, decided on a watchdog thread so it holds while the main thread waits in C.
+
+    Python runs signal handlers only between bytecodes of the main thread; a rank blocked in a collective
+    (a peer died or hangs) would never see the second signal. `signal.set_wakeup_fd` makes the C-level
+    handler write the signal number to a pipe at once; the watchdog thread reads it and applies the
+    policy: the first signal asks for a checkpoint-and-exit, a second one more than SAME_SIGNAL_S later
+    exits the process immediately, wherever the main thread is."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
     def __init__(self):
         self.requested_at: float | None = None
         self.name = ""
-        self._previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, _ignore_in_python) for sig in self.SIGNALS}
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # set_wakeup_fd demands it
+        self._previous_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._watchdog = threading.Thread(target=self._watch, name="stop-signal-watchdog", daemon=True)
+        self._watchdog.start()
 
-    def _handle(self, signum, frame):
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read_fd, 64)
+            except OSError:
+                return
+            if not data:  # restore() closed the write end
+                os.close(self._read_fd)
+                return
+            for signum in data:
+                if signum in self.SIGNALS:
+                    self._handle(signum)
+
+    def _handle(self, signum: int) -> None:
         now = time.monotonic()
         if self.requested_at is not None and now - self.requested_at > SAME_SIGNAL_S:
             print(f"second {signal.Signals(signum).name}: exiting now without a checkpoint", file=sys.stderr,
@@ -50,8 +78,16 @@ class StopSignal:
         return self.requested_at is not None
 
     def restore(self) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        os.close(self._write_fd)  # the watchdog reads EOF and ends
+        self._watchdog.join(timeout=5)
+
+
+def _ignore_in_python(signum, frame):
+    """The watchdog thread acts on the signal; a Python-level handler must exist so the default action
+    (terminate) does not happen."""
 
 
 def any_rank(flags: list, device) -> list[bool]:
@@ -101,12 +137,23 @@ class Faults:
     def active(self, name: str, step: int) -> bool:
         return (name, str(step)) in self.points
 
+    def poison_weights(self, engine, step: int) -> None:
+        """`nan_weights@N`: write NaN into the embedding after step N (a corruption no loss check sees)."""
+        if self.active("nan_weights", step):
+            for param in engine.module.parameters():
+                target = getattr(param, "ds_tensor", None)
+                target = target if target is not None else param.data
+                with torch.no_grad():
+                    target.view(-1)[:1024] = float("nan")
+                break
+
     def nan_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
         return loss * float("nan") if self.active("nan_loss", step) else loss
 
-    def kill_if(self, name: str, step: int, rank: int) -> None:
-        """SIGKILL this rank (rank 1, or rank 0 in single-rank runs) at the named point."""
-        victim = 1 if (dist.is_initialized() and dist.get_world_size() > 1) else 0
+    def kill_if(self, name: str, step: int, rank: int, victim: int | None = None) -> None:
+        """SIGKILL this rank at the named point if it is the victim (default: rank 1, or rank 0 when alone)."""
+        if victim is None:
+            victim = 1 if (dist.is_initialized() and dist.get_world_size() > 1) else 0
         if rank == victim and self.active(name, step):
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -32,7 +32,7 @@ from .resolve import Resolved, resolve
 
 def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None) -> int:
     config = load_preset(preset, overrides)
-    rank = start_distributed()
+    rank = start_distributed(config.train.dist_timeout_s)
     rehearsal_notices: list[str] = []
     if rehearse:
         from .rehearse import rehearsal_config
@@ -47,7 +47,11 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     # Everything that can refuse the run (config, resume checkpoint, tokenizer, data) is checked
     # before the run directory is created or anything in it is written.
     ckpt_dir = run_dir / "checkpoints"
-    resume_path = checkpoint_to_resume(cfg, ckpt_dir, rank)
+    resume_path, resume_step = checkpoint_to_resume(cfg, ckpt_dir, rank)
+    if resume_step == cfg.train.max_steps:
+        print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
+               f"nothing was done (raise train.max_steps to train on)", rank=rank)
+        return 0
 
     from .data import MicroBatchLoader, build_datasets, load_tokenizer
     tokenizer = load_tokenizer(cfg.model)
@@ -97,7 +101,8 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
     stop, guard, faults = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window), Faults()
     scale_watch = LossScaleWatch(dsc.fp16_min_loss_scale(cfg.deepspeed), train.min_loss_scale_hits)
     metrics.start_progress(state.step, train.max_steps)
-    window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+    window_start = time.perf_counter()
+    window_loss, window_steps = state.log_window  # a resume continues the log window it was saved in
     last_step = min(train.max_steps, state.step + train.stop_after) if train.stop_after else train.max_steps
     ended = "finished" if last_step == train.max_steps else "stop_after"
 
@@ -145,7 +150,8 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
             if advice:
                 print0(f"warning: {advice}", rank=rank)
 
-        if window_steps and (state.step % cfg.logging.log_every == 0 or state.step == last_step):
+        scheduled_log = state.step % cfg.logging.log_every == 0
+        if window_steps and (scheduled_log or state.step == last_step):
             elapsed = time.perf_counter() - window_start
             metrics.log({"step": state.step,
                          "loss": mean_across_ranks(window_loss / window_steps, engine.device),
@@ -154,7 +160,8 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
                          **loss_scale(engine),
                          **metrics.throughput(tokens_per_step * window_steps, elapsed, window_steps),
                          "peak_mem_gb": peak_memory_gb()})
-            window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+            if scheduled_log:  # an unscheduled last line leaves the window open for the resumed run
+                window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
 
         if stop_requested:
             ended = f"signal ({stop.name or 'another rank'})"
@@ -164,9 +171,19 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
 
         stopping = ended not in ("finished", "stop_after")
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
+        faults.poison_weights(engine, state.step)
+        state.log_window = [window_loss, window_steps]
         if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or save_now:
-            checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last, protect=resumed_from,
-                            faults=faults)
+            try:
+                saved_at = checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last,
+                                           protect=resumed_from, checksums=train.checkpoint_checksums, faults=faults)
+            except checkpoint.NonFiniteWeights as err:
+                last = checkpoint.find_resume("auto", ckpt_dir)
+                print0(f"stopping: {err}; " + (f"resume the last complete checkpoint with --resume {last}" if last
+                       else "no complete checkpoint exists") + " and lower train.lr or check the data", rank=rank)
+                stop.restore()
+                return "corrupted"
+            state.parent = saved_at.name  # the next checkpoint continues this one
             resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
         faults.kill_if("kill_at", state.step, rank)
         if stopping:
@@ -200,14 +217,32 @@ def evaluate(engine, eval_batches, max_batches: int) -> float:
 
 # --- small helpers ---------------------------------------------------------------------------------
 
-def start_distributed() -> int:
-    """deepspeed.init_distributed under a launcher; a one-rank group for a plain `python` run."""
+def start_distributed(timeout_s: int = 1800) -> int:
+    """deepspeed.init_distributed under a launcher; a one-rank group for a plain `python` run. Each rank
+    binds its accelerator first, so collectives before deepspeed.initialize use the right device."""
+    import datetime
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
-    deepspeed.init_distributed()
+    if get_accelerator().device_name() != "cpu":
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank()
+
+
+def end_distributed() -> None:
+    """Tear the process group down before the interpreter exits: left to process teardown, its C++ threads
+    can abort the process ("terminate called without an active exception") after a successful run."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def comm_device():
+    """The device collectives run on before the engine exists (CPU under gloo, this rank's GPU under NCCL)."""
+    from deepspeed.accelerator import get_accelerator
+    return torch.device(get_accelerator().current_device_name())
 
 
 def _free_port() -> int:
@@ -233,9 +268,22 @@ def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
         except OSError as err:
             raise UserError(f"train.output_dir {str(run_dir)!r} is not writable: {err.strerror}; "
                             f"choose another directory with --set train.output_dir=PATH") from None
-        (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(config_dict(resolved), sort_keys=False))
+        write_resolved_config(run_dir, config_dict(resolved))
     if dist.is_initialized():
         dist.barrier()
+
+
+def write_resolved_config(run_dir: Path, config: dict) -> Path:
+    """`config.resolved.yaml` is this invocation's config; every invocation's is kept in `configs/`
+    (0001.yaml, 0002.yaml, ...), so a resume with other settings does not rewrite the run's history."""
+    text = yaml.safe_dump(config, sort_keys=False)
+    history = run_dir / "configs"
+    history.mkdir(exist_ok=True)
+    number = 1 + max((int(p.stem) for p in history.glob("[0-9]*.yaml") if p.stem.isdigit()), default=0)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (history / f"{number:04d}.yaml").write_text(f"# invocation {number}, started {started}\n{text}")
+    (run_dir / "config.resolved.yaml").write_text(text)
+    return history / f"{number:04d}.yaml"
 
 
 def config_dict(resolved: Resolved) -> dict:
@@ -285,19 +333,31 @@ def check_vocab(tokenizer, cfg: Config) -> None:
                         f"raise model.vocab_size or use the model's own tokenizer")
 
 
-def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> Path | None:
-    """The checkpoint to resume from (None: a fresh run), checked to be complete and of this model shape."""
+def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path | None, int]:
+    """The checkpoint to resume from (None: a fresh run) and its step; checked to be complete, intact, free
+    of foreign pickled objects (on every rank, before any rank loads anything), of this model shape, and
+    not past train.max_steps."""
     path = checkpoint.find_resume(cfg.train.resume, ckpt_dir)
     if path is None:
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
-        return None
-    _, saved_config = checkpoint.read_trainer_state(path)
+        return None, 0
+    saved_state, saved_config = checkpoint.read_trainer_state(path)
     checkpoint.check_same_model(saved_config, dataclasses.asdict(cfg.model), path)
-    return path
+    if saved_state.step > cfg.train.max_steps:
+        raise UserError(f"checkpoint {path} is at step {saved_state.step}, past train.max_steps={cfg.train.max_steps}: "
+                        f"nothing to train and nothing was written; raise train.max_steps (e.g. --set train.max_steps="
+                        f"{2 * saved_state.step}) or resume an earlier checkpoint with --resume PATH")
+    checkpoint.verify(path, comm_device())
+    newer = [p.name for p in checkpoint.complete_checkpoints(ckpt_dir) if p.name > path.name]
+    if newer and path.parent.resolve() == ckpt_dir.resolve():
+        print0(f"notice: resuming {path.name} although newer checkpoints exist ({', '.join(newer)}); they are set "
+               f"aside in {ckpt_dir / 'abandoned'} at this run's first save, not deleted", rank=rank)
+    return path, saved_state.step
 
 
 def resume_if_asked(engine, path: Path | None, train_batches, rank: int):
+    """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint."""
     if path is None:
         return TrainState(), None
     state = checkpoint.load(engine, path)

@@ -21,12 +21,10 @@ from typing import Optional
 import torch
 
 from .config import Config
+from .redact import redact, redact_argv  # noqa: F401  (re-exported for the loop)
 from .hardware import GPUS
 
 log = logging.getLogger(__name__)
-
-SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
 
 def flops_per_token(num_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
     return 6.0 * num_params + 12.0 * num_layers * hidden_size * seq_len
@@ -37,20 +35,6 @@ def peak_memory_gb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
-
-
-def redact(value):
-    """Config dicts go to disk and wandb without secrets (keys that look like tokens or API keys)."""
-    if isinstance(value, dict):
-        return {k: ("<redacted>" if _looks_secret(k) else redact(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
-
-
-def _looks_secret(key: str) -> bool:
-    key = str(key).lower()
-    return any(word in key for word in ("api_key", "token", "password", "secret"))
 
 
 class MetricsLogger:

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .config import Config
+from .redact import resolve_env_refs
 from .errors import ConfigError, UserError, closest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -123,6 +124,7 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a preset is a mapping of sections (hardware, model, data, train, deepspeed, logging)")
     raw = apply_overrides(raw, overrides or [])
+    resolve_env_refs(raw)
     raw.setdefault("name", path.stem)
     template = raw.get("deepspeed_template")
     section = raw.get("deepspeed")

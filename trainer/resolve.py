@@ -113,6 +113,7 @@ def check_values(cfg: Config) -> list[str]:
          "train.max_bad_steps, spike_window and min_loss_scale_hits must be >= 1 and spike_ratio >= 0"),
         (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1 (the newest checkpoint is always kept)"),
         (bool(t.output_dir), "train.output_dir is empty"),
+        (t.dist_timeout_s >= 1, f"train.dist_timeout_s={t.dist_timeout_s} must be >= 1 (seconds)"),
         (cfg.logging.log_every >= 1, f"logging.log_every={cfg.logging.log_every} must be >= 1"),
         (m.lora.r >= 1 and m.lora.alpha > 0 and 0 <= m.lora.dropout < 1,
          "model.lora: r >= 1, alpha > 0 and dropout in [0, 1) required"),

@@ -3,14 +3,16 @@
 Launching costs ~20 s per job on 2 cores (imports, rendezvous); running the configs of a test module
 back to back in one job keeps the suite fast. Usage (under `deepspeed --num_gpus 2`):
     python tests/workers/run_many.py SPEC.json
-SPEC: {"runs": [{"preset": "tiny_cpu", "overrides": ["k=v", ...], "rehearse": false}, ...],
-       "report": "path.json"}; the report records which wandb modules were imported after each run.
+SPEC: {"runs": [{"preset": "tiny_cpu", "overrides": ["k=v", ...], "rehearse": false, "expect_error": false}, ...],
+       "report": "path.json"}; the report records, for each run, the UserError it ended with (runs marked
+       expect_error) and which wandb modules were imported after it.
 """
 import argparse
 import json
 import sys
 
-from trainer.loop import run_training
+from trainer.errors import UserError
+from trainer.loop import end_distributed, run_training
 
 
 def main() -> int:
@@ -20,12 +22,20 @@ def main() -> int:
     spec = json.load(open(args.spec))
     report = []
     for run in spec["runs"]:
-        run_training(run["preset"], run["overrides"], rehearse=run.get("rehearse", False))
-        report.append({"name": run.get("name"), "wandb_modules": sorted(m for m in sys.modules if m.startswith("wandb"))})
+        error = None
+        try:
+            run_training(run["preset"], run["overrides"], rehearse=run.get("rehearse", False))
+        except UserError as err:
+            if not run.get("expect_error"):
+                raise
+            error = str(err)
+        report.append({"name": run.get("name"), "error": error,
+                       "wandb_modules": sorted(m for m in sys.modules if m.startswith("wandb"))})
     if spec.get("report"):
         import torch.distributed as dist
         if dist.get_rank() == 0:
             json.dump(report, open(spec["report"], "w"), indent=1)
+    end_distributed()
     return 0
 
 

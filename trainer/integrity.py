@@ -1,0 +1,233 @@
+"""What a checkpoint must prove before any rank loads it, and what a save must prove before it is COMPLETE.
+
+- **Manifest.** A save records every file's size and SHA-256 in `COMPLETE`; a resume checks them, so a
+  truncated, missing or bit-flipped file is a named error, not a resume with other weights.
+- **No pickled code.** DeepSpeed 0.19.8 loads its files with `torch.load(weights_only=False)`, so a crafted
+  file would run code. Which files a rank loads depends on the layout (ZeRO-3 reads its own partition,
+  `elastic_checkpoint` makes every rank read every rank's optimizer file, AutoTP names files by
+  data/model-parallel rank, universal checkpoints keep one folder per parameter). So *every* file any rank
+  could load is opened with `weights_only=True` first, only DeepSpeed's own state classes allowed.
+- **All before any.** The ranks split the files between them and exchange their findings in a collective
+  (`all_gather_text`), which no rank leaves before every file was checked: nobody loads while another rank
+  is still refusing.
+- **Finite weights.** A save whose weights hold inf/NaN is refused, so `COMPLETE` means "good to resume".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .errors import UserError
+
+MANIFEST_VERSION = 1
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+NOT_IN_MANIFEST = ("COMPLETE",)  # the manifest itself
+_HASH_CHUNK = 8 << 20
+
+
+class CheckpointError(UserError):
+    """A checkpoint that must not be resumed (damaged, incomplete, or holding foreign objects)."""
+
+
+# --- collectives over text (no pickle between ranks) ------------------------------------------------
+
+def all_gather_text(text: str, device) -> list[str]:
+    """Every rank's `text`, in rank order, on every rank. Also a synchronisation point."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [text]
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data
+    gathered = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return [bytes(g[:int(s.item())].cpu().tolist()).decode() for g, s in zip(gathered, sizes)]
+
+
+def _my_share(items: list, rank: int, world: int) -> list:
+    return items[rank::world]
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+# --- manifest ---------------------------------------------------------------------------------------
+
+def checkpoint_files(path: Path) -> list[str]:
+    """Every regular file under a checkpoint directory (relative, sorted), the manifest excluded."""
+    return sorted(str(f.relative_to(path)) for f in path.rglob("*")
+                  if f.is_file() and f.name not in NOT_IN_MANIFEST and not f.name.endswith(".tmp"))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)  # hashlib releases the GIL: the thread pool below hashes in parallel
+    return digest.hexdigest()
+
+
+def _describe(files: list[str], root: Path, checksums: bool) -> dict:
+    def entry(name):
+        file = root / name
+        return name, {"bytes": file.stat().st_size, **({"sha256": sha256_file(file)} if checksums else {})}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(entry, files))
+
+
+def build_manifest(path: Path, tag: str, checksums: bool, device) -> dict:
+    """Collective: the ranks hash their share of the files; every rank returns the whole manifest."""
+    rank, world = _rank_world()
+    mine = _describe(_my_share(checkpoint_files(path), rank, world), path, checksums)
+    files = {}
+    for part in all_gather_text(json.dumps(mine), device):
+        files.update(json.loads(part))
+    return {"manifest_version": MANIFEST_VERSION, "tag": tag, "files": dict(sorted(files.items()))}
+
+
+def read_manifest(path: Path) -> dict | None:
+    """The manifest in `COMPLETE`, or None for a checkpoint written before manifests (COMPLETE = the tag)."""
+    text = (path / "COMPLETE").read_text()
+    try:
+        manifest = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{path / 'COMPLETE'} is not a manifest this version can read; resume another "
+                              f"checkpoint")
+    return manifest
+
+
+def _check_entry(root: Path, name: str, expected: dict) -> str | None:
+    file = root / name
+    if not file.is_file():
+        return f"{name} is missing"
+    size = file.stat().st_size
+    if size != expected.get("bytes"):
+        return (f"{name} is truncated ({size:,} of {expected['bytes']:,} bytes)" if size < expected["bytes"] else
+                f"{name} was changed after it was saved ({size:,} bytes; {expected['bytes']:,} were written)")
+    if "sha256" in expected and sha256_file(file) != expected["sha256"]:
+        return f"{name} is corrupt or was changed after it was saved (its SHA-256 differs from the one recorded)"
+    return None
+
+
+# --- pickle vetting -----------------------------------------------------------------------------------
+
+def _deepspeed_state_classes() -> list:
+    """The classes DeepSpeed 0.19.8 pickles into its checkpoints besides tensors and containers."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def may_be_unpickled(file: Path) -> bool:
+    """Files DeepSpeed could hand to torch.load: by name, or by content (a zip or a pickle stream)."""
+    if file.name.endswith(PICKLE_SUFFIXES):
+        return True
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return True
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def vet_file(file: Path, name: str) -> str | None:
+    """None when a weights-only load accepts the file; else why it was refused."""
+    with torch.serialization.safe_globals(_deepspeed_state_classes()):
+        try:
+            try:
+                torch.load(file, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensor data not read
+            except RuntimeError as err:
+                if "mmap" not in str(err):
+                    raise
+                torch.load(file, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+        except Exception as err:  # torch raises UnpicklingError/RuntimeError naming the offending global
+            text = str(err)
+            found = re.search(r"GLOBAL ([\w.]+)|Unsupported global: GLOBAL ([\w.]+)", text)
+            if found or "weights_only" in text.lower() or "Unsupported" in text:
+                culprit = (found.group(1) or found.group(2)) if found else text.splitlines()[0][:200]
+                return (f"{name} holds objects a weights-only load does not allow (Unsupported global {culprit}): "
+                        f"it may run code when loaded. Only load checkpoints you trust")
+            return f"{name} is truncated or corrupt (torch cannot read it: {text.splitlines()[0][:200]})"
+    return None
+
+
+# --- the check before any rank loads --------------------------------------------------------------------
+
+def verify_checkpoint(path: Path, device, optional=lambda name: False) -> list[str]:
+    """Collective. Returns warnings; raises CheckpointError (on every rank, same text) when the checkpoint
+    must not be loaded. `optional(name)`: files whose absence is a warning (RNG states)."""
+    rank, world = _rank_world()
+    problems, warnings = [], []
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as err:
+        manifest, problems = None, [str(err)]
+    on_disk = checkpoint_files(path)
+    if manifest is not None:
+        listed = manifest["files"]
+        for name, expected in _my_share(sorted(listed.items()), rank, world):
+            problem = _check_entry(path, name, expected)
+            if problem and problem.endswith("is missing") and optional(name):
+                warnings.append(problem)
+            elif problem:
+                problems.append(problem)
+    vet = [name for name in on_disk if may_be_unpickled(path / name)]
+    for name in _my_share(vet, rank, world):
+        if any(name in p for p in problems):
+            continue  # already refused for its bytes
+        problem = vet_file(path / name, name)
+        if problem:
+            problems.append(problem)
+    everyone = [json.loads(part) for part in all_gather_text(json.dumps([problems, warnings]), device)]
+    problems = sorted({p for part in everyone for p in part[0]})
+    warnings = sorted({w for part in everyone for w in part[1]})
+    if problems:
+        raise CheckpointError(f"checkpoint {path} must not be resumed: " + "; ".join(problems))
+    return warnings
+
+
+# --- finite weights before COMPLETE ------------------------------------------------------------------------
+
+def _master_weights(engine) -> list:
+    """The fp32 master copies the optimizer steps (ZeRO-1/2/3, offloaded or not), when it keeps them."""
+    optimizer = getattr(engine, "optimizer", None)
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        groups = getattr(optimizer, name, None)
+        if groups:
+            return [("optimizer fp32 master weights", g) for g in groups if torch.is_tensor(g)]
+    return []
+
+
+def nonfinite_weights(engine) -> dict[str, int]:
+    """{parameter: inf/NaN values in it} (the largest count any rank holds: ZeRO-1/2 replicate the module's
+    weights, ZeRO-3 partitions them). Collective."""
+    named = []
+    for name, param in engine.module.named_parameters():
+        local = getattr(param, "ds_tensor", None)
+        named.append((name, local if local is not None else param.data))
+    named += _master_weights(engine)
+    counts = torch.stack([(~torch.isfinite(t)).sum() if t.numel() else torch.zeros((), dtype=torch.int64,
+                                                                                  device=t.device)
+                          for _, t in named]).to(engine.device)
+    if dist.is_initialized():
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    found: dict[str, int] = {}
+    for (name, _), count in zip(named, counts.tolist()):
+        if count:
+            found[name] = found.get(name, 0) + int(count)
+    return found

@@ -1,0 +1,179 @@
+"""`python -m trainer launch`: start this node's ranks and keep the preemption promise.
+
+    python -m trainer launch --preset 7b_8xa100 [--set k=v ...] [--resume auto]          # one node
+    python -m trainer launch --nnodes 4 --node-rank $NODE_RANK --master-addr $HEAD ...    # each node
+
+Why not `deepspeed` or `torchrun` under a scheduler: Kubernetes sends SIGTERM to PID 1 only, and Slurm
+(`--signal=B:TERM@120`) to the batch shell. The deepspeed runner then dies at once, or as PID 1 in a
+container ignores the signal, and the ranks are SIGKILLed later without a checkpoint; even when it does
+forward the signal it exits -15 while the ranks are still saving, so the job reads as failed.
+
+This launcher
+- starts `--nproc-per-node` ranks of `python -m trainer train ...` with RANK, LOCAL_RANK, WORLD_SIZE,
+  MASTER_ADDR and MASTER_PORT set (static rendezvous, the same env torchrun gives);
+- forwards SIGTERM/SIGINT/SIGHUP to every rank (ranks treat signals within 5 s as one request, so a
+  scheduler that signals the whole process group too is fine), waits for their checkpoint, and exits 0
+  when every rank exited 0 -- a preempted run that saved is a success;
+- works as PID 1: it reaps every child, including orphans reparented to it;
+- when one rank fails, gives the others a few seconds to exit on their own, then kills them (a save needs
+  every rank: with one gone the rest can only hang in a collective) and exits with the failed rank's code.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .cli import train_arguments
+from .errors import UserError
+from .presets import load_preset
+from .redact import redact_argv
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+POLL_S = 0.1
+
+
+def launch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc-per-node", type=int, default=None,
+                        help="ranks on this node (default: the preset's hardware.gpus_per_node)")
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..nnodes-1")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    parser.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (default 29500)")
+    parser.add_argument("--failure-grace-s", type=float, default=5.0,
+                        help="after one rank fails, seconds the others get to exit before they are killed")
+    train_arguments(parser)  # --preset, --set, --resume, --rehearse, --world-size: passed on to every rank
+
+
+def launch(args) -> int:
+    train_args = rank_arguments(args)
+    nproc = args.nproc_per_node
+    if nproc is None:
+        nproc = load_preset(args.preset, args.overrides).hardware.gpus_per_node
+    check_topology(args, nproc)
+    world = args.nnodes * nproc
+    print(f"launch: {nproc} rank(s) on node {args.node_rank} of {args.nnodes} (world {world}), rendezvous "
+          f"{args.master_addr}:{args.master_port}: python -m trainer train {' '.join(redact_argv(train_args))}",
+          file=sys.stderr, flush=True)
+    ranks = start_ranks(train_args, nproc, args)
+    return Supervisor(ranks, args.failure_grace_s).run()
+
+
+def rank_arguments(args) -> list[str]:
+    """The `python -m trainer train` arguments every rank gets."""
+    argv = ["--preset", args.preset]
+    for item in args.overrides:
+        argv += ["--set", item]
+    if args.resume is not None:
+        argv += ["--resume", args.resume]
+    if args.rehearse:
+        argv.append("--rehearse")
+    if args.world_size:
+        argv += ["--world-size", str(args.world_size)]
+    return argv
+
+
+def check_topology(args, nproc: int) -> None:
+    problems = []
+    if nproc < 1:
+        problems.append(f"--nproc-per-node={nproc} must be >= 1")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        problems.append(f"--node-rank={args.node_rank} must be in [0, --nnodes={args.nnodes})")
+    if not 0 < args.master_port < 65536:
+        problems.append(f"--master-port={args.master_port} is not a port")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def start_ranks(train_args: list[str], nproc: int, args) -> dict[int, int]:
+    """{pid: global rank} of this node's ranks, started in the launcher's process group."""
+    world = args.nnodes * nproc
+    ranks = {}
+    for local_rank in range(nproc):
+        rank = args.node_rank * nproc + local_rank
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(args.node_rank), "GROUP_RANK": str(args.node_rank),
+               "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(args.master_port), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", *train_args], env=env)
+        ranks[proc.pid] = rank
+    return ranks
+
+
+class Supervisor:
+    """Forwards signals to the ranks, reaps every child (PID 1 duty), and turns the ranks' exits into one code."""
+
+    def __init__(self, ranks: dict[int, int], failure_grace_s: float):
+        self.live = dict(ranks)
+        self.codes: dict[int, int] = {}
+        self.first_failure: tuple[int, int] | None = None  # (rank, code)
+        self.failure_grace_s = failure_grace_s
+        self.kill_at: float | None = None
+        self.signalled = False
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self.forward) for sig in FORWARDED}
+        try:
+            while self.live:
+                self.reap()
+                if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                    self.kill_the_rest()
+                time.sleep(POLL_S)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.exit_code()
+
+    def forward(self, signum, frame) -> None:
+        self.signalled = True
+        name = signal.Signals(signum).name
+        print(f"launch: {name} received, forwarding it to {len(self.live)} rank(s) and waiting for their "
+              f"checkpoint", file=sys.stderr, flush=True)
+        for pid in self.live:
+            _send(pid, signum)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # no children left at all
+                self.live.clear()
+                return
+            if pid == 0:
+                return
+            if pid not in self.live:
+                continue  # an orphan reparented to us (we are PID 1): reaped, nothing else to do
+            rank, code = self.live.pop(pid), os.waitstatus_to_exitcode(status)
+            code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell reports it
+            self.codes[rank] = code
+            if code != 0 and self.first_failure is None:
+                self.first_failure = (rank, code)
+                if self.live:
+                    print(f"launch: rank {rank} exited with code {code}; the other {len(self.live)} rank(s) get "
+                          f"{self.failure_grace_s:g}s to exit, then are killed (a checkpoint needs every rank)",
+                          file=sys.stderr, flush=True)
+                    self.kill_at = time.monotonic() + self.failure_grace_s
+
+    def kill_the_rest(self) -> None:
+        for pid in self.live:
+            _send(pid, signal.SIGKILL)
+        self.kill_at = None
+
+    def exit_code(self) -> int:
+        if self.first_failure is None:
+            if self.signalled:
+                print("launch: every rank exited 0 after the signal (checkpoint saved); resume with --resume auto",
+                      file=sys.stderr, flush=True)
+            return 0
+        rank, code = self.first_failure
+        print(f"launch: failed: rank {rank} exited with code {code}", file=sys.stderr, flush=True)
+        return code
+
+
+def _send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass  # exited between the check and the signal; reap() collects it
