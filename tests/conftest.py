@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from distributed import run_many  # noqa: E402
+from distributed import USED_PORTS, remove_shm_buffers, run_many  # noqa: E402
 
 STEPS = 6
 TINY = [
@@ -89,6 +89,15 @@ def engine_runs(tmp_path_factory, pretrained_dir):
     return dirs, report
 
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left():
+    """Jobs the tests kill cannot remove their DeepSpeed shared-memory buffers; on a 24 GB machine a
+    suite's worth of them (69 MB per rank per job) is RAM."""
+    yield
+    for port in USED_PORTS:
+        remove_shm_buffers(port)
 
 
 def pytest_collection_modifyitems(config, items):

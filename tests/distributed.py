@@ -13,8 +13,17 @@ DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 _ports = itertools.count(29600 + (os.getpid() % 40) * 10)
 
 
+USED_PORTS: list[int] = []
+
+
+def new_port() -> int:
+    """A --master_port for one job (each launch gets its own; the session cleans up after them)."""
+    USED_PORTS.append(next(_ports))
+    return USED_PORTS[-1]
+
+
 def launch_command(script_args: list[str], ranks: int = 2, env: dict | None = None) -> tuple[list[str], dict]:
-    cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(next(_ports)), *script_args]
+    cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(new_port()), *script_args]
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true",
                 **(env or {})}
     return cmd, full_env
@@ -23,8 +32,18 @@ def launch_command(script_args: list[str], ranks: int = 2, env: dict | None = No
 def launch_raw(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None):
     """(returncode, output) of `deepspeed --num_gpus N --master_port P <script_args>`."""
     cmd, full_env = launch_command(script_args, ranks, env)
-    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        remove_shm_buffers(cmd[cmd.index("--master_port") + 1])
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def remove_shm_buffers(port="*") -> None:
+    """DeepSpeed's CPU all-reduce buffers (69 MB each in /dev/shm) that a killed job leaves behind; a
+    finished run removes its own (trainer.loop.end_distributed)."""
+    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*"):
+        path.unlink(missing_ok=True)
 
 
 def launch(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None) -> str:

@@ -176,3 +176,16 @@ def test_a_planted_file_under_any_name_is_vetted(tmp_path):
     with pytest.raises(integrity.CheckpointError, match="notes.txt holds objects"):
         integrity.verify_checkpoint(tmp_path, torch.device("cpu"))
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_link_inside_a_checkpoint_is_refused(layouts, tmp_path):
+    """A symlinked folder would lead DeepSpeed's universal loader to files the vetting never saw."""
+    ckpt = tmp_path / "step_00000002"
+    shutil.copytree(layouts / "z2" / "checkpoints" / "step_00000002", ckpt)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    torch.save({"x": RunsCode(tmp_path / "ran")}, elsewhere / "fp32.pt")
+    (ckpt / "zero").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(integrity.CheckpointError, match="zero is a symbolic link"):
+        integrity.verify_checkpoint(ckpt, torch.device("cpu"))
+    assert not (tmp_path / "ran").exists()

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import STAGES, TINY
-from distributed import REPO, _ports, read_metrics
+from distributed import REPO, new_port, read_metrics
 from trainer import checkpoint
 
 pytestmark = pytest.mark.multirank
@@ -24,7 +24,7 @@ RUN = TINY + STAGES["z2"] + ["train.max_steps=400", "train.save_every=0", "train
 
 
 def launch_command(out, *extra, launcher_args=()) -> list[str]:
-    cmd = [sys.executable, "-m", "trainer", "launch", "--master-port", str(next(_ports)), *launcher_args,
+    cmd = [sys.executable, "-m", "trainer", "launch", "--master-port", str(new_port()), *launcher_args,
            "--preset", "tiny_cpu"]
     for item in RUN + [f"train.output_dir={out}", *extra]:
         cmd += ["--set", item]
@@ -108,6 +108,25 @@ def test_a_second_signal_gets_a_rank_out_of_a_blocked_collective(tmp_path):
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert "launch: rank 0 exited with code 143" in output
     assert took < 15, f"the second signal took {took:.1f}s to end the run"
+
+
+def test_the_process_group_timeout_ends_a_run_whose_peer_hangs(tmp_path):
+    """train.dist_timeout_s: with rank 1 stopped, rank 0's collective fails after that long, not 30 minutes."""
+    out = tmp_path / "run"
+    proc = start(launch_command(out, "train.dist_timeout_s=8"))
+    try:
+        wait_for_step(out, 3, proc)
+        ranks = ranks_of(proc.pid)
+        ranks[1].suspend()
+        stopped = time.monotonic()
+        code, output = finish(proc, timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code != 0 and "launch: rank 0 exited with code" in output, output[-3000:]
+    assert "timed out" in output.lower() or "timeout" in output.lower(), output[-3000:]
+    assert took < 60, f"rank 0 waited {took:.0f}s for a peer that hangs (train.dist_timeout_s=8)"
 
 
 def test_a_dead_rank_stops_the_job_with_its_exit_code(tmp_path):

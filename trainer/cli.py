@@ -120,8 +120,11 @@ def train(args) -> int:
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"train.resume={'null' if args.resume == 'off' else args.resume}")
+    succeeded = False
     try:
-        return run_training(args.preset, overrides, rehearse=args.rehearse,
+        code = run_training(args.preset, overrides, rehearse=args.rehearse,
                             world_size=args.world_size or launcher_world_size())
+        succeeded = True
+        return code
     finally:
-        end_distributed()
+        end_distributed(succeeded)

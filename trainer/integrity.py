@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,10 +66,25 @@ def _rank_world() -> tuple[int, int]:
 
 # --- manifest ---------------------------------------------------------------------------------------
 
+def all_files(path: Path) -> list[str]:
+    """Every regular file under a checkpoint directory (relative, sorted)."""
+    return sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_file())
+
+
 def checkpoint_files(path: Path) -> list[str]:
-    """Every regular file under a checkpoint directory (relative, sorted), the manifest excluded."""
-    return sorted(str(f.relative_to(path)) for f in path.rglob("*")
-                  if f.is_file() and f.name not in NOT_IN_MANIFEST and not f.name.endswith(".tmp"))
+    """The files a manifest lists: all of them but the manifest itself and temporary files."""
+    return [name for name in all_files(path)
+            if Path(name).name not in NOT_IN_MANIFEST and not name.endswith(".tmp")]
+
+
+def symbolic_links(path: Path) -> list[str]:
+    """Links inside a checkpoint (relative, sorted). DeepSpeed writes none, and a link can lead a load
+    to a file outside the checkpoint, past the vetting of its files."""
+    found = []
+    for root, dirs, files in os.walk(path):  # does not follow links into directories
+        found += [str(Path(root, name).relative_to(path)) for name in dirs + files
+                  if os.path.islink(os.path.join(root, name))]
+    return sorted(found)
 
 
 def sha256_file(path: Path) -> str:
@@ -177,7 +193,9 @@ def verify_checkpoint(path: Path, device, optional=lambda name: False) -> list[s
         manifest = read_manifest(path)
     except CheckpointError as err:
         manifest, problems = None, [str(err)]
-    on_disk = checkpoint_files(path)
+    problems += [f"{name} is a symbolic link (DeepSpeed writes none, and a link can lead a load outside the "
+                 f"checkpoint): replace it with the file it points to" for name in symbolic_links(path)]
+    on_disk = all_files(path)
     if manifest is not None:
         listed = manifest["files"]
         for name, expected in _my_share(sorted(listed.items()), rank, world):

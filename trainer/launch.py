@@ -96,6 +96,8 @@ def start_ranks(train_args: list[str], nproc: int, args) -> dict[int, int]:
         rank = args.node_rank * nproc + local_rank
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(args.node_rank), "GROUP_RANK": str(args.node_rank),
+               # what the deepspeed runner sets too (DeepSpeed's CPU shared-memory all-reduce reads LOCAL_SIZE)
+               "LOCAL_SIZE": str(nproc), "CROSS_RANK": str(args.node_rank), "CROSS_SIZE": str(args.nnodes),
                "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(args.master_port), "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", *train_args], env=env)
         ranks[proc.pid] = rank

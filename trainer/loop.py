@@ -228,15 +228,41 @@ def start_distributed(timeout_s: int = 1800) -> int:
                           MASTER_PORT=str(_free_port()))
     if get_accelerator().device_name() != "cpu":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
+    remove_shm_buffer()  # a stale one of a crashed job on this port would be read by the peers before reset
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # DeepSpeed builds its data/model-parallel groups with new_group(timeout=None), which takes torch's
+    # default (30 min gloo, 10 min NCCL), not the world group's: set the default itself, so every
+    # collective of the run (ZeRO's gradient reduction included) gives up after train.dist_timeout_s.
+    from torch.distributed import distributed_c10d
+    distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(timeout=timeout)
     return dist.get_rank()
 
 
-def end_distributed() -> None:
-    """Tear the process group down before the interpreter exits: left to process teardown, its C++ threads
-    can abort the process ("terminate called without an active exception") after a successful run."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def end_distributed(succeeded: bool = True) -> None:
+    """After a successful run: wait for every rank, remove this rank's shared-memory buffer, and tear the
+    process group down before the interpreter exits."""
+    if not dist.is_initialized():
+        return
+    if succeeded:
+        dist.barrier()  # no peer still reads this rank's buffer
+        remove_shm_buffer()
+    dist.destroy_process_group()
+
+
+def shm_buffer_path() -> Path:
+    """DeepSpeed's CPU shared-memory all-reduce buffer of this rank (69 MB in /dev/shm), which DeepSpeed
+    0.19.8 never unlinks (its shm.cpp names it uid_addr_port_rank): every CPU job would leave one per rank."""
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{os.environ.get('RANK', '0')}")
+    return Path("/dev/shm") / name
+
+
+def remove_shm_buffer() -> None:
+    try:
+        shm_buffer_path().unlink()
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        pass
 
 
 def comm_device():
