@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import psutil
 import pytest
@@ -54,28 +55,39 @@ def ranks_of(launcher_pid: int) -> dict[int, psutil.Process]:
     return {int(p.environ()["RANK"]): p for p in children}
 
 
-def finish(proc, timeout: float = 300) -> tuple[int, str]:
+@contextmanager
+def job(cmd, env=None):
+    """A started job that is killed, whole process group, if the test leaves it running."""
+    proc = start(cmd, env)
     try:
-        output = proc.communicate(timeout=timeout)[0]
-        return proc.returncode, output
+        yield proc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def finish(proc, timeout: float = 300) -> tuple[int, str]:
+    output = proc.communicate(timeout=timeout)[0]
+    return proc.returncode, output
+
+
+def hang_rank_1(out, proc, after_step: int = 3) -> dict[int, psutil.Process]:
+    """Once `after_step` is logged, SIGSTOP rank 1 (a hung peer); returns the ranks."""
+    wait_for_step(out, after_step, proc)
+    ranks = ranks_of(proc.pid)
+    ranks[1].suspend()
+    return ranks
 
 
 def test_sigterm_to_pid_1_only_saves_and_exits_0(tmp_path):
     """As in a Kubernetes pod: the launcher is PID 1 of its own PID namespace and only it is signalled."""
     out = tmp_path / "run"
-    proc = start(["unshare", "--pid", "--fork", "--mount-proc", *launch_command(out)])
-    try:
+    with job(["unshare", "--pid", "--fork", "--mount-proc", *launch_command(out)]) as proc:
         wait_for_step(out, 3, proc)
         (pid_1,) = psutil.Process(proc.pid).children()  # unshare forks; its child is PID 1 inside
         assert "trainer" in pid_1.cmdline() and "launch" in pid_1.cmdline()
         os.kill(pid_1.pid, signal.SIGTERM)
         code, output = finish(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert code == 0, output[-4000:]
     assert "launch: SIGTERM received, forwarding it to 2 rank(s)" in output
     assert "launch: every rank exited 0 after the signal (checkpoint saved)" in output
@@ -88,11 +100,8 @@ def test_sigterm_to_pid_1_only_saves_and_exits_0(tmp_path):
 def test_a_second_signal_gets_a_rank_out_of_a_blocked_collective(tmp_path):
     """Rank 1 is stopped, so rank 0 waits in an all-reduce forever; the second SIGTERM still ends it."""
     out = tmp_path / "run"
-    proc = start(launch_command(out, "train.dist_timeout_s=600"))
-    try:
-        wait_for_step(out, 3, proc)
-        ranks = ranks_of(proc.pid)
-        ranks[1].suspend()  # SIGSTOP: a hung peer
+    with job(launch_command(out, "train.dist_timeout_s=600")) as proc:
+        ranks = hang_rank_1(out, proc)
         time.sleep(2)  # rank 0 is now inside a collective that cannot complete
         ranks[0].send_signal(signal.SIGTERM)
         time.sleep(6)  # more than SAME_SIGNAL_S: a new request, not the launcher's echo of the first
@@ -101,9 +110,6 @@ def test_a_second_signal_gets_a_rank_out_of_a_blocked_collective(tmp_path):
         ranks[0].send_signal(signal.SIGTERM)
         code, output = finish(proc, timeout=60)
         took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert "second SIGTERM: exiting now without a checkpoint" in output, output[-3000:]
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert "launch: rank 0 exited with code 143" in output
@@ -113,17 +119,11 @@ def test_a_second_signal_gets_a_rank_out_of_a_blocked_collective(tmp_path):
 def test_the_process_group_timeout_ends_a_run_whose_peer_hangs(tmp_path):
     """train.dist_timeout_s: with rank 1 stopped, rank 0's collective fails after that long, not 30 minutes."""
     out = tmp_path / "run"
-    proc = start(launch_command(out, "train.dist_timeout_s=8"))
-    try:
-        wait_for_step(out, 3, proc)
-        ranks = ranks_of(proc.pid)
-        ranks[1].suspend()
+    with job(launch_command(out, "train.dist_timeout_s=8")) as proc:
+        hang_rank_1(out, proc)
         stopped = time.monotonic()
         code, output = finish(proc, timeout=120)
         took = time.monotonic() - stopped
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert code != 0 and "launch: rank 0 exited with code" in output, output[-3000:]
     assert "timed out" in output.lower() or "timeout" in output.lower(), output[-3000:]
     assert took < 60, f"rank 0 waited {took:.0f}s for a peer that hangs (train.dist_timeout_s=8)"
@@ -131,9 +131,9 @@ def test_the_process_group_timeout_ends_a_run_whose_peer_hangs(tmp_path):
 
 def test_a_dead_rank_stops_the_job_with_its_exit_code(tmp_path):
     out = tmp_path / "run"
-    proc = start(launch_command(out, "train.max_steps=12", "train.dist_timeout_s=600"),
-                 env={"TRAINER_FAULTS": "kill_at@3"})
-    code, output = finish(proc)
+    with job(launch_command(out, "train.max_steps=12", "train.dist_timeout_s=600"),
+             env={"TRAINER_FAULTS": "kill_at@3"}) as proc:
+        code, output = finish(proc)
     assert code == 128 + signal.SIGKILL, output[-3000:]
     assert "launch: rank 1 exited with code 137; the other 1 rank(s) get 5s to exit, then are killed" in output
     assert "launch: failed: rank 1 exited with code 137" in output
@@ -142,9 +142,9 @@ def test_a_dead_rank_stops_the_job_with_its_exit_code(tmp_path):
 def test_secrets_stay_out_of_the_launch_log_and_wandb(tmp_path):
     out = tmp_path / "run"
     secret = "comet-key-93be1d"
-    proc = start(launch_command(out, "train.max_steps=2", "logging.wandb_mode=offline",
-                                "logging.wandb_project=tests", f"deepspeed.comet={{enabled: false, api_key: {secret}}}"))
-    code, output = finish(proc)
+    with job(launch_command(out, "train.max_steps=2", "logging.wandb_mode=offline", "logging.wandb_project=tests",
+                            f"deepspeed.comet={{enabled: false, api_key: {secret}}}")) as proc:
+        code, output = finish(proc)
     assert code == 0, output[-3000:]
     assert secret not in output
     assert "deepspeed.comet={api_key: <redacted>, enabled: false}" in output  # the launcher's own log line
