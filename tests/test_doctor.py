@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -167,9 +169,31 @@ def test_cli_text_json_and_exit_codes():
     assert "planner:" in text.stdout
     as_json = run_cli("doctor", "7b_2xv100", "tests/logs/fp16_loss_scale.log", "--json")
     report = json.loads(as_json.stdout)
-    assert report["failure"] == "fp16_loss_scale" and report["command"].startswith("python -m trainer train")
+    assert report["failure"] == "fp16_loss_scale"
+    assert_the_trainer_accepts(report["command"], "7b_2xv100")
     unknown = run_cli("doctor", "7b_8xa100", "tests/logs/unrecognised.log")
     assert unknown.returncode == 1 and "NOT RECOGNISED" in unknown.stdout
     assert "FileNotFoundError" in unknown.stdout or "Traceback" in unknown.stdout
     missing = run_cli("doctor", "7b_8xa100", "tests/logs/nope.log")
     assert missing.returncode == 2 and "log file 'tests/logs/nope.log' not found" in missing.stderr
+
+
+def assert_the_trainer_accepts(command: str, preset: str) -> None:
+    """The rerun line launches as many ranks as the preset resolves for, and its --set items resolve."""
+    import shlex
+    from trainer.presets import load_preset
+    from trainer.resolve import resolve
+    words = shlex.split(command)
+    assert words[0] == "deepspeed" and words[words.index("--preset") + 1] == preset, command
+    nodes = int(words[words.index("--num_nodes") + 1]) if "--num_nodes" in words else 1
+    ranks = nodes * int(words[words.index("--num_gpus") + 1])
+    overrides = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+    assert resolve(load_preset(preset, overrides), ranks).world_size == ranks, command
+
+
+@pytest.mark.parametrize("preset, log", [("70b_32xa100", "cuda_oom.log"), ("7b_8xa100", "cuda_oom.log"),
+                                         ("7b_2xv100", "fp16_loss_scale.log")])
+def test_the_rerun_command_is_one_the_trainer_accepts(preset, log):
+    report = json.loads(run_cli("doctor", preset, f"tests/logs/{log}", "--json").stdout)
+    assert report["command"], report
+    assert_the_trainer_accepts(report["command"], preset)

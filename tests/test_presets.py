@@ -86,6 +86,11 @@ def test_preset_header_documents_hardware_model_tradeoff_memory_and_launch(path)
     assert re.search(rf"--num_gpus[ =]{config.hardware.gpus_per_node}\b", launch), launch
     if config.hardware.nodes > 1:
         assert re.search(rf"--num_nodes[ =]{config.hardware.nodes}\b", launch) and "--hostfile" in launch, launch
+    # the same line the planner and the doctor build (tiny_cpu's header also pins the README's port)
+    from trainer.launch import command_for
+    from trainer.resolve import resolve
+    written = re.sub(r" --master_port \d+", "", launch[len("Launch: "):])
+    assert written == command_for(resolve(config), path.stem, []), launch
 
 
 def test_presets_command_lists_every_preset_with_its_description():

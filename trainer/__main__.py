@@ -28,12 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():
-        try:
-            modules[name] = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue  # a command whose module is not in this checkout yet
+        modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
         getattr(modules[name], f"{name}_arguments")(sub.add_parser(name, help=help_text))
     args = parser.parse_args(argv)
     try:

@@ -14,7 +14,7 @@ AUTO = "auto"
 
 
 def doc(text: str, default: Any = None, factory: Any = None):
-    """A dataclass field with its one-line documentation kept in metadata (shown by `show --docs`)."""
+    """A dataclass field with its one-line documentation kept in the field's metadata."""
     if factory is not None:
         return field(default_factory=factory, metadata={"doc": text})
     return field(default=default, metadata={"doc": text})

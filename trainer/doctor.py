@@ -36,6 +36,7 @@ from typing import Callable, Optional
 from . import ds_config as dsc
 from .cli import add_preset_arguments
 from .errors import UserError
+from .launch import command_for
 from .hardware import GPUS
 from .plan import gb, plan_for_resolved
 from .presets import load_preset
@@ -409,7 +410,7 @@ def doctor(args) -> int:
                                                            args.world_size))
         memory = memory_effect(args, resolved, d.proposal) if d.failure == "cuda_oom" else None
     if args.json:
-        print(json.dumps(diagnosis_json(args, d, memory), indent=2))
+        print(json.dumps(diagnosis_json(args, resolved, d, memory), indent=2))
     else:
         print_diagnosis(args, resolved, d, memory)
     return 0 if d.recognised else 1
@@ -429,18 +430,23 @@ def memory_effect(args, resolved: Resolved, proposal: Optional[Proposal]) -> Opt
             f"(budget {gb(before.gpu_budget)}; host {gb(after.cpu_bytes_per_node)} GB per node after)")
 
 
-def rerun_command(args, proposal: Proposal) -> str:
-    words = ["python", "-m", "trainer", "train", "--preset", args.preset]
-    for item in args.overrides + proposal.overrides:
-        words += ["--set", item]
-    return " ".join(shlex.quote(w) for w in words)
+def rerun_command(args, resolved: Resolved, proposal: Proposal) -> str:
+    """The launch line for the preset with the proposed change, for the world size the run had (the planner's
+    and the preset headers' builder, so the trainer accepts it)."""
+    overrides = args.overrides + proposal.overrides
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            resolved = resolve(load_preset(args.preset, overrides), args.world_size)  # offload may change
+    except UserError:
+        pass
+    return command_for(resolved, args.preset, overrides)
 
 
-def diagnosis_json(args, d: Diagnosis, memory: Optional[str]) -> dict:
+def diagnosis_json(args, resolved: Resolved, d: Diagnosis, memory: Optional[str]) -> dict:
     return {"recognised": d.recognised, "failure": d.failure, "title": d.title, "evidence": d.evidence,
             "proposal": asdict(d.proposal) if d.proposal else None, "then": [asdict(p) for p in d.then],
             "advice": d.advice, "memory": memory,
-            "command": rerun_command(args, d.proposal) if d.proposal else None}
+            "command": rerun_command(args, resolved, d.proposal) if d.proposal else None}
 
 
 def print_diagnosis(args, r: Resolved, d: Diagnosis, memory: Optional[str]) -> None:
@@ -456,7 +462,7 @@ def print_diagnosis(args, r: Resolved, d: Diagnosis, memory: Optional[str]) -> N
         print(f"  reason: {d.proposal.reason}")
         if memory:
             print(f"  {memory}")
-        print(f"  rerun: {rerun_command(args, d.proposal)}")
+        print(f"  rerun: {rerun_command(args, r, d.proposal)}")
     for p in d.then:
         print(f"if that is not enough: {p.step}: {' '.join('--set ' + shlex.quote(o) for o in p.overrides)}")
     for line in d.advice:

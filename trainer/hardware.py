@@ -38,10 +38,3 @@ GPUS: dict[str, Gpu] = {g.name: g for g in [
     Gpu("cpu", 0, True, 0, "CPU ranks (gloo); fp32 recommended"),
 ]}
 
-
-def gpu_spec(name: str) -> Gpu:
-    """The table row for `name`, or a ValueError that lists the known types."""
-    try:
-        return GPUS[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown GPU type {name!r}; known: {', '.join(GPUS)}") from None

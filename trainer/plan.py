@@ -751,20 +751,14 @@ def _describe(ds: dict) -> str:
 def launch_line(plan: Plan, overrides: list[str], output: Optional[str]) -> str:
     """The exact command: deepspeed's launcher (hostfile for several nodes), train.py with the preset, or,
     when no shipped preset has this model, any DeepSpeed script with the exported config."""
+    from .launch import train_command
     inputs, c = plan.inputs, plan.choice.candidate
-    words = ["deepspeed"]
-    if inputs.nodes > 1:
-        words += ["--hostfile", "hostfile", "--num_nodes", str(inputs.nodes)]
-    words += ["--num_gpus", str(inputs.gpus_per_node)]
-    if "cpu" in (c.offload_optimizer, c.offload_param):
-        words.append("--bind_cores_to_rank")  # seed step 6 #7: the CPU optimizer wants its own cores
+    cpu_offload = "cpu" in (c.offload_optimizer, c.offload_param)  # seed step 6 #7: --bind_cores_to_rank
+    line = train_command(plan.preset or "PRESET", overrides, inputs.nodes, inputs.gpus_per_node, cpu_offload)
     if plan.preset:
-        words += ["train.py", "--preset", plan.preset]
-        for item in overrides:
-            words += ["--set", item]
-    else:
-        words += ["your_train.py", "--deepspeed", "--deepspeed_config", output or "ds_config.json"]
-    return " ".join(shlex.quote(w) for w in words)
+        return line
+    runner = line[:line.index(" train.py ")]
+    return " ".join([runner, "your_train.py", "--deepspeed", "--deepspeed_config", shlex.quote(output or "ds_config.json")])
 
 
 # --- output --------------------------------------------------------------------------------------
