@@ -29,9 +29,8 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from . import integrity
+from . import integrity, ranks
 from .errors import UserError
 
 COMPLETE = "COMPLETE"
@@ -54,11 +53,6 @@ class TrainState:
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def _barrier():
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _fsync_tree(path: Path) -> None:
@@ -134,7 +128,7 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
     `state.parent` names the checkpoint this state continues (the previous save, or the resumed one): it
     is the run's history, which retention follows. Checkpoints of other histories (a branch abandoned by
     resuming an older checkpoint) are set aside in `abandoned/`, never deleted."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     tag = tag_for(state.step)
     bad = integrity.nonfinite_weights(engine)
     if bad:
@@ -146,7 +140,7 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # debris of a crashed save
-    _barrier()
+    ranks.barrier()
     with _naming_a_full_disk(ckpt_dir, tag):
         engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
         _write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
@@ -154,14 +148,14 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
             _write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
         if faults is not None:
             faults.kill_if("kill_in_save", state.step, rank)  # tests: a rank dies with the files half written
-        _barrier()
+        ranks.barrier()
         _fsync_tree(partial)  # every rank flushes what is visible to it before the switch
         manifest = integrity.build_manifest(partial, tag, checksums, engine.device)  # collective
         if rank == 0:
             crash_point = (lambda: faults.kill_if("kill_before_latest", state.step, rank, victim=0)) if faults else None
             _commit(ckpt_dir, partial, final, manifest, state.parent, before_latest=crash_point)
             prune(ckpt_dir, keep_last, protect, newest=tag)
-    _barrier()
+    ranks.barrier()
     return final
 
 
@@ -348,7 +342,7 @@ def verify(path: Path, device) -> None:
         hint = (f"; the previous complete checkpoint is {previous}: resume it with --resume {previous}" if previous
                 else "; no earlier complete checkpoint exists: start fresh with --resume off")
         raise integrity.CheckpointError(f"{err}{hint}") from None
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     for warning in warnings:
         if rank == 0:
             print(f"warning: {path}: {warning}: those ranks start with fresh RNG states, so dropout and other "
@@ -365,7 +359,7 @@ def _previous_complete(path: Path) -> Optional[Path]:
 def load(engine, path: Path) -> TrainState:
     """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state. `verify`
     must have passed on every rank first."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     state, _ = read_trainer_state(path)
     try:
         loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
@@ -392,7 +386,7 @@ def export_hf(engine, tokenizer, out_dir: Path) -> Optional[Path]:
     """Write the trained model in HF format (safetensors) on rank 0; gathered from ZeRO-3 / AutoTP shards.
     Must be called on every rank (the gather is collective). LoRA runs export the adapter."""
     from .model import unwrap
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     state_dict = _full_state_dict(engine)
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -400,7 +394,7 @@ def export_hf(engine, tokenizer, out_dir: Path) -> Optional[Path]:
         model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
         verify_export(out_dir, state_dict)
-    _barrier()
+    ranks.barrier()
     return out_dir if rank == 0 else None
 
 
@@ -424,7 +418,7 @@ def verify_export(out_dir: Path, state_dict: dict) -> None:
 
 def _full_state_dict(engine) -> Optional[dict]:
     """Every parameter complete, on CPU, on rank 0 (None elsewhere)."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     if engine.zero_optimization_stage() == 3 or engine.autotp_size() > 1:
         return engine._consolidated_16bit_state_dict()  # collective; gathers ZeRO-3 and AutoTP shards
     if rank != 0:

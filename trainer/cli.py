@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -36,19 +35,6 @@ def load_and_resolve(args) -> Resolved:
         return resolve(config, args.world_size)
 
 
-def config_as_dict(resolved: Resolved) -> dict:
-    return _plain(dataclasses.asdict(resolved.config))
-
-
-def _plain(value):
-    """Tuples -> lists so YAML/JSON dumps stay plain."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 # --- presets -----------------------------------------------------------------------------------
 
 def presets_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +58,7 @@ def show_arguments(parser: argparse.ArgumentParser) -> None:
 
 def show(args) -> int:
     resolved = load_and_resolve(args)
-    document = {**config_as_dict(resolved), "derived": resolved.summary(), "notices": resolved.notices}
+    document = {**resolved.document(), "notices": resolved.notices}
     if args.json:
         print(json.dumps(document, indent=2))
     else:

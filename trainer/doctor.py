@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import ds_config as dsc
-from .cli import add_preset_arguments
+from .cli import add_preset_arguments, load_and_resolve
 from .errors import UserError
 from .launch import command_for
 from .hardware import GPUS
@@ -404,8 +404,8 @@ def doctor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def doctor(args) -> int:
     text = read_log(args.log)
+    resolved = load_and_resolve(args)
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout when imported
-        resolved = resolve(load_preset(args.preset, args.overrides), args.world_size)
         d = diagnose(resolved, text, lambda extra: resolve(load_preset(args.preset, args.overrides + extra),
                                                            args.world_size))
         memory = memory_effect(args, resolved, d.proposal) if d.failure == "cuda_oom" else None

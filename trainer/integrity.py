@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import ranks
 from .errors import UserError
 
 MANIFEST_VERSION = 1
@@ -59,9 +60,7 @@ def _my_share(items: list, rank: int, world: int) -> list:
 
 
 def _rank_world() -> tuple[int, int]:
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return ranks.rank(), ranks.world_size()
 
 
 # --- manifest ---------------------------------------------------------------------------------------

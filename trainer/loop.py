@@ -6,6 +6,7 @@ Read it top to bottom: resolve the config -> start the ranks -> data -> model ->
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import random
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from . import checkpoint
+from . import checkpoint, ranks
 from .checkpoint import TrainState
 from .config import Config
 from .errors import UserError
@@ -28,6 +29,23 @@ from .hardware import GPUS
 from .metrics import MetricsLogger, peak_memory_gb, print0, redact
 from .presets import load_preset
 from .resolve import Resolved, resolve
+
+
+class Outcome(enum.Enum):
+    """Why `fit` ended (label, exit code). A preempted run exits 0: it saved its work."""
+    FINISHED = ("finished", 0)           # train.max_steps reached
+    STOPPED_AFTER = ("stop_after", 0)    # train.stop_after steps done this invocation; checkpoint saved
+    SIGNALLED = ("signal", 0)            # SIGTERM/SIGINT: checkpoint saved (unless train.on_signal=exit)
+    BAD_STEPS = ("bad_steps", 3)         # train.max_bad_steps non-finite steps in a row; last good state saved
+    CORRUPTED = ("corrupted", 3)         # non-finite weights: nothing saved, resume the last checkpoint
+
+    @property
+    def label(self) -> str:
+        return self.value[0]
+
+    @property
+    def exit_code(self) -> int:
+        return self.value[1]
 
 
 def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None) -> int:
@@ -81,21 +99,21 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     metrics = MetricsLogger(cfg, run_dir, rank, total_params, resolved.world_size, config_dict(resolved))
     try:
         ended = fit(engine, train_batches, eval_batches, state, resolved, metrics, ckpt_dir, resumed_from)
-        if cfg.train.export_hf and ended == "finished":
+        if cfg.train.export_hf and ended is Outcome.FINISHED:
             out = checkpoint.export_hf(engine, tokenizer, run_dir / "hf")
             if out:
                 print0(f"exported HF model to {out}", rank=rank)
     finally:
         metrics.close()
-    return 3 if ended in ("bad_steps", "corrupted") else 0  # a preempted run exits 0: it saved its work
+    return ended.exit_code
 
 
 def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
-        ckpt_dir: Path, resumed_from: str | None) -> str:
+        ckpt_dir: Path, resumed_from: str | None) -> Outcome:
     """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended."""
     cfg = resolved.config
     train, accum = cfg.train, cfg.train.grad_accum
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     tokens_per_step = resolved.tokens_per_step
     batches = iter(train_batches)
     stop, guard, faults = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window), Faults()
@@ -104,7 +122,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
     window_start = time.perf_counter()
     window_loss, window_steps = state.log_window  # a resume continues the log window it was saved in
     last_step = min(train.max_steps, state.step + train.stop_after) if train.stop_after else train.max_steps
-    ended = "finished" if last_step == train.max_steps else "stop_after"
+    ended = Outcome.FINISHED if last_step == train.max_steps else Outcome.STOPPED_AFTER
 
     engine.train()  # evaluate() switches back to train mode when it is done
     while state.step < last_step:
@@ -131,11 +149,11 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
                 print0(f"stopping: a non-finite update was applied at step {state.step} (ZeRO stage 0 has no "
                        f"overflow check); not saving; resume from the last checkpoint with --resume auto", rank=rank)
                 stop.restore()
-                return "corrupted"
+                return Outcome.CORRUPTED
             if guard.exhausted:
                 print0(f"stopping: {guard.consecutive_bad} non-finite steps in a row (train.max_bad_steps); "
                        f"the last good state is saved at step {state.step}", rank=rank)
-                ended = "bad_steps"
+                ended = Outcome.BAD_STEPS
         else:
             window_loss += loss_value
             window_steps += 1
@@ -164,12 +182,12 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
                 window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
 
         if stop_requested:
-            ended = f"signal ({stop.name or 'another rank'})"
+            ended = Outcome.SIGNALLED
         if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
             eval_loss = evaluate(engine, eval_batches, train.eval_batches)
             metrics.log({"step": state.step, "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))})
 
-        stopping = ended not in ("finished", "stop_after")
+        stopping = ended in (Outcome.SIGNALLED, Outcome.BAD_STEPS)
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
         faults.poison_weights(engine, state.step)
         state.log_window = [window_loss, window_steps]
@@ -182,13 +200,14 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
                 print0(f"stopping: {err}; " + (f"resume the last complete checkpoint with --resume {last}" if last
                        else "no complete checkpoint exists") + " and lower train.lr or check the data", rank=rank)
                 stop.restore()
-                return "corrupted"
+                return Outcome.CORRUPTED
             state.parent = saved_at.name  # the next checkpoint continues this one
             resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
         faults.kill_if("kill_at", state.step, rank)
         if stopping:
             saved = "checkpoint saved" if save_now else "no checkpoint (train.on_signal=exit)"
-            print0(f"stopped at step {state.step} ({ended}); {saved}; resume with --resume auto", rank=rank)
+            why = f"signal ({stop.name or 'another rank'})" if ended is Outcome.SIGNALLED else ended.label
+            print0(f"stopped at step {state.step} ({why}); {saved}; resume with --resume auto", rank=rank)
             break
     stop.restore()
     return ended
@@ -295,8 +314,7 @@ def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
             raise UserError(f"train.output_dir {str(run_dir)!r} is not writable: {err.strerror}; "
                             f"choose another directory with --set train.output_dir=PATH") from None
         write_resolved_config(run_dir, config_dict(resolved))
-    if dist.is_initialized():
-        dist.barrier()
+    ranks.barrier()
 
 
 def write_resolved_config(run_dir: Path, config: dict) -> Path:
@@ -313,19 +331,17 @@ def write_resolved_config(run_dir: Path, config: dict) -> Path:
 
 
 def config_dict(resolved: Resolved) -> dict:
-    from .cli import config_as_dict
-    return redact({**config_as_dict(resolved), "derived": resolved.summary()})
+    return redact(resolved.document())
 
 
 def rank0_first(build):
     """Run `build` on rank 0 first, then on the others: a data error is reported once, by rank 0, while the
     others wait (the launcher then stops them), and a hub dataset is downloaded once into the cache."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank != 0 and dist.is_initialized():
-        dist.barrier()
+    if ranks.rank() != 0:
+        ranks.barrier()
     result = build()
-    if rank == 0 and dist.is_initialized():
-        dist.barrier()
+    if ranks.rank() == 0:
+        ranks.barrier()
     return result
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from . import ds_config as dsc
+from . import ranks
 from .config import Config
 from .presets import REPO_ROOT
 
@@ -81,14 +82,12 @@ def tiny_data(cfg: Config, notices: list[str]):
 def with_saved_base_model(cfg: Config, path: Path, notices: list[str]) -> Config:
     """LoRA needs pretrained weights: save a random init of the shrunk model once, then load it as one."""
     from .model import hf_config, init_weights_by_name
-    import torch.distributed as dist
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = ranks.rank()
     if rank == 0 and not (path / "config.json").exists():
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
         init_weights_by_name(model, cfg.train.seed, cfg.model.init_std, rank=0)
         model.save_pretrained(str(path))
-    if dist.is_initialized():
-        dist.barrier()
+    ranks.barrier()
     notices.append(f"LoRA base model -> {path} (random init, saved for the rehearsal)")
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=str(path)))

@@ -31,6 +31,14 @@ class Resolved:
     def tokens_per_step(self) -> int:
         return self.batch.global_batch_size * self.config.data.seq_len
 
+    def as_dict(self) -> dict:
+        """The resolved config as plain YAML/JSON data (tuples become lists)."""
+        return _plain(dataclasses.asdict(self.config))
+
+    def document(self) -> dict:
+        """What `show` prints and the run directory keeps: the config plus the derived numbers."""
+        return {**self.as_dict(), "derived": self.summary()}
+
     def summary(self) -> dict:
         """Derived numbers shown by `show`."""
         return {
@@ -48,6 +56,14 @@ class Resolved:
 
 def declared_world_size(cfg: Config) -> int:
     return cfg.hardware.nodes * cfg.hardware.gpus_per_node
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def launcher_world_size() -> int | None:
