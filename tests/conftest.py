@@ -3,14 +3,9 @@ every non-TP engine configuration (built once per test session; DeepSpeed's JIT 
 ~/.cache/torch_extensions and shared by every launch)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from distributed import USED_PORTS, remove_shm_buffers, run_many  # noqa: E402
+from distributed import USED_PORTS, remove_shm_buffers, run_many  # pytest puts tests/ on sys.path
 
 STEPS = 6
 TINY = [

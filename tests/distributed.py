@@ -1,4 +1,5 @@
-"""Launch real DeepSpeed jobs on 2 CPU ranks from tests, each on its own --master_port."""
+"""Run the project from tests: `python -m trainer ...` in a subprocess (`run_cli`), and real DeepSpeed jobs
+on 2 CPU ranks, each on its own --master_port."""
 from __future__ import annotations
 
 import itertools
@@ -11,6 +12,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 _ports = itertools.count(29600 + (os.getpid() % 40) * 10)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m trainer <args>` from the repository root, as a user types it."""
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
 
 
 USED_PORTS: list[int] = []

@@ -38,17 +38,15 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `pytest tests/...` puts tests/, not the repo root, on sys.path
-    sys.path.insert(0, str(ROOT))
 
-from conftest import TINY, nvme_overrides  # noqa: E402
-from trainer import rules  # noqa: E402
-from trainer.__main__ import main  # noqa: E402
-from trainer.config import DataConfig, ModelConfig  # noqa: E402
-from trainer.data import DataError, build_datasets, load_tokenizer  # noqa: E402
-from trainer.errors import ConfigError, UserError  # noqa: E402
-from trainer.presets import PRESET_DIR, list_presets, load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from conftest import TINY, nvme_overrides
+from trainer import rules
+from trainer.__main__ import main
+from trainer.config import DataConfig, ModelConfig
+from trainer.data import DataError, build_datasets, load_tokenizer
+from trainer.errors import ConfigError, UserError
+from trainer.presets import PRESET_DIR, list_presets, load_preset
+from trainer.resolve import resolve
 
 TOKENIZER_DIR = ROOT / "data" / "tiny" / "tokenizer"
 SECRETS = {"WANDB_API_KEY": "wandb-secret-4b1d9e", "HF_TOKEN": "hf_secret_7c2a51",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `pytest tests/...` puts tests/, not the repo root, on sys.path
-    sys.path.insert(0, str(ROOT))
 
-from trainer.config import DataConfig, ModelConfig  # noqa: E402
-from trainer.data import (  # noqa: E402
+from trainer.config import DataConfig, ModelConfig
+from trainer.data import (
     IGNORE_INDEX, DataError, MicroBatchLoader, blocks_dataset, build_datasets, chat_sample, load_records,
     load_tokenizer, pack_pretrain, record_format, tokenize_records,
 )

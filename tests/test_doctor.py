@@ -5,21 +5,18 @@ Every proposed `--set` list must resolve against the same preset, so a user can 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from trainer import ds_config as dsc  # noqa: E402
-from trainer.doctor import diagnose  # noqa: E402
-from trainer.presets import load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer import ds_config as dsc
+from trainer.doctor import diagnose
+from trainer.presets import load_preset
+from trainer.resolve import resolve
+from distributed import run_cli
 
 LOGS = Path(__file__).resolve().parent / "logs"
 
@@ -37,10 +34,6 @@ def run_doctor(preset: str, log: str, overrides: list[str] | None = None, nvme_d
         resolved(preset, base + proposal)
     return d
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_cuda_oom_walks_the_ladder_skipping_rungs_taken():

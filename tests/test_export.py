@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `pytest tests/...` puts tests/, not the repo root, on sys.path
-    sys.path.insert(0, str(ROOT))
 
-from trainer import ds_config as dsc  # noqa: E402
-from trainer.__main__ import main  # noqa: E402
-from trainer.presets import PRESET_DIR, load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer import ds_config as dsc
+from trainer.__main__ import main
+from trainer.presets import PRESET_DIR, load_preset
+from trainer.resolve import resolve
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 

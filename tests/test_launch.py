@@ -3,7 +3,6 @@ reliability round 2): Kubernetes signals PID 1 only, Slurm the batch shell; and 
 rank out of a collective that will never finish."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -3,19 +3,16 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from trainer.lint import lint_resolved  # noqa: E402
-from trainer.presets import PRESET_DIR, load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer.lint import lint_resolved
+from trainer.presets import PRESET_DIR, load_preset
+from trainer.resolve import resolve
+from distributed import run_cli
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
@@ -27,10 +24,6 @@ def findings(preset: str, overrides: list[str] | None = None):
 def checks(found, severity: str | None = None) -> set[str]:
     return {f.check for f in found if severity is None or f.severity == severity}
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -6,20 +6,17 @@ GPU counts, offload flags and zero.Init, with exact equality.
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from trainer import memory as mem  # noqa: E402
-from trainer.config import LoraConfig, ModelConfig  # noqa: E402
-from trainer.plan import NAMED_MODELS  # noqa: E402
-from trainer.presets import load_preset  # noqa: E402
+from trainer import memory as mem
+from trainer.config import LoraConfig, ModelConfig
+from trainer.plan import NAMED_MODELS
+from trainer.presets import load_preset
 
 SIZES = [(1_000_003, 50_000), (124_439_808, 38_597_376), (1_235_814_400, 262_668_288),
          (6_738_415_616, 131_072_000), (13_015_864_320, 163_840_000), (68_976_648_192, 262_144_000),

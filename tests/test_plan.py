@@ -4,30 +4,23 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from trainer import ds_config as dsc  # noqa: E402
-from trainer import memory as mem  # noqa: E402
-from trainer.errors import UserError  # noqa: E402
-from trainer.plan import build_inputs, make_plan, plan_to_json, read_scenario  # noqa: E402
-from trainer.presets import load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer import ds_config as dsc
+from trainer import memory as mem
+from trainer.errors import UserError
+from trainer.plan import build_inputs, make_plan, plan_to_json, read_scenario
+from trainer.presets import load_preset
+from trainer.resolve import resolve
+from distributed import run_cli
 
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 SEED_SCENARIOS = ["seed1_7b_8xa100", "seed2_70b_8xa100", "seed3_70b_32xa100", "seed4_7b_2xv100"]
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
 
 
 def plan_scenario(path: Path) -> dict:

@@ -7,31 +7,24 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `pytest tests/...` puts tests/, not the repo root, on sys.path
-    sys.path.insert(0, str(ROOT))
 
-from trainer import ds_config as dsc  # noqa: E402
-from trainer.__main__ import main  # noqa: E402
-from trainer.config import AUTO  # noqa: E402
-from trainer.presets import PRESET_DIR, TEMPLATE_DIR, list_presets, load_preset  # noqa: E402
-from trainer.resolve import declared_world_size, resolve  # noqa: E402
+from trainer import ds_config as dsc
+from trainer.__main__ import main
+from trainer.config import AUTO
+from trainer.presets import PRESET_DIR, TEMPLATE_DIR, list_presets, load_preset
+from trainer.resolve import declared_world_size, resolve
+from distributed import run_cli
 
 PRESET_FILES = sorted(PRESET_DIR.glob("*.yaml"))
 PRESETS = [p.stem for p in PRESET_FILES]
 TEMPLATES = ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json", "zero3_nvme.json", "zeropp.json"]
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
 
 
 def header(path: Path) -> list[str]:

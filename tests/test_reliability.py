@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_command, launch_raw, losses, read_metrics
+from distributed import REPO, launch, launch_command, launch_raw, read_metrics
 from trainer import checkpoint
 from trainer.guards import StepGuard
 

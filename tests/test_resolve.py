@@ -6,20 +6,17 @@ solved from any two. No DeepSpeed runtime, no ranks.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `pytest tests/...` puts tests/, not the repo root, on sys.path
-    sys.path.insert(0, str(ROOT))
 
-from trainer import ds_config as dsc  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.errors import ConfigError, UserError  # noqa: E402
-from trainer.presets import config_from_dict, deep_merge, load_preset, load_template  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer import ds_config as dsc
+from trainer.config import TrainConfig
+from trainer.errors import ConfigError, UserError
+from trainer.presets import config_from_dict, deep_merge, load_preset, load_template
+from trainer.resolve import resolve
 
 HIDDEN = 64
 

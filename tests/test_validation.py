@@ -14,14 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `pytest tests/...` puts tests/, not the repo root, on sys.path
-    sys.path.insert(0, str(ROOT))
 
-from trainer import rules  # noqa: E402
-from trainer.__main__ import main  # noqa: E402
-from trainer.errors import ConfigError, UserError  # noqa: E402
-from trainer.presets import config_from_dict, deep_merge, load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer import rules
+from trainer.__main__ import main
+from trainer.errors import ConfigError, UserError
+from trainer.presets import config_from_dict, deep_merge, load_preset
+from trainer.resolve import resolve
 
 
 def base(**changes) -> dict:

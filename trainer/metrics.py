@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from .config import Config
-from .redact import redact, redact_argv  # noqa: F401  (re-exported for the loop)
+from .redact import redact
 from .hardware import GPUS
 
 log = logging.getLogger(__name__)
