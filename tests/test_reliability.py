@@ -221,3 +221,12 @@ def test_an_export_of_empty_zero3_partitions_is_caught(tmp_path):
         checkpoint.verify_export(tmp_path, full)
     save_file(full, str(tmp_path / "model.safetensors"))
     checkpoint.verify_export(tmp_path, full)  # a complete export passes
+
+
+def test_a_parent_in_another_run_directory_is_recorded_by_its_path(tmp_path):
+    """Resuming another run's checkpoint must not join this directory's same-named checkpoint's history."""
+    ours, theirs = tmp_path / "ours" / "checkpoints", tmp_path / "theirs" / "checkpoints"
+    assert checkpoint.parent_name(ours / "step_00000004", ours) == "step_00000004"
+    assert checkpoint.parent_name(theirs / "step_00000004", ours) == str(theirs / "step_00000004")
+    make_history(ours, (4, 8))
+    assert checkpoint.lineage(ours, str(theirs / "step_00000004")) == []  # not step_4 of this directory

@@ -170,7 +170,7 @@ def universal_info() -> dict:
 def _commit(ckpt_dir: Path, partial: Path, final: Path, manifest: dict, parent: Optional[str],
             before_latest=None) -> None:
     """Rank 0: set other histories aside, rename, write COMPLETE (the manifest), then point `latest`."""
-    set_aside_other_branches(ckpt_dir, final.name, parent)
+    set_aside_other_branches(ckpt_dir, parent)
     if final.exists():  # an incomplete directory of the same step from an earlier, crashed attempt
         shutil.rmtree(final)
     os.rename(partial, final)
@@ -216,32 +216,27 @@ def lineage(ckpt_dir: Path, parent: Optional[str]) -> list[str]:
     chain: list[str] = []
     while parent and "/" not in parent and parent not in chain and (ckpt_dir / parent / STATE_FILE).is_file():
         chain.append(parent)
-        try:
-            parent = json.loads((ckpt_dir / parent / STATE_FILE).read_text())["trainer"].get("parent")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            break
+        parent = _recorded_parent(ckpt_dir / parent)
     return chain
 
 
-def set_aside_other_branches(ckpt_dir: Path, new_tag: str, parent: Optional[str]) -> list[Path]:
-    """Move complete checkpoints that are not ancestors of `new_tag` to `abandoned/<time>/`: they belong to
-    a history this run left (it resumed an older checkpoint, or started fresh in the same directory)."""
+def set_aside_other_branches(ckpt_dir: Path, parent: Optional[str]) -> list[Path]:
+    """Move complete checkpoints that are not `parent` or its ancestors to `abandoned/<time>/`: they belong
+    to a history this run left (it resumed an older checkpoint, or started fresh in the same directory)."""
     ancestors = set(lineage(ckpt_dir, parent))
     others = [p for p in complete_checkpoints(ckpt_dir) if p.name not in ancestors]
     if not others:
         return []
     shelf = ckpt_dir / "abandoned" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     shelf.mkdir(parents=True, exist_ok=True)
-    moved = []
     for path in others:
         os.rename(path, shelf / path.name)
-        moved.append(shelf / path.name)
     _fsync_dir(ckpt_dir)
     since = f"from {parent}" if parent else "from scratch"
     print(f"checkpoints: {', '.join(p.name for p in others)} belong to another history than this run (which "
           f"continues {since}); set aside in {shelf} -- nothing was deleted; remove them when no longer needed",
           flush=True)
-    return moved
+    return [shelf / path.name for path in others]
 
 
 def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -356,9 +351,9 @@ def _previous_complete(path: Path) -> Optional[Path]:
     return candidates[0] if candidates else None
 
 
-def load(engine, path: Path) -> TrainState:
-    """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state. `verify`
-    must have passed on every rank first."""
+def load(engine, path: Path, ckpt_dir: Path) -> TrainState:
+    """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state; the state's
+    parent is `path` as this run's `ckpt_dir` records it. `verify` must have passed on every rank first."""
     rank = ranks.rank()
     state, _ = read_trainer_state(path)
     try:
@@ -376,7 +371,7 @@ def load(engine, path: Path) -> TrainState:
         rank_state = json.loads(rng_file.read_text())
         set_rng_state(rank_state)
         state.log_window = rank_state.get("log_window", state.log_window)  # each rank logs its own losses
-    state.parent = parent_name(path, path.parent)
+    state.parent = parent_name(path, ckpt_dir)
     return state
 
 

@@ -25,6 +25,8 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from . import ranks
+
 SAME_SIGNAL_S = 5.0
 
 
@@ -153,7 +155,7 @@ class Faults:
     def kill_if(self, name: str, step: int, rank: int, victim: int | None = None) -> None:
         """SIGKILL this rank at the named point if it is the victim (default: rank 1, or rank 0 when alone)."""
         if victim is None:
-            victim = 1 if (dist.is_initialized() and dist.get_world_size() > 1) else 0
+            victim = 1 if ranks.world_size() > 1 else 0
         if rank == victim and self.active(name, step):
             os.kill(os.getpid(), signal.SIGKILL)
 

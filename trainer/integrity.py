@@ -59,10 +59,6 @@ def _my_share(items: list, rank: int, world: int) -> list:
     return items[rank::world]
 
 
-def _rank_world() -> tuple[int, int]:
-    return ranks.rank(), ranks.world_size()
-
-
 # --- manifest ---------------------------------------------------------------------------------------
 
 def all_files(path: Path) -> list[str]:
@@ -104,7 +100,7 @@ def _describe(files: list[str], root: Path, checksums: bool) -> dict:
 
 def build_manifest(path: Path, tag: str, checksums: bool, device) -> dict:
     """Collective: the ranks hash their share of the files; every rank returns the whole manifest."""
-    rank, world = _rank_world()
+    rank, world = ranks.rank(), ranks.world_size()
     mine = _describe(_my_share(checkpoint_files(path), rank, world), path, checksums)
     files = {}
     for part in all_gather_text(json.dumps(mine), device):
@@ -186,7 +182,7 @@ def vet_file(file: Path, name: str) -> str | None:
 def verify_checkpoint(path: Path, device, optional=lambda name: False) -> list[str]:
     """Collective. Returns warnings; raises CheckpointError (on every rank, same text) when the checkpoint
     must not be loaded. `optional(name)`: files whose absence is a warning (RNG states)."""
-    rank, world = _rank_world()
+    rank, world = ranks.rank(), ranks.world_size()
     problems, warnings = [], []
     try:
         manifest = read_manifest(path)

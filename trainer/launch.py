@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 
+from . import ds_config as dsc
 from .cli import train_arguments
 from .errors import UserError
 from .presets import load_preset
@@ -58,7 +59,6 @@ def train_command(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_p
 def command_for(resolved, preset: str, overrides: list[str]) -> str:
     """`train_command` for a resolved config: its world size, laid out as its hardware section says when
     that matches (else on one node), and its offload devices."""
-    from . import ds_config as dsc
     hw = resolved.config.hardware
     nodes, per_node = ((hw.nodes, hw.gpus_per_node) if resolved.world_size == hw.nodes * hw.gpus_per_node
                        else (1, resolved.world_size))

@@ -94,7 +94,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     eval_batches = MicroBatchLoader(data.eval, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed,
                                     shuffle=False)
 
-    state, resumed_from = resume_if_asked(engine, resume_path, train_batches, rank)
+    state, resumed_from = resume_if_asked(engine, resume_path, ckpt_dir, train_batches, rank)
 
     metrics = MetricsLogger(cfg, run_dir, rank, total_params, resolved.world_size, config_dict(resolved))
     try:
@@ -190,8 +190,8 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         stopping = ended in (Outcome.SIGNALLED, Outcome.BAD_STEPS)
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
         faults.poison_weights(engine, state.step)
-        state.log_window = [window_loss, window_steps]
         if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or save_now:
+            state.log_window = [window_loss, window_steps]
             try:
                 saved_at = checkpoint.save(engine, ckpt_dir, state, config_dict(resolved), train.keep_last,
                                            protect=resumed_from, checksums=train.checkpoint_checksums, faults=faults)
@@ -398,11 +398,11 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     return path, saved_state.step
 
 
-def resume_if_asked(engine, path: Path | None, train_batches, rank: int):
+def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int):
     """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint."""
     if path is None:
         return TrainState(), None
-    state = checkpoint.load(engine, path)
+    state = checkpoint.load(engine, path, ckpt_dir)
     train_batches.load_state_dict(state.data)
     print0(f"resume: continuing from {path} (step {state.step})", rank=rank)
     return state, str(path)
