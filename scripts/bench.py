@@ -207,7 +207,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def print_report(runs: dict[str, list[dict]], resolved, args) -> None:
-    from trainer.metrics import flops_per_token
+    from trainer.train.metrics import flops_per_token
 
     best = {name: max(results, key=lambda r: r["tokens_per_s"]) for name, results in runs.items() if results}
     any_result = next(iter(best.values()), None)
@@ -274,13 +274,8 @@ def print_report(runs: dict[str, list[dict]], resolved, args) -> None:
 
 def peak_tflops(device_name: str | None, preset_gpu: str) -> float | None:
     """Peak 16-bit TFLOP/s of the GPU the workers ran on (by name), else of the preset's hardware.gpu."""
-    from trainer.hardware import GPUS
-    name = (device_name or "").upper()
-    for marker, key in (("H200", "h200"), ("H100", "h100-80g"), ("A100", "a100-80g"), ("V100", "v100-32g"),
-                        ("L40S", "l40s"), ("4090", "rtx4090")):
-        if marker in name:
-            return GPUS[key].peak_tflops
-    gpu = GPUS.get(preset_gpu)
+    from trainer.hardware import GPUS, gpu_of_device
+    gpu = gpu_of_device(device_name) or GPUS.get(preset_gpu)
     return gpu.peak_tflops if gpu and gpu.peak_tflops else None
 
 
@@ -399,7 +394,7 @@ def setup(spec: dict, ds_config: dict):
     import torch.distributed as dist
     from trainer import model as model_module
     from trainer.data import build_datasets, load_tokenizer
-    from trainer.loop import rank0_first, seed_everything
+    from trainer.distributed import rank0_first, seed_everything
 
     resolved = resolve_checked(spec, ds_config)
     if not dist.is_initialized():

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from trainer import ds_config as dsc  # noqa: E402
-from trainer import memory as mem  # noqa: E402
+from trainer import ds as dsc  # noqa: E402
+from trainer.plan import memory as mem  # noqa: E402
 from trainer.presets import load_preset  # noqa: E402
 from trainer.resolve import resolve  # noqa: E402
 
@@ -114,9 +114,9 @@ def random_batch(cfg, device) -> dict:
 def main() -> int:
     args = arguments()
     import deepspeed
-    from trainer.loop import start_distributed
+    from trainer.distributed import start_distributed
     from trainer.model import build_model, unwrap
-    from trainer.plan import gb, plan_for_resolved
+    from trainer.plan.estimate import gb, plan_for_resolved
 
     on_gpu = torch.cuda.is_available()
     rank = start_distributed()

@@ -15,7 +15,7 @@ import yaml
 
 from conftest import STAGES, TINY
 from distributed import REPO, launch, launch_command, launch_raw, read_metrics, run_many
-from trainer import checkpoint, integrity
+from trainer.train import checkpoint, integrity
 
 pytestmark = pytest.mark.multirank
 

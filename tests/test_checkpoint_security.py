@@ -20,7 +20,7 @@ import torch
 
 from conftest import STAGES, TINY
 from distributed import REPO, run_many
-from trainer import integrity
+from trainer.train import integrity
 
 pytestmark = pytest.mark.multirank
 

@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer import ds_config as dsc
-from trainer.doctor import diagnose
+from trainer import ds as dsc
+from trainer.diagnose.doctor import diagnose
 from trainer.presets import load_preset
 from trainer.resolve import resolve
 from distributed import run_cli

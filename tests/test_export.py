@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer import ds_config as dsc
+from trainer import ds as dsc
 from trainer.__main__ import main
 from trainer.presets import PRESET_DIR, load_preset
 from trainer.resolve import resolve

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import STAGES, TINY
 from distributed import REPO, new_port, read_metrics
-from trainer import checkpoint
+from trainer.train import checkpoint
 
 pytestmark = pytest.mark.multirank
 
@@ -182,7 +182,7 @@ def test_launch_refuses_a_bad_topology():
 
 ORPHANS = """
 import os, subprocess, sys
-from trainer.launch import Supervisor
+from trainer.launch.supervisor import Supervisor
 assert os.getpid() == 1
 parent = subprocess.Popen(["sh", "-c", "sleep 0.3 & exit 0"])  # its child is orphaned, reparented to PID 1
 rank = subprocess.Popen(["sleep", "1.5"])

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer.lint import lint_resolved
+from trainer.diagnose.lint import lint_resolved
 from trainer.presets import PRESET_DIR, load_preset
 from trainer.resolve import resolve
 from distributed import run_cli

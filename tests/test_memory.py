@@ -13,9 +13,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer import memory as mem
+from trainer.plan import memory as mem
 from trainer.config import LoraConfig, ModelConfig
-from trainer.plan import NAMED_MODELS
+from trainer.plan.models import NAMED_MODELS
 from trainer.presets import load_preset
 
 SIZES = [(1_000_003, 50_000), (124_439_808, 38_597_376), (1_235_814_400, 262_668_288),

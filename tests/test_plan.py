@@ -10,10 +10,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer import ds_config as dsc
-from trainer import memory as mem
+from trainer import ds as dsc
+from trainer.plan import memory as mem
 from trainer.errors import UserError
-from trainer.plan import build_inputs, make_plan, plan_to_json, read_scenario
+from trainer.plan.decide import make_plan
+from trainer.plan.inputs import build_inputs, read_scenario
+from trainer.plan.report import plan_to_json
 from trainer.presets import load_preset
 from trainer.resolve import resolve
 from distributed import run_cli

@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer import ds_config as dsc
+from trainer import ds as dsc
 from trainer.__main__ import main
 from trainer.config import AUTO
 from trainer.presets import PRESET_DIR, TEMPLATE_DIR, list_presets, load_preset
@@ -80,7 +80,7 @@ def test_preset_header_documents_hardware_model_tradeoff_memory_and_launch(path)
     if config.hardware.nodes > 1:
         assert re.search(rf"--num_nodes[ =]{config.hardware.nodes}\b", launch) and "--hostfile" in launch, launch
     # the same line the planner and the doctor build (tiny_cpu's header also pins the README's port)
-    from trainer.launch import command_for
+    from trainer.launch.command import command_for
     from trainer.resolve import resolve
     written = re.sub(r" --master_port \d+", "", launch[len("Launch: "):])
     assert written == command_for(resolve(config), path.stem, []), launch

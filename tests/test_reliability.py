@@ -17,8 +17,8 @@ import torch
 
 from conftest import STAGES, TINY
 from distributed import REPO, launch, launch_command, launch_raw, read_metrics
-from trainer import checkpoint
-from trainer.guards import StepGuard
+from trainer.train import checkpoint
+from trainer.train.guards import StepGuard
 
 pytestmark = pytest.mark.multirank
 
@@ -203,7 +203,7 @@ def test_resume_auto_takes_a_complete_descendant_of_latest_but_not_another_branc
 
 
 def test_fp16_scale_stuck_at_the_minimum_is_reported_once_with_advice():
-    from trainer.guards import LossScaleWatch
+    from trainer.train.guards import LossScaleWatch
     watch = LossScaleWatch(min_loss_scale=1, hits_to_report=3)
     assert [watch.advice(s, gpu_has_bf16=True) for s in (1024, 1, 1)] == [None, None, None]
     advice = watch.advice(1, gpu_has_bf16=True)

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer import ds_config as dsc
+from trainer import ds as dsc
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError, UserError
 from trainer.presets import config_from_dict, deep_merge, load_preset, load_template

@@ -11,15 +11,16 @@ import sys
 
 from .errors import UserError
 
+
 COMMANDS = {
-    "presets": ("trainer.cli", "list the shipped presets"),
-    "show": ("trainer.cli", "print a preset's fully resolved config"),
-    "export": ("trainer.cli", "write a preset's resolved DeepSpeed JSON"),
-    "train": ("trainer.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
-    "launch": ("trainer.launch", "start this node's ranks; forwards SIGTERM and waits for the checkpoint (PID 1 safe)"),
-    "plan": ("trainer.plan", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
-    "doctor": ("trainer.doctor", "diagnose a failed run's log and propose the next change"),
-    "lint": ("trainer.lint", "check a resolved preset against the tuning checklist"),
+    "presets": ("trainer.show", "list the shipped presets"),
+    "show": ("trainer.show", "print a preset's fully resolved config"),
+    "export": ("trainer.show", "write a preset's resolved DeepSpeed JSON"),
+    "train": ("trainer.train.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
+    "launch": ("trainer.launch.supervisor", "start this node's ranks; forwards SIGTERM and waits for the checkpoint (PID 1 safe)"),
+    "plan": ("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
+    "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
+    "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
 }
 
 

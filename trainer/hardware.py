@@ -1,4 +1,4 @@
-"""One table of accelerator facts used by the validator, the planner and the MFU meter.
+"""One table of accelerator facts used by the validator, the planner and the MFU meter, and its lookups.
 
 Peaks are dense bf16 (fp16 for V100, which has no bf16) tensor-core TFLOP/s from the vendors'
 data sheets; memory is what the card reports, in GiB-ish vendor GB (we use 1e9 bytes).
@@ -6,6 +6,8 @@ data sheets; memory is what the card reports, in GiB-ish vendor GB (we use 1e9 b
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .errors import UserError, closest
 
 
 @dataclass(frozen=True)
@@ -38,3 +40,38 @@ GPUS: dict[str, Gpu] = {g.name: g for g in [
     Gpu("cpu", 0, True, 0, "CPU ranks (gloo); fp32 recommended"),
 ]}
 
+
+# What torch.cuda.get_device_name() contains -> the row it is (first match wins: "H100" before "A100").
+_DEVICE_MARKERS = (("H200", "h200"), ("H100", "h100-80g"), ("A100", "a100-80g"), ("V100", "v100-32g"),
+                   ("L40S", "l40s"), ("4090", "rtx4090"))
+
+
+def gpu(name: str) -> Gpu:
+    """The row of a `hardware.gpu` that `resolve` has already checked (a KeyError here is a bug)."""
+    return GPUS[name]
+
+
+def gpu_named(name: str, where: str, allow_cpu: bool = False) -> Gpu:
+    """A GPU type a user typed (a flag, a scenario key), or a UserError naming `where` and the known types."""
+    key = str(name).lower()
+    known = [g for g in GPUS if g != "cpu" or allow_cpu]
+    if key == "cpu" and not allow_cpu:
+        raise UserError(f"{where}: 'cpu' ranks have no GPU memory to plan; give a GPU type ({', '.join(known)})")
+    if key not in known:
+        raise UserError(f"{where}: unknown GPU type {name!r}{_hint(key, known)}; known: {', '.join(known)} "
+                        f"(add a row to trainer/hardware.py for another)")
+    return GPUS[key]
+
+
+def gpu_of_device(device_name: str | None) -> Gpu | None:
+    """The row for a device torch names ("NVIDIA H100 80GB HBM3"), or None for an unknown one."""
+    upper = (device_name or "").upper()
+    return next((GPUS[key] for marker, key in _DEVICE_MARKERS if marker in upper), None)
+
+
+def _hint(name: str, known: list[str]) -> str:
+    """' (did you mean ...)': rows that start with what was typed (h100 -> h100-80g), else the closest."""
+    prefixed = [g for g in known if g.startswith(name)]
+    if prefixed:
+        return f" (did you mean {' or '.join(repr(g) for g in prefixed)}?)"
+    return closest(name, known)

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from . import ds_config as dsc
+from . import ds as dsc
 from .config import Config, ModelConfig
+
 
 log = logging.getLogger(__name__)
 

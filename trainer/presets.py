@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 
 from .config import Config
-from .redact import resolve_env_refs
 from .errors import ConfigError, UserError, closest
+from .redact import resolve_env_refs
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESET_DIR = REPO_ROOT / "presets"

@@ -10,6 +10,7 @@ import yaml
 
 from .errors import UserError
 
+
 SECRET_WORDS = ("api_key", "token", "password", "secret")
 ENV_PREFIX = "env:"
 REDACTED = "<redacted>"

@@ -9,10 +9,11 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from . import ds_config as dsc
+from . import ds as dsc
 from .config import AUTO, Config
 from .errors import ConfigError
 from .hardware import GPUS
+from .redact import redact
 from .rules import check_rules, notices
 
 
@@ -38,6 +39,10 @@ class Resolved:
     def document(self) -> dict:
         """What `show` prints and the run directory keeps: the config plus the derived numbers."""
         return {**self.as_dict(), "derived": self.summary()}
+
+    def record(self) -> dict:
+        """What the run directory, wandb and every checkpoint keep: the document, secrets redacted."""
+        return redact(self.document())
 
     def summary(self) -> dict:
         """Derived numbers shown by `show`."""

@@ -28,9 +28,10 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from . import ds_config as dsc
+from . import ds as dsc
+from . import hardware
 from .config import Config
-from .hardware import GPUS
+
 
 Rule = Callable[[Config, dict, int], list[str]]
 
@@ -75,8 +76,8 @@ def autotp_divides_world(cfg: Config, ds: dict, world: int) -> list[str]:
 
 
 def bf16_needs_hardware(cfg: Config, ds: dict, world: int) -> list[str]:
-    gpu = GPUS.get(cfg.hardware.gpu)
-    if dsc.bf16_enabled(ds) and gpu is not None and not gpu.bf16:
+    gpu = hardware.gpu(cfg.hardware.gpu)
+    if dsc.bf16_enabled(ds) and not gpu.bf16:
         return [f"bf16 is enabled but {gpu.description} has no bf16: use fp16 with dynamic loss scaling "
                 f"(--set train.precision=fp16 with an fp16 block, as in preset 7b_2xv100)"]
     return []

@@ -12,7 +12,8 @@ import json
 import sys
 
 from trainer.errors import UserError
-from trainer.loop import end_distributed, run_training
+from trainer.distributed import end_distributed
+from trainer.train.run import run_training
 
 
 def main() -> int:

@@ -52,7 +52,9 @@ LoRA: the frozen base is 16-bit weights only (sharded at stage 3, on CPU with pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from .config import LoraConfig, ModelConfig
+
+from ..config import LoraConfig, ModelConfig
+
 
 GB = 1e9
 ADDITIONAL_BUFFER_FACTOR = 1.5  # DeepSpeed's estimator default: host-side margin for pinned buffers, fragmentation

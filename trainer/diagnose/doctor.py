@@ -33,14 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import ds_config as dsc
-from .cli import add_preset_arguments, load_and_resolve
-from .errors import UserError
-from .launch import command_for
-from .hardware import GPUS
-from .plan import gb, plan_for_resolved
-from .presets import load_preset
-from .resolve import Resolved, resolve
+from .. import ds as dsc
+from .. import hardware
+from ..errors import UserError
+from ..launch.command import command_for
+from ..options import add_preset_arguments, load_and_resolve
+from ..plan.estimate import gb, plan_for_resolved
+from ..presets import load_preset
+from ..resolve import Resolved, resolve
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,8 @@ def _oom_details(evidence: str) -> str:
 
 def diagnose_loss_scale(r: Resolved, text: str, evidence: str, reresolve: Optional[Reresolve] = None) -> Diagnosis:
     d = Diagnosis("fp16_loss_scale", "fp16 dynamic loss scale collapsed to its minimum", evidence)
-    gpu = GPUS.get(r.config.hardware.gpu)
-    if gpu is not None and gpu.bf16:
+    gpu = hardware.gpu(r.config.hardware.gpu)
+    if gpu.bf16:
         d.proposal = Proposal("switch to bf16", ["train.precision=bf16"] + dsc.precision_overrides(r.ds, "bf16"),
                               f"{gpu.description} has bf16: the fp32 exponent range needs no loss scaling, so it "
                               f"cannot collapse (seed step 7.2)")

@@ -25,7 +25,8 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from . import ranks
+from .. import ranks
+
 
 SAME_SIGNAL_S = 5.0
 

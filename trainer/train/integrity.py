@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import ranks
-from .errors import UserError
+from .. import ranks
+from ..errors import UserError
+
 
 MANIFEST_VERSION = 1
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")

@@ -30,8 +30,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import integrity, ranks
-from .errors import UserError
+from .. import ranks
+from ..errors import UserError
+from . import integrity
+
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -380,7 +382,7 @@ def load(engine, path: Path, ckpt_dir: Path) -> TrainState:
 def export_hf(engine, tokenizer, out_dir: Path) -> Optional[Path]:
     """Write the trained model in HF format (safetensors) on rank 0; gathered from ZeRO-3 / AutoTP shards.
     Must be called on every rank (the gather is collective). LoRA runs export the adapter."""
-    from .model import unwrap
+    from ..model import unwrap
     rank = ranks.rank()
     state_dict = _full_state_dict(engine)
     if rank == 0:

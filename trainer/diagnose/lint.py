@@ -29,12 +29,13 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from . import ds_config as dsc
-from . import memory as mem
-from .cli import add_preset_arguments, load_and_resolve
-from .hardware import GPUS
-from .plan import Candidate, gb, plan_for_resolved
-from .resolve import Resolved
+from .. import ds as dsc
+from .. import hardware
+from ..options import add_preset_arguments, load_and_resolve
+from ..plan import memory as mem
+from ..plan.estimate import Candidate, gb, plan_for_resolved
+from ..resolve import Resolved
+
 
 SEVERITIES = ("error", "warn", "info")
 LONG_SEQUENCE = 8192            # seed step 6 #6: "long sequences: checkpointing is a must"
@@ -56,7 +57,7 @@ def on_gpus(r: Resolved) -> bool:
 
 
 def mixed_precision(r: Resolved) -> list[Finding]:
-    gpu, name = GPUS[r.config.hardware.gpu], dsc.precision(r.ds)
+    gpu, name = hardware.gpu(r.config.hardware.gpu), dsc.precision(r.ds)
     if not on_gpus(r):
         return []
     if name == "fp32":

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
-from . import ds_config as dsc
-from . import ranks
-from .config import Config
-from .presets import REPO_ROOT
+from .. import ds as dsc
+from .. import ranks
+from ..config import Config
+from ..presets import REPO_ROOT
+
 
 TINY = REPO_ROOT / "data" / "tiny"
 TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "sft.jsonl"}
@@ -81,7 +82,7 @@ def tiny_data(cfg: Config, notices: list[str]):
 
 def with_saved_base_model(cfg: Config, path: Path, notices: list[str]) -> Config:
     """LoRA needs pretrained weights: save a random init of the shrunk model once, then load it as one."""
-    from .model import hf_config, init_weights_by_name
+    from ..model import hf_config, init_weights_by_name
     rank = ranks.rank()
     if rank == 0 and not (path / "config.json").exists():
         from transformers import AutoModelForCausalLM

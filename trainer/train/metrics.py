@@ -20,9 +20,10 @@ from typing import Optional
 
 import torch
 
-from .config import Config
-from .redact import redact
-from .hardware import GPUS
+from .. import hardware
+from ..config import Config
+from ..redact import redact
+
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ class MetricsLogger:
                  config_dict: dict):
         self.enabled = rank == 0
         self.config = config
-        gpu = GPUS.get(config.hardware.gpu)
-        self.peak_flops = gpu.peak_tflops * 1e12 * world_size if gpu and gpu.peak_tflops else None
+        peak_tflops = hardware.gpu(config.hardware.gpu).peak_tflops
+        self.peak_flops = peak_tflops * 1e12 * world_size if peak_tflops else None
         self.flops_per_token = flops_per_token(num_params, config.model.num_layers, config.model.hidden_size,
                                                config.data.seq_len)
         self.world_size = world_size

@@ -1,0 +1,214 @@
+"""Records: local files (jsonl, json, parquet, txt, or a directory of them) or a hub dataset, and the eval split.
+
+Each loaded record carries an `_origin` column ("path line N" / "path row N") until the final blocks are
+built, so every `DataError` names the file and line.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import UserError
+
+
+IGNORE_INDEX = -100                      # labels the loss skips (torch CrossEntropyLoss default)
+
+
+ORIGIN = "_origin"                       # per-record "path line N" / "path row N", for error messages
+
+
+COLUMNS = ("input_ids", "labels", "attention_mask")
+
+
+FILE_FORMATS = (".jsonl", ".json", ".parquet", ".txt")
+
+
+class DataError(UserError, ValueError):
+    """A problem with the data or its configuration; the message says where and how to fix it.
+
+    A UserError, so the CLI prints it without a traceback; a ValueError for callers that catch those.
+    """
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def load_records(source: str, split: str = "train") -> datasets.Dataset:
+    """Records from a local .jsonl/.json/.parquet/.txt file, a directory of them, or a hub dataset."""
+    if not source:
+        raise DataError("data.source is empty; set it to a .jsonl/.json/.parquet/.txt file, a directory "
+                        "of them, or a hub dataset name")
+    path = Path(source).expanduser()
+    if path.exists():
+        records = _read_directory(path) if path.is_dir() else _read_file(path)
+    elif looks_like_path(source):
+        raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")
+    else:
+        records = _load_hub(source, split)
+    if len(records) == 0:
+        raise DataError(f"{source}: holds no records; point data.source at a non-empty dataset")
+    return records
+
+
+def looks_like_path(source: str) -> bool:
+    # Hub ids are "name" or "org/name"; anything else that does not exist is a mistyped local path,
+    # and so is "dir/name" when dir exists here (asking the hub would only retry and fail offline).
+    return (Path(source).suffix in FILE_FORMATS or source.startswith((".", "/", "~"))
+            or source.count("/") > 1 or ("/" in source and Path(source).parent.is_dir()))
+
+
+def _load_hub(name: str, split: str) -> datasets.Dataset:
+    try:
+        records = datasets.load_dataset(name, split=split)
+    except Exception as e:  # the hub raises many types; all mean "cannot use this source"
+        raise DataError(f"{name}: not a local path, and loading it as a hub dataset (split {split!r}) "
+                        f"failed: {e}") from e
+    return records.add_column(ORIGIN, [f"{name} row {i}" for i in range(1, len(records) + 1)])
+
+
+def _read_directory(directory: Path) -> datasets.Dataset:
+    files = sorted(p for p in directory.rglob("*")
+                   if p.is_file() and p.suffix in FILE_FORMATS and not p.name.startswith("."))
+    if not files:
+        raise DataError(f"{directory}: directory holds no {'/'.join(FILE_FORMATS)} files")
+    parts = [_read_file(f) for f in files]
+    for f, part in zip(files[1:], parts[1:]):
+        if set(part.column_names) != set(parts[0].column_names):
+            raise DataError(f"{f}: has columns {visible_columns(part)} but {files[0]} has {visible_columns(parts[0])}; "
+                            f"all files of a directory source must share their columns")
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError as e:
+        raise DataError(f"{directory}: files disagree on column types ({e}); make each field one type") from e
+
+
+def _read_file(path: Path) -> datasets.Dataset:
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_txt, ".parquet": _read_parquet}
+    if path.suffix not in readers:
+        raise DataError(f"{path}: unsupported file type {path.suffix!r}; use {', '.join(FILE_FORMATS)}")
+    return readers[path.suffix](path)
+
+
+def _read_jsonl(path: Path) -> datasets.Dataset:
+    # Parsed here line by line (not by datasets' JSON builder) so errors carry the exact line number.
+    rows = []
+    for number, line in _numbered_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {number}: invalid JSON at column {e.colno} ({e.msg}); each line "
+                            f"must hold one JSON object, e.g. {{\"text\": \"...\"}}") from None
+        rows.append(_checked_object(record, f"{path} line {number}"))
+    return _records_from_rows(rows, path)
+
+
+def _read_json(path: Path) -> datasets.Dataset:
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if text.lstrip().startswith("["):
+            raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
+                            f"must be a JSON array of objects or JSON lines") from None
+        return _read_jsonl(path)  # many .json files are really JSON lines
+    rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(_json_rows(data), 1)]
+    return _records_from_rows(rows, path)
+
+
+def _json_rows(data: Any) -> list:
+    if isinstance(data, list):
+        return data
+    lists = [v for v in data.values() if isinstance(v, list)] if isinstance(data, dict) else []
+    return lists[0] if len(lists) == 1 else [data]  # {"data": [...]} or a single record
+
+
+def _read_txt(path: Path) -> datasets.Dataset:
+    rows = [{"text": line.rstrip("\r\n"), ORIGIN: f"{path} line {n}"} for n, line in _numbered_lines(path)]
+    return _records_from_rows(rows, path)
+
+
+def _read_parquet(path: Path) -> datasets.Dataset:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable parquet file ({e})") from e
+    origins = pa.array([f"{path} row {i}" for i in range(1, table.num_rows + 1)], pa.string())
+    return datasets.Dataset(datasets.table.InMemoryTable(table.append_column(ORIGIN, origins)))
+
+
+def _numbered_lines(path: Path):
+    """(1-based line number, text) of each non-blank line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path} line {number}: not valid UTF-8 ({e.reason}); re-encode the file "
+                                f"as UTF-8") from None
+            if line.strip():
+                yield number, line
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 (byte {e.start}); re-encode the file as UTF-8") from None
+
+
+def _checked_object(record: Any, origin: str) -> dict:
+    if not isinstance(record, dict):
+        raise DataError(f"{origin}: expected a JSON object, got {type(record).__name__}; each record must "
+                        f"be an object such as {{\"text\": \"...\"}}")
+    return {**record, ORIGIN: origin}
+
+
+def _records_from_rows(rows: list[dict], path: Path) -> datasets.Dataset:
+    # The union of keys (not just the first row's) so a field missing early is not dropped everywhere.
+    names = list(dict.fromkeys(key for row in rows for key in row))
+    try:
+        return datasets.Dataset.from_dict({name: [row.get(name) for row in rows] for name in names})
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise DataError(f"{_first_type_change(rows) or path}: records disagree on a field's type ({e}); "
+                        f"give each field one type in every record") from e
+
+
+def _first_type_change(rows: list[dict]) -> Optional[str]:
+    """Origin and field of the first record whose field type differs from earlier records'."""
+    seen: dict[str, type] = {}
+    for row in rows:
+        for name, value in row.items():
+            kind = float if isinstance(value, int) and not isinstance(value, bool) else type(value)
+            if value is not None and seen.setdefault(name, kind) is not kind:
+                return f"{row[ORIGIN]} (field '{name}' is {type(value).__name__})"
+    return None
+
+
+def visible_columns(records: datasets.Dataset) -> list[str]:
+    return [c for c in records.column_names if c != ORIGIN]
+
+
+# --------------------------------------------------------------------------------------------- split
+
+
+def split_records(records: datasets.Dataset, eval_fraction: float, seed: int, source: str):
+    """(train, eval): a seeded random `eval_fraction` of the records is held out.
+
+    Both keep file order, so the first problem reported for a split is its earliest in the file; the
+    loader shuffles the packed sequences anyway.
+    """
+    if not 0 < eval_fraction < 1:
+        raise DataError(f"{source}: data.eval_fraction is {eval_fraction}; set it in (0, 1) or set "
+                        f"data.eval_source")
+    order = np.random.default_rng(seed).permutation(len(records))
+    n_eval = max(1, round(len(records) * eval_fraction))
+    if n_eval >= len(records):
+        raise DataError(f"{source}: only {len(records)} record(s); holding out {n_eval} for eval leaves "
+                        f"none to train on; add records, lower data.eval_fraction or set data.eval_source")
+    return records.select(np.sort(order[n_eval:])), records.select(np.sort(order[:n_eval]))

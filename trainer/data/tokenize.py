@@ -1,0 +1,200 @@
+"""Tokenization: the tokenizer, the record format (text, prompt/response, chat), and samples with labels.
+
+  pretrain  each text + EOS; labels = input_ids.
+  sft       prompt/response records (loss on response + EOS) or chat `messages` records rendered with the
+            tokenizer's chat template (loss on what each assistant message adds).
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from ..config import DataConfig, ModelConfig
+from .records import IGNORE_INDEX, ORIGIN, DataError, looks_like_path, visible_columns
+
+
+def load_tokenizer(model_cfg: ModelConfig):
+    """AutoTokenizer from model.tokenizer (else model.name_or_path); pad falls back to EOS."""
+    from transformers import AutoTokenizer  # imported here: transformers is slow to import
+
+    path = model_cfg.tokenizer or model_cfg.name_or_path
+    if not path:
+        raise DataError("model.tokenizer and model.name_or_path are both unset; set model.tokenizer to a "
+                        "tokenizer directory (e.g. data/tiny/tokenizer) or a hub id")
+    if not Path(path).expanduser().exists() and looks_like_path(path):
+        raise DataError(f"tokenizer {path!r}: no such directory; fix model.tokenizer / model.name_or_path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot load a tokenizer from {path!r}: {e}; check model.tokenizer / "
+                        f"model.name_or_path") from e
+    if tokenizer.eos_token is None:
+        raise DataError(f"tokenizer {path!r} has no eos_token; samples need one to end on")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------ tokenize
+
+
+def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, source: str) -> str:
+    """'text' (pretrain), 'pair' (sft prompt/response) or 'chat' (sft messages)."""
+    columns = visible_columns(records)
+    if data_cfg.task == "pretrain":
+        if data_cfg.text_field in columns:
+            return "text"
+        expected = f"'{data_cfg.text_field}' (data.text_field)"
+    elif data_cfg.prompt_field in columns and data_cfg.response_field in columns:
+        return "pair"
+    elif data_cfg.messages_field in columns:
+        _check_chat_tokenizer(tokenizer, records, source)
+        return "chat"
+    else:
+        expected = (f"'{data_cfg.prompt_field}' + '{data_cfg.response_field}' (data.prompt_field + "
+                    f"data.response_field) or '{data_cfg.messages_field}' (data.messages_field)")
+    raise DataError(f"{source}: records (first at {records[0][ORIGIN]}) have columns {columns}, but task "
+                    f"'{data_cfg.task}' expects {expected}; rename the fields in the data or set the "
+                    f"data.*_field options to the names used")
+
+
+def _check_chat_tokenizer(tokenizer, records: datasets.Dataset, source: str) -> None:
+    where = f"{source}: records (first at {records[0][ORIGIN]}) are chat messages"
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{where}, but the tokenizer has no chat_template; use a tokenizer with one "
+                        f"(model.tokenizer) or convert the records to prompt/response fields")
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"{where}, which needs a fast tokenizer (offset mapping) to find assistant tokens")
+
+
+def tokenize_records(records: datasets.Dataset, fmt: str, data_cfg: DataConfig, tokenizer) -> datasets.Dataset:
+    """Per-record input_ids (+ labels for sft), `_cut` (tokens truncated) and `_problem` ('' if fine)."""
+    if tokenizer.eos_token_id is None:
+        raise DataError("the tokenizer has no eos_token; samples need one to end on")
+    function = {"text": _tokenize_texts, "pair": _tokenize_pairs, "chat": _tokenize_chats}[fmt]
+    samples = records.map(
+        partial(function, tokenizer=tokenizer, cfg=data_cfg), batched=True,
+        num_proc=data_cfg.num_workers if data_cfg.num_workers > 1 else None,
+        remove_columns=visible_columns(records), desc=f"tokenizing ({fmt})")
+    _raise_first_problem(samples)
+    return samples
+
+
+def _tokenize_texts(batch: dict, tokenizer, cfg: DataConfig) -> dict:
+    texts, problems = _strings(batch[cfg.text_field], cfg.text_field)
+    ids = tokenizer(texts, verbose=False)["input_ids"]
+    return {"input_ids": [_with_eos(x, tokenizer.eos_token_id) for x in ids], "_problem": problems}
+
+
+def _tokenize_pairs(batch: dict, tokenizer, cfg: DataConfig) -> dict:
+    prompts, prompt_problems = _strings(batch[cfg.prompt_field], cfg.prompt_field)
+    responses, response_problems = _strings(batch[cfg.response_field], cfg.response_field)
+    prompt_ids = tokenizer(prompts, verbose=False)["input_ids"]
+    response_ids = tokenizer(responses, add_special_tokens=False, verbose=False)["input_ids"]
+    out = {"input_ids": [], "labels": [], "_cut": [], "_problem": []}
+    problems = [a or b for a, b in zip(prompt_problems, response_problems)]
+    for p, r, problem in zip(prompt_ids, response_ids, problems):
+        r = _with_eos(r, tokenizer.eos_token_id)
+        _append_fitted(out, p + r, [IGNORE_INDEX] * len(p) + r, cfg, problem)
+    return out
+
+
+def _tokenize_chats(batch: dict, tokenizer, cfg: DataConfig) -> dict:
+    out = {"input_ids": [], "labels": [], "_cut": [], "_problem": []}
+    for messages in batch[cfg.messages_field]:
+        try:
+            ids, labels = chat_sample(tokenizer, messages)
+            _append_fitted(out, ids, labels, cfg, "")
+        except DataError as e:  # reported with the record's origin by _raise_first_problem
+            _append_fitted(out, [], [], cfg, str(e))
+    return out
+
+
+def chat_sample(tokenizer, messages: Any) -> tuple[list[int], list[int]]:
+    """Rendered conversation ids; labels are real only on the tokens each assistant message adds."""
+    _check_messages(messages)
+    text = _render(tokenizer, messages)
+    spans = _assistant_spans(tokenizer, messages, text)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    ids = encoding["input_ids"]
+    labels = [t if _overlaps(span, spans) else IGNORE_INDEX for t, span in zip(ids, encoding["offset_mapping"])]
+    return ids, labels
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise DataError("messages must be a list of {\"role\": str, \"content\": str} objects")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError("no assistant message, so nothing to train on; add one or drop the record")
+
+
+def _render(tokenizer, messages: list[dict], generation_prompt: bool = False) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as e:  # template errors (e.g. "roles must alternate") are the record's problem
+        raise DataError(f"chat template failed: {e}") from e
+
+
+def _assistant_spans(tokenizer, messages: list[dict], text: str) -> list[tuple[int, int]]:
+    # What message i adds = render(messages[:i+1]) minus render(messages[:i]) + the generation prompt,
+    # so the assistant header is context and the content + end-of-turn tokens are learnt.
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], generation_prompt=True)
+        through = _render(tokenizer, messages[:i + 1])
+        if not (text.startswith(before) and text.startswith(through)):
+            raise DataError("the chat template renders a conversation prefix that is not a prefix of the "
+                            "whole conversation, so assistant tokens cannot be located; use prompt/response "
+                            "records or a prefix-stable template")
+        spans.append((len(before), len(through)))
+    return spans
+
+
+def _overlaps(offsets: tuple[int, int], spans: list[tuple[int, int]]) -> bool:
+    # A token straddling a boundary (e.g. " 7" after "A:") counts as assistant text.
+    start, end = offsets
+    return any(start < span_end and max(end, start + 1) > span_start for span_start, span_end in spans)
+
+
+def _strings(values: list, name: str) -> tuple[list[str], list[str]]:
+    """Values with non-strings replaced by '' and a per-value problem ('' when it is a string)."""
+    problems = ["" if isinstance(v, str) else f"field '{name}' is {'missing' if v is None else type(v).__name__}"
+                f", expected a string" for v in values]
+    return [v if isinstance(v, str) else "" for v in values], problems
+
+
+def _with_eos(ids: list[int], eos_id: int) -> list[int]:
+    # Some tokenizers append EOS themselves; never end a sample on two.
+    return ids if ids and ids[-1] == eos_id else ids + [eos_id]
+
+
+def _append_fitted(out: dict, ids: list[int], labels: list[int], cfg: DataConfig, problem: str) -> None:
+    cut = max(0, len(ids) - cfg.seq_len)
+    if cut and not cfg.truncate and not problem:
+        problem = (f"record is {len(ids)} tokens, longer than data.seq_len {cfg.seq_len}; set "
+                   f"data.truncate: true to cut it, raise data.seq_len, or shorten the record")
+    if cut and cfg.truncate:
+        ids, labels = ids[:cfg.seq_len], labels[:cfg.seq_len]
+    out["input_ids"].append(ids)
+    out["labels"].append(labels)
+    out["_cut"].append(cut if cfg.truncate else 0)
+    out["_problem"].append(problem)
+
+
+def _raise_first_problem(samples: datasets.Dataset) -> None:
+    problems = column_values(samples, "_problem")
+    bad = [i for i, problem in enumerate(problems) if problem]
+    if bad:
+        more = f" ({len(bad) - 1} more record(s) of this split have problems too)" if len(bad) > 1 else ""
+        raise DataError(f"{samples[bad[0]][ORIGIN]}: {problems[bad[0]]}{more}")
+
+
+def column_values(dataset: datasets.Dataset, name: str) -> list:
+    return dataset.with_format("arrow")[:][name].to_pylist()

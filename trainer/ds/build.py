@@ -1,0 +1,211 @@
+"""Builders: DeepSpeed configs and `--set` overrides written from intent (stage, offload, precision, ...).
+
+The planner writes configs through `base_config`/`zero_block`, the doctor and lint propose changes through
+the `*_overrides` functions, and `rehearsal_changes` swaps what a CPU rehearsal cannot run.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Optional
+
+from ..config import AUTO
+from .keys import has_activation_checkpointing, precision, quantized_weights, zero, zero_key, zero_setting
+
+
+def zero_block(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
+               nvme_path: Optional[str] = None) -> dict:
+    """A `zero_optimization` block with the seed's recommended settings for that stage and offload."""
+    block: dict[str, Any] = {"stage": stage, "contiguous_gradients": True, "overlap_comm": True}
+    if stage in (1, 2):
+        block.update(reduce_scatter=True, reduce_bucket_size=AUTO, allgather_bucket_size=5e8)
+    if stage == 3:
+        block.update(reduce_bucket_size=AUTO, stage3_prefetch_bucket_size=AUTO,
+                     stage3_param_persistence_threshold=AUTO, stage3_gather_16bit_weights_on_model_save=True)
+    if offload_optimizer != "none":
+        block["offload_optimizer"] = _offload(offload_optimizer, nvme_path, buffer_count=4)
+        if offload_optimizer == "nvme":
+            block["offload_optimizer"].update(pipeline_read=True, pipeline_write=True, fast_init=True)
+        if stage in (1, 2):
+            block["round_robin_gradients"] = True
+    if offload_param != "none":
+        block["offload_param"] = _offload(offload_param, nvme_path, buffer_count=5)
+    if "nvme" in (offload_optimizer, offload_param):
+        block["sub_group_size"] = 1e9
+    return block
+
+
+def _offload(device: str, nvme_path: Optional[str], buffer_count: int) -> dict:
+    block: dict[str, Any] = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        block.update(nvme_path=nvme_path or "/local_nvme", buffer_count=buffer_count)
+    return block
+
+
+def aio_defaults() -> dict:
+    """The seed's aio block with 0.19.8 key names (`thread_count` is `intra_op_parallelism` now)."""
+    return {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+            "single_submit": False, "overlap_events": True}
+
+
+def base_config(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
+                nvme_path: Optional[str] = None, precision_name: str = "bf16",
+                activation_checkpointing: bool = False) -> dict:
+    """A complete DeepSpeed config skeleton ("auto" batch/optimizer values, filled by `fill_auto`)."""
+    ds: dict[str, Any] = {
+        "train_batch_size": AUTO, "train_micro_batch_size_per_gpu": AUTO, "gradient_accumulation_steps": AUTO,
+        "gradient_clipping": AUTO,
+        "zero_optimization": zero_block(stage, offload_optimizer, offload_param, nvme_path),
+        "optimizer": {"type": "AdamW", "params": {"lr": AUTO, "betas": AUTO, "eps": AUTO, "weight_decay": AUTO}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": AUTO, "warmup_max_lr": AUTO,
+                                                          "warmup_num_steps": AUTO, "total_num_steps": AUTO}},
+    }
+    if precision_name == "bf16":
+        ds["bf16"] = {"enabled": True}
+    elif precision_name == "fp16":
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                      "hysteresis": 2, "min_loss_scale": 1}
+    if "nvme" in (offload_optimizer, offload_param):
+        ds["aio"] = aio_defaults()
+    if activation_checkpointing:
+        ds["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False}
+    return ds
+
+
+def with_zeropp(ds: dict, hpz_partition_size: int, quantized_weights: bool = True,
+                quantized_gradients: bool = True) -> dict:
+    """A copy with ZeRO++ on (stage 3 only in 0.19.8): hpZ keeps a node-local secondary copy of the params so
+    forward/backward all-gathers stay inside the node; weights and gradients cross nodes quantized."""
+    ds = copy.deepcopy(ds)
+    ds["zero_optimization"].update(zero_hpz_partition_size=hpz_partition_size,
+                                   zero_quantized_weights=quantized_weights,
+                                   zero_quantized_gradients=quantized_gradients)
+    return ds
+
+
+# --- `--set` overrides (the planner's launch line and the doctor's proposals) ------------------
+
+
+_ZERO_SWITCHES = ("stage", "round_robin_gradients", "sub_group_size", "zero_hpz_partition_size",
+                  "zero_quantized_weights", "zero_quantized_gradients")
+
+
+def set_override(path: str, value: Any) -> str:
+    """`deepspeed.PATH=VALUE` for `--set` (JSON is YAML flow syntax; null deletes the key)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"deepspeed.{path}={json.dumps(value)}"
+
+
+def zero_overrides(current: dict, target: dict) -> list[str]:
+    """Overrides that move `current`'s stage, offload devices, round-robin and ZeRO++ settings to `target`'s.
+
+    Tuned fields of an offload block that keeps its device are left alone; keys that would be errors or
+    silently ignored after the move (round_robin at stage 3, ZeRO++ below 3, offload_param below 3) are removed."""
+    cz, tz = zero(current), zero(target)
+    out = []
+    for key in _ZERO_SWITCHES:
+        if key in tz and cz.get(key) != tz[key]:
+            out.append(set_override(f"zero_optimization.{key}", tz[key]))
+        elif key not in tz and key in cz and key != "sub_group_size":
+            out.append(set_override(f"zero_optimization.{key}", None))
+    for which in ("offload_optimizer", "offload_param"):
+        now = (cz.get(which) or {}).get("device", "none")
+        want = (tz.get(which) or {}).get("device", "none")
+        if want == "none" and which in cz:
+            out.append(set_override(f"zero_optimization.{which}", None))
+        elif want != now:
+            out.append(set_override(f"zero_optimization.{which}", tz[which]))
+    if "aio" in target and "aio" not in current:
+        out.append(set_override("aio", target["aio"]))
+    return out
+
+
+def precision_overrides(current: dict, precision_name: str) -> list[str]:
+    """Overrides that make the bf16/fp16 blocks follow `train.precision=precision_name` (set that too)."""
+    if precision(current) == precision_name:
+        return []
+    out = []
+    for block in ("bf16", "fp16"):
+        if block != precision_name and block in current:
+            out.append(set_override(block, None))
+    if precision_name == "bf16":
+        out.append(set_override("bf16", {"enabled": AUTO}))
+    elif precision_name == "fp16":
+        fp16 = base_config(0, precision_name="fp16")["fp16"]
+        out.append(set_override("fp16", {**fp16, "enabled": AUTO}))
+    return out
+
+
+def activation_checkpointing_overrides(current: dict, enabled: bool) -> list[str]:
+    """The DeepSpeed block is only meaningful with model.gradient_checkpointing; drop it when that goes off."""
+    if not enabled and has_activation_checkpointing(current):
+        return [set_override("activation_checkpointing", None)]
+    return []
+
+
+def gather_on_save_override(current: dict) -> str:
+    return set_override(f"zero_optimization.{zero_key(current, 'gather_16bit_weights_on_model_save')}", True)
+
+
+def min_loss_scale_override(value: float) -> str:
+    return set_override("fp16.min_loss_scale", value)
+
+
+def torch_adam_on_cpu_overrides() -> list[str]:
+    """Offload with torch's AdamW on the CPU instead of the compiled DeepSpeedCPUAdam (5-7x slower step)."""
+    return [set_override("zero_force_ds_cpu_optimizer", False), set_override("optimizer.params.torch_adam", True)]
+
+
+# Stage-3 buffers the OOM ladder shrinks, with the floor below which halving stops paying.
+_STAGE3_BUFFER_FLOORS = {"prefetch_bucket_size": int(1e7), "max_live_parameters": int(1e8),
+                         "max_reuse_distance": int(1e8)}
+
+
+def smaller_stage3_buffers(current: dict) -> list[str]:
+    """Halve the stage-3 prefetch bucket, live-parameter and reuse-distance limits (never below a floor)."""
+    out = []
+    for name, floor in _STAGE3_BUFFER_FLOORS.items():
+        value = int(zero_setting(current, name))
+        if value > floor:
+            out.append(set_override(f"zero_optimization.{zero_key(current, name)}", max(floor, value // 2)))
+    return out
+
+
+# --- rehearsal: the preset's DeepSpeed features on a toy model and the ranks present -------------
+
+
+def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) -> tuple[dict, list[str]]:
+    """What must change for a CPU/laptop rehearsal, each with a one-line notice. Features stay on; only
+    what the present hardware cannot do (or would need GBs for) is swapped."""
+    ds = copy.deepcopy(ds)
+    notices = []
+    z = ds.get("zero_optimization") or {}
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        if key in z and z[key] != AUTO:
+            z[key] = AUTO  # 5e8-element buckets would allocate GBs for a toy model
+            notices.append(f"zero_optimization.{key} -> 'auto' (sized for the shrunk model)")
+    if "allgather_bucket_size" in z:
+        z["allgather_bucket_size"] = 2e6
+    for which in ("offload_optimizer", "offload_param"):
+        block = z.get(which) or {}
+        if block.get("device") == "nvme":
+            block["nvme_path"] = nvme_dir
+            notices.append(f"{which}.nvme_path -> {nvme_dir} (local directory)")
+        if which == "offload_param" and "buffer_size" in block:
+            block["buffer_size"] = 1e7
+    tp = ds.get("tensor_parallel") or {}
+    if tp.get("autotp_size", 0) > 1 and world_size % tp["autotp_size"]:
+        tp["autotp_size"] = world_size
+        notices.append(f"tensor_parallel.autotp_size -> {world_size} (ranks present)")
+    if on_cpu:
+        if quantized_weights(ds):
+            z["zero_quantized_weights"] = False
+            notices.append("zero_quantized_weights -> off (not implemented on DeepSpeed's CPU backend)")
+        for block in ("bf16", "fp16"):
+            if block in ds:
+                ds[block]["enabled"] = AUTO  # filled from train.precision, which the rehearsal sets to fp32
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if key in ds:
+            ds[key] = AUTO  # solved again from the rehearsal's batch
+    return ds, notices

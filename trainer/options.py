@@ -1,0 +1,37 @@
+"""Arguments every command that takes a preset shares (`--preset`/positional, `--set`, `--world-size`, the train
+flags the launcher passes on), and reading a preset into a resolved config with stdout kept clean."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from .presets import load_preset
+from .resolve import Resolved, resolve
+
+
+def add_preset_arguments(parser: argparse.ArgumentParser, positional: bool = True) -> None:
+    if positional:
+        parser.add_argument("preset", help="shipped preset name or path to a preset .yaml")
+    else:
+        parser.add_argument("--preset", default="tiny_cpu", help="shipped preset name or path (default: tiny_cpu)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a preset value (repeatable), e.g. --set deepspeed.zero_optimization.stage=3")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="resolve for this many ranks (default: hardware.nodes x hardware.gpus_per_node)")
+
+
+def load_and_resolve(args) -> Resolved:
+    # DeepSpeed logs to stdout (e.g. "Setting accelerator to CPU" on import); keep stdout for the
+    # YAML/JSON that `show` and `export -o -` print, so it can be piped into a file.
+    with contextlib.redirect_stdout(sys.stderr):
+        config = load_preset(args.preset, args.overrides)
+        return resolve(config, args.world_size)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    add_preset_arguments(parser, positional=False)
+    parser.add_argument("--resume", default=None, help="'auto', a checkpoint path, or 'off' (overrides train.resume)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run the preset's DeepSpeed features on a shrunk model with the ranks present")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)  # launcher

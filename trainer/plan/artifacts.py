@@ -1,0 +1,160 @@
+"""What a plan turns into: the DeepSpeed config, the nearest shipped preset with its `--set` changes, the
+launch line."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from typing import Any, Optional
+
+from .. import ds as dsc
+from ..config import Config, DataConfig, HardwareConfig, TrainConfig
+from ..presets import list_presets, load_preset, parse_yaml
+from . import memory as mem
+from .estimate import Candidate, Plan
+from .inputs import PlanInputs
+
+
+DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4}
+
+
+def planned_deepspeed_config(plan: Plan) -> dict:
+    """The chosen candidate as a complete DeepSpeed config (no "auto" left), built by ds_config."""
+    c, inputs = plan.choice, plan.inputs
+    ds = dsc.base_config(c.candidate.stage, c.candidate.offload_optimizer, c.candidate.offload_param,
+                         inputs.nvme_path, inputs.precision, c.checkpointing)
+    if c.hpz_partition_size > 1:
+        ds = dsc.with_zeropp(ds, c.hpz_partition_size)
+    config = planned_trainer_config(plan, ds)
+    problems: list[str] = []
+    batch = dsc.Batch(c.micro_batch, plan.grad_accum, plan.global_batch, inputs.world_size, inputs.world_size)
+    filled = dsc.fill_auto(config, batch, problems)
+    if problems:  # a planner bug, not a user error
+        raise RuntimeError(f"planned DeepSpeed config does not fill: {problems}")
+    return filled
+
+
+def planned_trainer_config(plan: Plan, ds: dict) -> Config:
+    c, inputs = plan.choice, plan.inputs
+    model = dataclasses.replace(inputs.model.config, gradient_checkpointing=c.checkpointing,
+                                lora=dataclasses.replace(inputs.lora, enabled=inputs.task == "lora"))
+    train = TrainConfig(micro_batch_size=c.micro_batch, grad_accum=plan.grad_accum,
+                        global_batch_size=plan.global_batch, precision=inputs.precision, lr=DEFAULT_LR[inputs.task])
+    hardware = HardwareConfig(gpu=inputs.gpu.name, gpus_per_node=inputs.gpus_per_node, nodes=inputs.nodes,
+                              cpu_ram_gb=inputs.cpu_ram_gb, nvme_gb=inputs.nvme_gb)
+    return Config(name="plan", hardware=hardware, model=model,
+                  data=DataConfig(task="pretrain" if inputs.task == "pretrain" else "sft", seq_len=inputs.seq_len),
+                  train=train, deepspeed=ds)
+
+
+ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+                       "max_position_embeddings", "tie_word_embeddings")
+
+
+PARAMS_MATCH = 0.05  # a preset is "the same model" within 5% of the parameters
+
+
+def nearest_preset(plan: Plan) -> tuple[Optional[str], list[str], list[str]]:
+    """(name, differences, --set overrides) of the closest shipped preset for the same model, or (None, [], [])."""
+    inputs, scored = plan.inputs, []
+    for name, _ in list_presets():
+        config = load_preset(name)
+        if config.hardware.gpu == "cpu" or not _same_model(inputs, config):
+            continue
+        scored.append((-_similarity(plan, config), name, config))
+    if not scored:
+        return None, [], []
+    _, name, config = min(scored, key=lambda item: (item[0], item[1]))
+    differences, overrides = preset_overrides(plan, config)
+    return name, differences, overrides
+
+
+def _same_model(inputs: PlanInputs, config: Config) -> bool:
+    params = mem.count_params(config.model)
+    return (abs(params - inputs.params) <= PARAMS_MATCH * inputs.params
+            and config.model.lora.enabled == (inputs.task == "lora"))
+
+
+def _similarity(plan: Plan, config: Config) -> int:
+    c, hw, ds = plan.choice.candidate, config.hardware, config.deepspeed
+    return (2 * (hw.gpu == plan.inputs.gpu.name) + 2 * (hw.nodes * hw.gpus_per_node == plan.inputs.world_size)
+            + (dsc.zero_stage(ds) == c.stage)
+            + (dsc.offload_optimizer_device(ds) == c.offload_optimizer)
+            + (dsc.offload_param_device(ds) == c.offload_param))
+
+
+def preset_overrides(plan: Plan, config: Config) -> tuple[list[str], list[str]]:
+    """What differs between the preset and the plan, and the `--set` strings that make the preset the plan."""
+    inputs, c = plan.inputs, plan.choice
+    differences, overrides = [], []
+
+    def setting(key: str, have: Any, want: Any) -> None:
+        if have != want:
+            differences.append(f"{key}: preset {have}, plan {want}")
+            overrides.append(f"{key}={_yaml_value(want)}")
+
+    hw = config.hardware
+    for name in ARCHITECTURE_FIELDS:  # e.g. longer positions for a longer sequence
+        setting(f"model.{name}", getattr(config.model, name), getattr(inputs.model.config, name))
+    setting("hardware.gpu", hw.gpu, inputs.gpu.name)
+    setting("hardware.gpus_per_node", hw.gpus_per_node, inputs.gpus_per_node)
+    setting("hardware.nodes", hw.nodes, inputs.nodes)
+    setting("data.seq_len", config.data.seq_len, inputs.seq_len)
+    setting("train.precision", config.train.precision, inputs.precision)
+    setting("train.micro_batch_size", config.train.micro_batch_size, c.micro_batch)
+    setting("train.grad_accum", config.train.grad_accum, plan.grad_accum)
+    if config.train.global_batch_size is not None:
+        setting("train.global_batch_size", config.train.global_batch_size, plan.global_batch)
+    setting("model.gradient_checkpointing", config.model.gradient_checkpointing, c.checkpointing)
+    ds_changes = (_zero_changes(config, plan)
+                  + dsc.precision_overrides(config.deepspeed, inputs.precision)
+                  + dsc.activation_checkpointing_overrides(config.deepspeed, c.checkpointing))
+    if ds_changes:
+        differences.append(f"DeepSpeed: preset {_describe(config.deepspeed)}, plan {c.candidate.label}"
+                           + (f" + hpZ {c.hpz_partition_size}" if c.hpz_partition_size > 1 else ""))
+    if inputs.task == "pretrain" and config.model.name_or_path:
+        differences.append(f"the preset fine-tunes {config.model.name_or_path}; for pretraining from scratch "
+                           f"copy it and set model.name_or_path: null with a tokenizer")
+    if inputs.task != "pretrain" and config.model.name_or_path is None:
+        differences.append("the preset trains from scratch; set model.name_or_path to the weights to fine-tune")
+    return differences, overrides + ds_changes
+
+
+def _zero_changes(config: Config, plan: Plan) -> list[str]:
+    """The preset's ZeRO settings moved to the plan's; on one GPU stages 0-2 hold the same memory, so a
+    preset's stage 2 there is left alone rather than churned to the tree's stage 0."""
+    c, ds = plan.choice.candidate, config.deepspeed
+    same_offload = (dsc.offload_optimizer_device(ds), dsc.offload_param_device(ds)) == (c.offload_optimizer,
+                                                                                        c.offload_param)
+    if plan.inputs.world_size == 1 and dsc.zero_stage(ds) <= 2 and c.stage <= 2 and same_offload:
+        if dsc.zero_stage(ds) != c.stage:
+            plan.notes.append(f"one GPU: the preset's ZeRO-{dsc.zero_stage(ds)} holds the same memory as the "
+                              f"tree's ZeRO-{c.stage} (nothing to shard), so the launch line keeps it")
+        return []
+    return dsc.zero_overrides(ds, plan.deepspeed)
+
+
+def _yaml_value(value: Any) -> str:
+    """A `--set` value that YAML reads back as `value` (plain strings stay unquoted)."""
+    if isinstance(value, str) and parse_yaml(value) == value:
+        return value
+    return json.dumps(value)
+
+
+def _describe(ds: dict) -> str:
+    c = Candidate("", dsc.zero_stage(ds), dsc.offload_optimizer_device(ds), dsc.offload_param_device(ds))
+    hpz = dsc.hpz_partition_size(ds)
+    return c.label + (f" + hpZ {hpz}" if hpz > 1 else "")
+
+
+def launch_line(plan: Plan, overrides: list[str], output: Optional[str]) -> str:
+    """The exact command: deepspeed's launcher (hostfile for several nodes), train.py with the preset, or,
+    when no shipped preset has this model, any DeepSpeed script with the exported config."""
+    from ..launch.command import train_command
+    inputs, c = plan.inputs, plan.choice.candidate
+    cpu_offload = "cpu" in (c.offload_optimizer, c.offload_param)  # seed step 6 #7: --bind_cores_to_rank
+    line = train_command(plan.preset or "PRESET", overrides, inputs.nodes, inputs.gpus_per_node, cpu_offload)
+    if plan.preset:
+        return line
+    runner = line[:line.index(" train.py ")]
+    return " ".join([runner, "your_train.py", "--deepspeed", "--deepspeed_config", shlex.quote(output or "ds_config.json")])

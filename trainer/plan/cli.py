@@ -1,0 +1,62 @@
+"""`python -m trainer plan`: the command's flags, the run, writing `-o`."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from .. import ds as dsc
+from ..errors import UserError
+from ..hardware import GPUS
+from .decide import make_plan
+from .inputs import inputs_from_args
+from .models import NAMED_MODELS
+from .report import plan_to_json, print_plan
+
+
+def plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", nargs="?", help="scenario file (scenarios/NAME.yaml); flags override its values")
+    parser.add_argument("--model", help=f"named size ({', '.join(NAMED_MODELS)}), preset name, HF config.json, "
+                                        f"or a parameter count (with --hidden-size and --num-layers)")
+    parser.add_argument("--hidden-size", type=int, help="hidden size, with a raw parameter count")
+    parser.add_argument("--num-layers", type=int, help="layers, with a raw parameter count")
+    parser.add_argument("--gpu", help=f"GPU type: {', '.join(g for g in GPUS if g != 'cpu')}")
+    parser.add_argument("--gpus-per-node", type=int)
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--cpu-ram-gb", type=float, help="host RAM per node (GB); unknown = not checked")
+    parser.add_argument("--nvme-gb", type=float, help="local NVMe per node (GB); 0 or absent = none")
+    parser.add_argument("--nvme-path", help="NVMe mount for ZeRO-Infinity (default /local_nvme)")
+    parser.add_argument("--task", help="pretrain, full (fine-tune) or lora (default full)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048)")
+    parser.add_argument("--micro-batch", type=int, help="required micro-batch per GPU (default: the largest that fits)")
+    parser.add_argument("--global-batch", type=int, help="target sequences per optimizer step")
+    parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
+    parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
+    parser.add_argument("-o", "--output", help="write the chosen DeepSpeed config (JSON) here")
+
+
+def plan(args) -> int:
+    # DeepSpeed logs to stdout on import (config validation below imports it): keep stdout for the plan.
+    with contextlib.redirect_stdout(sys.stderr):
+        inputs = inputs_from_args(args)
+        result = make_plan(inputs, args.output)
+        if args.output and result.deepspeed is not None:
+            write_config(result.deepspeed, args.output)
+    if args.json:
+        print(json.dumps(plan_to_json(result), indent=2))
+    else:
+        print_plan(result)
+    return 0 if result.choice is not None else 1
+
+
+def write_config(ds: dict, output: str) -> None:
+    problems = dsc.check_keys(ds)
+    if problems:  # a planner bug: the builders produced something DeepSpeed would reject
+        raise RuntimeError(f"planned DeepSpeed config has problems: {problems}")
+    out = Path(output)
+    if not out.parent.exists():
+        raise UserError(f"-o {output}: directory {out.parent} does not exist")
+    out.write_text(json.dumps(ds, indent=2) + "\n")
+    print(f"wrote {out}", file=sys.stderr)

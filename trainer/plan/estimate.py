@@ -1,0 +1,213 @@
+"""Candidates (stage x offload) priced with `plan.memory`: what each needs per GPU, per node and on NVMe."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .. import ds as dsc
+from .. import hardware
+from . import memory as mem
+from .inputs import PlanInputs
+from .models import ModelSpec
+
+
+GPU_HEADROOM = 0.10     # of device memory kept free: CUDA context, NCCL buffers, allocator fragmentation
+
+
+HOST_HEADROOM = 0.10    # of host RAM and NVMe kept free: OS, dataloader workers, page cache
+
+
+MAX_MICRO_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    stage: int
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+
+    @property
+    def label(self) -> str:
+        offload = [f"{what} {device}" for what, device in (("optimizer", self.offload_optimizer),
+                                                            ("params", self.offload_param)) if device != "none"]
+        return f"ZeRO-{self.stage}" + (f" + {' and '.join(offload)} offload" if offload else "")
+
+
+CANDIDATES = (
+    Candidate("zero0", 0), Candidate("zero1", 1), Candidate("zero2", 2),
+    Candidate("zero2_cpu_offload", 2, "cpu"), Candidate("zero3", 3),
+    Candidate("zero3_cpu_optimizer", 3, "cpu"), Candidate("zero3_cpu_offload", 3, "cpu", "cpu"),
+    Candidate("zero3_nvme", 3, "nvme", "nvme"),
+)
+
+
+# The seed's tree without stage 1: stage 2 has the same communication volume and strictly less memory.
+WALK = tuple(c for c in CANDIDATES if c.name != "zero1")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    candidate: Candidate
+    micro_batch: int
+    checkpointing: bool
+    hpz_partition_size: int
+    states: mem.ModelStates
+    activations: mem.Activations
+    buffers: int
+    cpu_bytes_per_node: int
+    nvme_bytes: int
+    gpu_budget: int
+    cpu_budget: Optional[int]
+    nvme_budget: Optional[int]
+
+    @property
+    def gpu_total(self) -> int:
+        s = self.states
+        return s.params + s.gradients + s.optimizer + self.activations.total + self.buffers
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.gpu_total <= self.gpu_budget
+
+    @property
+    def fits_cpu(self) -> bool:
+        return self.cpu_budget is None or self.cpu_bytes_per_node <= self.cpu_budget
+
+    @property
+    def fits_nvme(self) -> bool:
+        if self.nvme_bytes == 0:
+            return True
+        return bool(self.nvme_budget) and self.nvme_bytes <= self.nvme_budget
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_cpu and self.fits_nvme
+
+    def gpu_bytes(self) -> dict[str, int]:
+        s = self.states
+        return {"params": s.params, "gradients": s.gradients, "optimizer": s.optimizer,
+                "activations": self.activations.total, "buffers": self.buffers, "total": self.gpu_total}
+
+    def why_not(self) -> str:
+        reasons = []
+        if not self.fits_gpu:
+            reasons.append(f"{gb(self.gpu_total)} GB per GPU > {gb(self.gpu_budget)} GB")
+        if not self.fits_cpu:
+            reasons.append(f"{gb(self.cpu_bytes_per_node)} GB host RAM per node > {gb(self.cpu_budget)} GB")
+        if not self.fits_nvme:
+            have = f"{gb(self.nvme_budget)} GB" if self.nvme_budget else "no NVMe"
+            reasons.append(f"{gb(self.nvme_bytes)} GB NVMe per node > {have}")
+        return "; ".join(reasons) or "fits"
+
+
+def gb(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value / mem.GB:.1f}"
+
+
+def budgets(inputs: PlanInputs) -> tuple[int, Optional[int], Optional[int]]:
+    gpu = int(inputs.gpu.memory_bytes * (1 - GPU_HEADROOM))
+    cpu = None if inputs.cpu_ram_gb is None else int(inputs.cpu_ram_gb * mem.GB * (1 - HOST_HEADROOM))
+    nvme = None if not inputs.nvme_gb else int(inputs.nvme_gb * mem.GB * (1 - HOST_HEADROOM))
+    return gpu, cpu, nvme
+
+
+def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpointing: bool,
+             hpz_partition_size: int = 1, reduce_bucket_size: Optional[int] = None, precision: Optional[str] = None,
+             attention: Optional[str] = None, overlap_comm: bool = True) -> Estimate:
+    """Per-GPU, per-node host and NVMe bytes of one candidate at one micro-batch."""
+    precision = precision or inputs.precision
+    m, stage = inputs.model.config, candidate.stage
+    on_nvme = candidate.stage == 3 and "nvme" in (candidate.offload_optimizer, candidate.offload_param)
+    states = _model_states(inputs, candidate, precision)
+    attention = attention or ("eager" if m.attn_implementation == "eager" else "sdpa")
+    activations = mem.activation_bytes(m, inputs.seq_len, micro_batch, checkpointing, precision, attention)
+    bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
+    buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
+               + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))
+    cpu, nvme = states.cpu_bytes, 0
+    if on_nvme:
+        trained = inputs.lora_params or inputs.params
+        offload_opt, offload_par = (candidate.offload_optimizer == "nvme"), (candidate.offload_param == "nvme")
+        nvme = mem.nvme_offload_bytes(trained, inputs.nodes, offload_opt, offload_par)
+        cpu = mem.nvme_host_buffer_bytes(trained, inputs.world_size, inputs.gpus_per_node)
+        if inputs.lora_params:  # the frozen base is swapped like any 16-bit param
+            nvme += mem.nvme_offload_bytes(inputs.params, inputs.nodes, optimizer=False, params=True)
+    gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
+    return Estimate(candidate, micro_batch, checkpointing, hpz_partition_size if stage == 3 else 1, states,
+                    activations, buffers, int(cpu), int(nvme), gpu_budget, cpu_budget, nvme_budget)
+
+
+def _model_states(inputs: PlanInputs, candidate: Candidate, precision: str) -> mem.ModelStates:
+    stage = candidate.stage
+    offload_optimizer = candidate.offload_optimizer != "none"
+    offload_param = candidate.offload_param != "none" and stage == 3  # DeepSpeed ignores it below stage 3
+    if inputs.task == "lora":
+        return mem.lora_model_states(inputs.params, inputs.lora_params, inputs.largest_layer, stage,
+                                     inputs.gpus_per_node, inputs.nodes, offload_optimizer, offload_param, precision)
+    # zero.Init: the trainer builds/loads the model sharded at stage 3, as DeepSpeed's zero_init=True case.
+    return mem.model_states(inputs.params, inputs.largest_layer, stage, inputs.gpus_per_node, inputs.nodes,
+                            offload_optimizer, offload_param, zero_init=True, precision=precision)
+
+
+def best_shot(inputs: PlanInputs, candidate: Candidate, micro_batch: int) -> Estimate:
+    """A candidate at a micro-batch: without checkpointing if that fits, else with it (when allowed and
+    when GPU memory is what does not fit: checkpointing frees no host RAM or NVMe)."""
+    plain = estimate(inputs, candidate, micro_batch, checkpointing=False)
+    if plain.fits or plain.fits_gpu or not inputs.allow_checkpointing:
+        return plain
+    return estimate(inputs, candidate, micro_batch, checkpointing=True)
+
+
+def micro_batch_options(inputs: PlanInputs) -> list[int]:
+    """Micro-batches worth trying: divisors of the per-rank share of the global batch, else powers of two."""
+    if inputs.global_batch:
+        per_rank = inputs.global_batch // inputs.world_size
+        return [d for d in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % d == 0]
+    return [2 ** i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
+
+
+@dataclass
+class Plan:
+    inputs: PlanInputs
+    rows: list[Estimate]
+    walk: list[str]
+    choice: Optional[Estimate] = None
+    grad_accum: int = 1
+    notes: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+    preset: Optional[str] = None
+    preset_differences: list[str] = field(default_factory=list)
+    deepspeed: Optional[dict] = None
+    launch: Optional[str] = None
+
+    @property
+    def global_batch(self) -> Optional[int]:
+        if not self.choice:
+            return None
+        return self.choice.micro_batch * self.grad_accum * self.inputs.world_size
+
+
+def inputs_for_resolved(resolved) -> PlanInputs:
+    """Planner inputs describing a resolved preset (its model, hardware, sequence and LoRA settings)."""
+    cfg, hw = resolved.config, resolved.config.hardware
+    task = "lora" if cfg.model.lora.enabled else ("pretrain" if cfg.model.name_or_path is None else "full")
+    return PlanInputs(model=ModelSpec(cfg.model, cfg.name), gpu=hardware.gpu(hw.gpu), gpus_per_node=hw.gpus_per_node,
+                      nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
+                      seq_len=cfg.data.seq_len, lora=cfg.model.lora)
+
+
+def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,
+                      candidate: Optional[Candidate] = None) -> Estimate:
+    """The planner's estimate for a resolved preset as configured, or with one thing changed
+    (micro-batch, checkpointing, stage/offload): used by lint, doctor and the preset memory report."""
+    cfg, ds = resolved.config, resolved.ds
+    candidate = candidate or Candidate(cfg.name, dsc.zero_stage(ds), dsc.offload_optimizer_device(ds),
+                                       dsc.offload_param_device(ds))
+    return estimate(inputs_for_resolved(resolved), candidate,
+                    micro_batch or resolved.batch.micro_batch_size,
+                    cfg.model.gradient_checkpointing if checkpointing is None else checkpointing,
+                    hpz_partition_size=dsc.hpz_partition_size(ds),
+                    reduce_bucket_size=int(dsc.zero_setting(ds, "reduce_bucket_size")),
+                    precision=dsc.precision(ds), overlap_comm=dsc.overlap_comm(ds))

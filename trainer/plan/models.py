@@ -1,0 +1,142 @@
+"""The model to plan for: a named Llama size, a preset, an HF config.json, an inline architecture, or a raw
+parameter count (a Llama-shaped stand-in with the exact count)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..config import ModelConfig
+from ..errors import UserError, closest
+from ..presets import PRESET_DIR, config_from_dict, list_presets, load_preset
+
+
+# Named sizes: public Llama architectures (config.json of the meta-llama / huggyllama repos).
+NAMED_MODELS: dict[str, tuple[str, ModelConfig]] = {
+    "1b": ("Llama-3.2-1B", ModelConfig(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                                        intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+                                        tie_word_embeddings=True, rope_theta=500000.0)),
+    "7b": ("Llama-2-7B", ModelConfig(name_or_path="meta-llama/Llama-2-7b-hf", hidden_size=4096, num_layers=32,
+                                     num_heads=32, num_kv_heads=32, intermediate_size=11008, vocab_size=32000,
+                                     max_position_embeddings=4096)),
+    "8b": ("Llama-3.1-8B", ModelConfig(name_or_path="meta-llama/Llama-3.1-8B", hidden_size=4096, num_layers=32,
+                                       num_heads=32, num_kv_heads=8, intermediate_size=14336, vocab_size=128256,
+                                       max_position_embeddings=131072, rope_theta=500000.0)),
+    "13b": ("Llama-2-13B", ModelConfig(name_or_path="meta-llama/Llama-2-13b-hf", hidden_size=5120, num_layers=40,
+                                       num_heads=40, num_kv_heads=40, intermediate_size=13824, vocab_size=32000,
+                                       max_position_embeddings=4096)),
+    "30b": ("LLaMA-30B (32.5B params)", ModelConfig(name_or_path="huggyllama/llama-30b", hidden_size=6656,
+                                                    num_layers=60, num_heads=52, num_kv_heads=52,
+                                                    intermediate_size=17920, vocab_size=32000,
+                                                    max_position_embeddings=2048)),
+    "70b": ("Llama-2-70B", ModelConfig(name_or_path="meta-llama/Llama-2-70b-hf", hidden_size=8192, num_layers=80,
+                                       num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=32000,
+                                       max_position_embeddings=4096)),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    config: ModelConfig
+    label: str
+    params_override: Optional[int] = None   # a raw parameter count the user gave (exact), else counted
+
+
+def model_from_spec(spec: Any, hidden_size: Any, num_layers: Any, flag) -> ModelSpec:
+    """A named size, a preset, a config.json, an inline architecture mapping, or a raw parameter count."""
+    where = flag("model")
+    if spec is None:
+        raise UserError(f"{where} is required: a named size ({', '.join(NAMED_MODELS)}), a preset name, a path to "
+                        f"an HF config.json, or a parameter count with --hidden-size and --num-layers")
+    if isinstance(spec, dict):
+        return ModelSpec(_checked_model(config_from_dict({"model": spec}, source=where).model, where), "inline model")
+    text = str(spec).strip()
+    if text.lower() in NAMED_MODELS:
+        label, config = NAMED_MODELS[text.lower()]
+        return ModelSpec(config, label)
+    path = Path(text)
+    if path.suffix == ".json" or (path.is_dir() and (path / "config.json").exists()):
+        return ModelSpec(model_from_hf_config(path if path.suffix == ".json" else path / "config.json", where),
+                         str(path))
+    if (PRESET_DIR / f"{text}.yaml").exists() or (path.suffix in (".yaml", ".yml") and path.exists()):
+        preset = load_preset(text)
+        return ModelSpec(_checked_model(preset.model, where), f"preset {preset.name}")
+    count = _parse_count(text)
+    if count is not None:
+        return raw_count_model(count, hidden_size, num_layers, flag)
+    presets = [name for name, _ in list_presets()]
+    raise UserError(f"{where}: {text!r} is not a named size ({', '.join(NAMED_MODELS)}), a preset"
+                    f"{closest(text, list(NAMED_MODELS) + presets)}, an existing config.json, or a parameter count")
+
+
+def _parse_count(text: str) -> Optional[float]:
+    """'6738415616', '6.7e9' or '-5' as a number; None for anything else."""
+    try:
+        return float(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _checked_model(m: ModelConfig, where: str) -> ModelConfig:
+    if min(m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.vocab_size) <= 0:
+        raise UserError(f"{where}: hidden_size, num_layers, num_heads, intermediate_size and vocab_size must be > 0")
+    if m.hidden_size % m.num_heads or (m.num_kv_heads and m.num_heads % m.num_kv_heads):
+        raise UserError(f"{where}: hidden_size must divide by num_heads and num_heads by num_kv_heads")
+    return m
+
+
+HF_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+             "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
+             "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
+             "tie_word_embeddings": "tie_word_embeddings", "model_type": "family"}
+
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def model_from_hf_config(path: Path, where: str) -> ModelConfig:
+    """A transformers config.json of a Llama-style decoder (llama, mistral, qwen2)."""
+    if not path.is_file():
+        raise UserError(f"{where}: {path} does not exist")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{where}: {path} is not valid JSON: {err}") from None
+    family = raw.get("model_type")
+    if family not in SUPPORTED_FAMILIES:
+        raise UserError(f"{where}: {path} has model_type {family!r}; the planner counts Llama-style decoders "
+                        f"({', '.join(SUPPORTED_FAMILIES)}); give a parameter count with --hidden-size and --num-layers")
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                           "vocab_size") if k not in raw]
+    if missing:
+        raise UserError(f"{where}: {path} lacks {', '.join(missing)}")
+    fields = {ours: raw[theirs] for theirs, ours in HF_FIELDS.items() if raw.get(theirs) is not None}
+    return _checked_model(ModelConfig(**fields), where)
+
+
+def raw_count_model(count: float, hidden_size: Any, num_layers: Any, flag) -> ModelSpec:
+    """A parameter count with hidden size and layers: a Llama-shaped stand-in (heads of 128, vocab 32000,
+    MLP width solved so the count matches) for activations and the largest layer; params stay exact."""
+    if count < 1 or count != int(count):
+        raise UserError(f"{flag('model')}: parameter count {count!r} must be a positive whole number")
+    hidden = positive_int(hidden_size, flag("hidden_size") + " (needed with a raw parameter count)", False)
+    layers = positive_int(num_layers, flag("num_layers") + " (needed with a raw parameter count)", False)
+    vocab, params = 32000, int(count)
+    per_layer = (params - 2 * vocab * hidden - hidden) / layers
+    intermediate = int(round((per_layer - 4 * hidden * hidden - 2 * hidden) / (3 * hidden) / 256)) * 256
+    if intermediate <= 0:
+        raise UserError(f"{flag('model')}: {params} parameters cannot fill {layers} layers of width {hidden} "
+                        f"(embeddings alone are {2 * vocab * hidden}); check the count, --hidden-size and --num-layers")
+    heads = max(1, hidden // 128)
+    config = ModelConfig(hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=heads,
+                         intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=1 << 20)
+    return ModelSpec(_checked_model(config, flag("model")), f"{params / 1e9:.2f}B-parameter model", params)
+
+
+def positive_int(value: Any, where: str, optional: bool) -> Optional[int]:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise UserError(f"{where}: {value!r} must be a positive whole number")
+    return int(value)

@@ -1,0 +1,123 @@
+"""A plan for people (the table, the walk, the choice) and for programs (`--json`)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from .estimate import GPU_HEADROOM, Estimate, Plan, budgets, gb
+
+
+def plan_to_json(plan: Plan) -> dict:
+    inputs = plan.inputs
+    return {
+        "model": {"label": inputs.model.label, "hidden_size": inputs.model.config.hidden_size,
+                  "num_layers": inputs.model.config.num_layers, "vocab_size": inputs.model.config.vocab_size},
+        "params": inputs.params,
+        "largest_layer_params": inputs.largest_layer,
+        "lora_params": inputs.lora_params or None,
+        "hardware": {"gpu": inputs.gpu.name, "gpu_memory_bytes": inputs.gpu.memory_bytes,
+                     "gpus_per_node": inputs.gpus_per_node, "nodes": inputs.nodes, "cpu_ram_gb": inputs.cpu_ram_gb,
+                     "nvme_gb": inputs.nvme_gb},
+        "task": inputs.task, "seq_len": inputs.seq_len, "precision": inputs.precision,
+        "gpu_budget_bytes": budgets(inputs)[0],
+        "candidates": [_estimate_json(e) for e in plan.rows],
+        "walk": plan.walk,
+        "choice": _choice_json(plan),
+        "fits": plan.choice is not None,
+        "suggestions": plan.suggestions,
+        "notes": plan.notes,
+        "preset": plan.preset,
+        "preset_differences": plan.preset_differences,
+        "deepspeed_config": plan.deepspeed,
+        "launch": plan.launch,
+    }
+
+
+def _estimate_json(e: Estimate) -> dict:
+    c = e.candidate
+    return {"name": c.name, "stage": c.stage, "offload_optimizer": c.offload_optimizer,
+            "offload_param": c.offload_param, "micro_batch": e.micro_batch,
+            "activation_checkpointing": e.checkpointing, "gpu_bytes": e.gpu_bytes(),
+            "model_states_gpu_bytes": e.states.gpu_bytes, "model_states_cpu_bytes": e.states.cpu_bytes,
+            "cpu_bytes_per_node": e.cpu_bytes_per_node, "nvme_bytes": e.nvme_bytes,
+            "fits": e.fits, "fits_gpu": e.fits_gpu, "fits_cpu": e.fits_cpu, "fits_nvme": e.fits_nvme}
+
+
+def _choice_json(plan: Plan) -> Optional[dict]:
+    if plan.choice is None:
+        return None
+    e = plan.choice
+    return {**_estimate_json(e), "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
+            "hpz_partition_size": e.hpz_partition_size}
+
+
+def print_plan(plan: Plan) -> None:
+    inputs = plan.inputs
+    gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
+    lora = f", LoRA r={inputs.lora.r} ({inputs.lora_params / 1e6:.1f}M adapter params)" if inputs.lora_params else ""
+    print(f"Plan: {inputs.model.label}: {inputs.params:,} params (largest layer {inputs.largest_layer:,}){lora}")
+    print(f"      {inputs.nodes} node(s) x {inputs.gpus_per_node} {inputs.gpu.description}, {inputs.task}, "
+          f"seq {inputs.seq_len}, {inputs.precision}")
+    print(f"Budget per GPU {gb(gpu_budget)} GB ({int(GPU_HEADROOM * 100)}% of {gb(inputs.gpu.memory_bytes)} GB kept for "
+          f"CUDA context, NCCL, fragmentation); host RAM per node "
+          f"{gb(cpu_budget) + ' GB' if cpu_budget else 'unknown (not checked)'}; NVMe "
+          f"{gb(nvme_budget) + ' GB' if nvme_budget else 'none'}. GB = 1e9 bytes.")
+    print()
+    print_table(plan.rows)
+    print()
+    print("Decision (seed step 1.2 tree; stage 1 skipped: stage 2 has the same communication and less memory):")
+    for line in plan.walk:
+        print(f"  - {line}")
+    for line in plan.notes:
+        print(f"  - {line}")
+    print()
+    if plan.choice is None:
+        print("FITS NOWHERE. What would make it fit:")
+        for line in plan.suggestions:
+            print(f"  - {line}")
+        return
+    print_choice(plan)
+
+
+def print_table(rows: list[Estimate]) -> None:
+    header = ("candidate", "ckpt", "params", "grads", "optim", "activ", "buffers", "GPU total", "CPU/node",
+              "NVMe", "fits")
+    widths = (20, 4, 7, 7, 7, 7, 8, 10, 9, 7, 4)
+    print("  ".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, w) in enumerate(zip(header, widths))))
+    for e in rows:
+        b = e.gpu_bytes()
+        cells = (e.candidate.name, "yes" if e.checkpointing else "no", gb(b["params"]), gb(b["gradients"]),
+                 gb(b["optimizer"]), gb(b["activations"]), gb(b["buffers"]), gb(b["total"]),
+                 gb(e.cpu_bytes_per_node), gb(e.nvme_bytes) if e.nvme_bytes else "-", "yes" if e.fits else "no")
+        print("  ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths))))
+    print(f"(GB per GPU at micro-batch {rows[0].micro_batch}; 'ckpt' = activation checkpointing needed to fit; "
+          f"model states on DeepSpeed's accounting, host RAM with its 1.5x margin)")
+
+
+def print_choice(plan: Plan) -> None:
+    e, inputs = plan.choice, plan.inputs
+    hpz = f" + ZeRO++ hpZ {e.hpz_partition_size}" if e.hpz_partition_size > 1 else ""
+    print(f"Chosen: {e.candidate.name} ({e.candidate.label}{hpz}), micro-batch {e.micro_batch}, grad accumulation "
+          f"{plan.grad_accum} -> {e.micro_batch} x {plan.grad_accum} x {inputs.world_size} = {plan.global_batch} "
+          f"sequences ({plan.global_batch * inputs.seq_len:,} tokens) per step, activation checkpointing "
+          f"{'on' if e.checkpointing else 'off'}, {inputs.precision}")
+    b = e.gpu_bytes()
+    print(f"  per GPU {gb(b['total'])} GB = params {gb(b['params'])} + grads {gb(b['gradients'])} + optimizer "
+          f"{gb(b['optimizer'])} + activations {gb(b['activations'])} (logits {gb(e.activations.logits)}) + buffers "
+          f"{gb(b['buffers'])}; host RAM {gb(e.cpu_bytes_per_node)} GB/node"
+          + (f"; NVMe {gb(e.nvme_bytes)} GB/node" if e.nvme_bytes else ""))
+    print()
+    print("DeepSpeed config (-o FILE writes it):")
+    print(json.dumps(plan.deepspeed, indent=2))
+    print()
+    if plan.preset:
+        print(f"Nearest preset: {plan.preset}")
+        for line in plan.preset_differences:
+            print(f"  - {line}")
+    else:
+        print("Nearest preset: none ships this model; use the exported config with your script, or copy a preset")
+    print()
+    if inputs.nodes > 1:
+        print(f"hostfile ({inputs.nodes} lines): node1 slots={inputs.gpus_per_node} ... "
+              f"node{inputs.nodes} slots={inputs.gpus_per_node}")
+    print(f"Launch: {plan.launch}")

@@ -1,0 +1,69 @@
+"""The config commands: `presets` (list them), `show` (a preset fully resolved), `export` (its DeepSpeed JSON)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from .errors import UserError
+from .options import add_preset_arguments, load_and_resolve
+from .presets import list_presets
+
+
+# --- presets -----------------------------------------------------------------------------------
+
+
+def presets_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def presets(args) -> int:
+    rows = list_presets()
+    width = max(len(name) for name, _ in rows)
+    for name, description in rows:
+        print(f"{name:<{width}}  {description}")
+    return 0
+
+
+# --- show --------------------------------------------------------------------------------------
+
+
+def show_arguments(parser: argparse.ArgumentParser) -> None:
+    add_preset_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+
+
+def show(args) -> int:
+    resolved = load_and_resolve(args)
+    document = {**resolved.document(), "notices": resolved.notices}
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(yaml.safe_dump(document, sort_keys=False, width=120), end="")
+    return 0
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export_arguments(parser: argparse.ArgumentParser) -> None:
+    add_preset_arguments(parser)
+    parser.add_argument("-o", "--output", required=True, help="where to write the DeepSpeed JSON ('-' = stdout)")
+
+
+def export(args) -> int:
+    resolved = load_and_resolve(args)
+    text = json.dumps(resolved.ds, indent=2) + "\n"
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output)
+    if out.parent and not out.parent.exists():
+        raise UserError(f"-o {args.output}: directory {out.parent} does not exist")
+    out.write_text(text)
+    print(f"wrote {out} (world size {resolved.world_size}, ZeRO stage {resolved.summary()['zero_stage']})",
+          file=sys.stderr)
+    return 0

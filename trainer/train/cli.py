@@ -1,0 +1,34 @@
+"""`python -m trainer train` (what `train.py` runs under deepspeed/torchrun): secrets kept out of the logs,
+`--resume` as an override, the process group torn down however the run ends."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..options import add_train_arguments
+from ..redact import redact_argv, warn_about_literal_secrets
+from ..resolve import launcher_world_size
+
+
+def train_arguments(parser: argparse.ArgumentParser) -> None:
+    add_train_arguments(parser)  # shared with `launch`, which passes them on to every rank
+
+
+def train(args) -> int:
+    from ..distributed import end_distributed  # heavy imports (torch, deepspeed) only when training
+    from .run import run_training
+    if os.environ.get("RANK", "0") == "0":
+        warn_about_literal_secrets(args.overrides)
+    sys.argv[:] = redact_argv(sys.argv)  # what wandb records as the run's command line
+    overrides = list(args.overrides)
+    if args.resume is not None:
+        overrides.append(f"train.resume={'null' if args.resume == 'off' else args.resume}")
+    succeeded = False
+    try:
+        code = run_training(args.preset, overrides, rehearse=args.rehearse,
+                            world_size=args.world_size or launcher_world_size())
+        succeeded = True
+        return code
+    finally:
+        end_distributed(succeeded)

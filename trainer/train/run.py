@@ -1,0 +1,184 @@
+"""The training job: `deepspeed train.py --preset NAME` ends up in `run_training`.
+
+Read it top to bottom: resolve the config -> start the ranks -> check the resume checkpoint -> data ->
+model -> deepspeed.initialize -> resume -> `fit` (train/loop.py) -> HF export. Everything that can refuse
+the run is checked before the run directory is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+import yaml
+
+from .. import ranks
+from ..config import Config
+from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
+from ..errors import UserError
+from ..presets import load_preset
+from ..redact import redact
+from ..resolve import Resolved, resolve
+from . import checkpoint
+from .checkpoint import TrainState
+from .loop import Outcome, fit
+from .metrics import MetricsLogger, print0
+
+
+def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None) -> int:
+    config = load_preset(preset, overrides)
+    rank = start_distributed(config.train.dist_timeout_s)
+    rehearsal_notices: list[str] = []
+    if rehearse:
+        from .rehearse import rehearsal_config
+        config, rehearsal_notices = rehearsal_config(config, dist.get_world_size())
+    resolved = resolve(config, world_size)
+    check_world_size(resolved)
+    cfg = resolved.config
+    run_dir = Path(cfg.train.output_dir)
+    seed_everything(cfg.train.seed, rank)
+    for notice in rehearsal_notices + resolved.notices:
+        print0(f"notice: {notice}", rank=rank)
+    # Everything that can refuse the run (config, resume checkpoint, tokenizer, data) is checked
+    # before the run directory is created or anything in it is written.
+    ckpt_dir = run_dir / "checkpoints"
+    resume_path, resume_step = checkpoint_to_resume(cfg, ckpt_dir, rank)
+    if resume_step == cfg.train.max_steps:
+        print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
+               f"nothing was done (raise train.max_steps to train on)", rank=rank)
+        return 0
+
+    from ..data import MicroBatchLoader, build_datasets, load_tokenizer
+    tokenizer = load_tokenizer(cfg.model)
+    check_vocab(tokenizer, cfg)
+    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
+    print0(f"data: {data.stats}", rank=rank)
+    check_enough_batches(data, resolved)
+    prepare_run_dir(run_dir, resolved, rank)
+
+    import deepspeed
+
+    from ..model import build_model, count_parameters
+    model, hf_ds_config = build_model(cfg, rank)
+    total_params, trainable_params = count_parameters(model)
+    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable)", rank=rank)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg.deepspeed)
+    del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
+    engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
+
+    dp_rank, dp_size = data_parallel_rank(engine), resolved.batch.data_parallel_size
+    train_batches = MicroBatchLoader(data.train, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed)
+    eval_batches = MicroBatchLoader(data.eval, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed,
+                                    shuffle=False)
+
+    state, resumed_from = resume_if_asked(engine, resume_path, ckpt_dir, train_batches, rank)
+
+    metrics = MetricsLogger(cfg, run_dir, rank, total_params, resolved.world_size, resolved.record())
+    try:
+        ended = fit(engine, train_batches, eval_batches, state, resolved, metrics, ckpt_dir, resumed_from)
+        if cfg.train.export_hf and ended is Outcome.FINISHED:
+            out = checkpoint.export_hf(engine, tokenizer, run_dir / "hf")
+            if out:
+                print0(f"exported HF model to {out}", rank=rank)
+    finally:
+        metrics.close()
+    return ended.exit_code
+
+
+def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
+    if rank == 0:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            probe = run_dir / ".write_test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"train.output_dir {str(run_dir)!r} is not writable: {err.strerror}; "
+                            f"choose another directory with --set train.output_dir=PATH") from None
+        write_resolved_config(run_dir, resolved.record())
+    ranks.barrier()
+
+
+def write_resolved_config(run_dir: Path, config: dict) -> Path:
+    """`config.resolved.yaml` is this invocation's config; every invocation's is kept in `configs/`
+    (0001.yaml, 0002.yaml, ...), so a resume with other settings does not rewrite the run's history."""
+    text = yaml.safe_dump(config, sort_keys=False)
+    history = run_dir / "configs"
+    history.mkdir(exist_ok=True)
+    number = 1 + max((int(p.stem) for p in history.glob("[0-9]*.yaml") if p.stem.isdigit()), default=0)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (history / f"{number:04d}.yaml").write_text(f"# invocation {number}, started {started}\n{text}")
+    (run_dir / "config.resolved.yaml").write_text(text)
+    return history / f"{number:04d}.yaml"
+
+
+def check_world_size(resolved: Resolved) -> None:
+    running = dist.get_world_size()
+    if resolved.world_size != running:
+        raise UserError(
+            f"the config is resolved for {resolved.world_size} ranks (hardware.nodes x hardware.gpus_per_node, or "
+            f"--world-size) but {running} rank(s) are running: launch {resolved.world_size} ranks (e.g. deepspeed "
+            f"--num_gpus {resolved.world_size} train.py ...), or resolve for these with --world-size {running}")
+
+
+def check_enough_batches(data, resolved: Resolved) -> None:
+    """Each split gives every data-parallel rank at least one micro-batch (else MicroBatchLoader would
+    refuse it later, after the run directory exists)."""
+    from ..data import DataError
+    cfg, dp = resolved.config, resolved.batch.data_parallel_size
+    micro = cfg.train.micro_batch_size
+    for name, split in (("train", data.train), ("eval", data.eval)):
+        if len(split) < micro * dp:
+            source = cfg.data.eval_source if name == "eval" and cfg.data.eval_source else cfg.data.source
+            raise DataError(f"{source}: the {name} split has {len(split)} sequence(s) of data.seq_len="
+                            f"{cfg.data.seq_len} tokens, fewer than one micro-batch (train.micro_batch_size={micro}) "
+                            f"for each of {dp} data-parallel rank(s); add data or lower train.micro_batch_size or "
+                            f"data.seq_len" + (" (or raise data.eval_fraction)" if name == "eval" else ""))
+
+
+def check_vocab(tokenizer, cfg: Config) -> None:
+    if len(tokenizer) > cfg.model.vocab_size:
+        raise UserError(f"the tokenizer has {len(tokenizer)} tokens but model.vocab_size is {cfg.model.vocab_size}: "
+                        f"raise model.vocab_size or use the model's own tokenizer")
+
+
+def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path | None, int]:
+    """The checkpoint to resume from (None: a fresh run) and its step; checked to be complete, intact, free
+    of foreign pickled objects (on every rank, before any rank loads anything), of this model shape, and
+    not past train.max_steps."""
+    path = checkpoint.find_resume(cfg.train.resume, ckpt_dir)
+    if path is None:
+        if cfg.train.resume == "auto":
+            print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
+        return None, 0
+    saved_state, saved_config = checkpoint.read_trainer_state(path)
+    checkpoint.check_same_model(saved_config, dataclasses.asdict(cfg.model), path)
+    if saved_state.step > cfg.train.max_steps:
+        raise UserError(f"checkpoint {path} is at step {saved_state.step}, past train.max_steps={cfg.train.max_steps}: "
+                        f"nothing to train and nothing was written; raise train.max_steps (e.g. --set train.max_steps="
+                        f"{2 * saved_state.step}) or resume an earlier checkpoint with --resume PATH")
+    checkpoint.verify(path, comm_device())
+    newer = [p.name for p in checkpoint.complete_checkpoints(ckpt_dir) if p.name > path.name]
+    if newer and path.parent.resolve() == ckpt_dir.resolve():
+        print0(f"notice: resuming {path.name} although newer checkpoints exist ({', '.join(newer)}); they are set "
+               f"aside in {ckpt_dir / 'abandoned'} at this run's first save, not deleted", rank=rank)
+    return path, saved_state.step
+
+
+def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int):
+    """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint."""
+    if path is None:
+        return TrainState(), None
+    state = checkpoint.load(engine, path, ckpt_dir)
+    train_batches.load_state_dict(state.data)
+    print0(f"resume: continuing from {path} (step {state.step})", rank=rank)
+    return state, str(path)
+
+
+def data_parallel_rank(engine) -> int:
+    """Ranks of one AutoTP group share a data-parallel rank (and so see the same batch, as DeepSpeed demands)."""
+    if engine.autotp_size() > 1:
+        return engine.get_data_parallel_rank()  # DeepSpeed's (dp, tp) mesh
+    return dist.get_rank()
