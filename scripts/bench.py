@@ -7,7 +7,7 @@ micro-batches (trainer.data.MicroBatchLoader over the preset's tokenized train s
 resolved DeepSpeed JSON (micro-batch, grad accumulation, ZeRO stage, optimizer, scheduler) for the
 same number of optimizer steps, each in its own `deepspeed --num_gpus R --master_port P` launch:
 
-  trainer     trainer.loop.run_training, the real thing (eval and checkpoint only at the end, untimed)
+  trainer     trainer.train.run.run_training, the real thing (eval and checkpoint only at the end, untimed)
   minimal     the hand-written DeepSpeed loop in `minimal_worker` below
   hf_trainer  transformers.Trainer with TrainingArguments(deepspeed=<the same JSON>)
 
@@ -244,7 +244,7 @@ def print_report(runs: dict[str, list[dict]], resolved, args) -> None:
           f"{len(next(iter(runs.values())))} runs; spread = (max - min) / max over the runs. outside engine = host time "
           f"per step outside DeepSpeedEngine.forward/backward/step (least over the runs).")
     if peak:
-        print(f"MFU = tokens/s x {fpt:.4g} FLOPs/token (trainer.metrics.flops_per_token) / "
+        print(f"MFU = tokens/s x {fpt:.4g} FLOPs/token (trainer.train.metrics.flops_per_token) / "
               f"({peak:g} TFLOP/s x {any_result['world_size']} GPUs)")
     else:
         print("MFU: CPU ranks, no peak to compare against")
@@ -308,7 +308,9 @@ class StepClock:
         self.engine_times.append(self.engine_s)
 
     def time_engine_calls(self) -> None:
-        """Wrap the engine's forward/backward/step (all three contenders drive a DeepSpeedEngine)."""
+        """Wrap DeepSpeedEngine's forward/backward/step for all three contenders alike: the HF Trainer builds
+        and drives its engine itself, so DeepSpeed's class is the one place to time all three the same way
+        (our own code is watched through its hooks, never patched)."""
         from deepspeed.runtime.engine import DeepSpeedEngine
         for name in ("forward", "backward", "step"):
             setattr(DeepSpeedEngine, name, self._timed(getattr(DeepSpeedEngine, name)))
@@ -332,9 +334,8 @@ class StepClock:
 
 
 class ModelProbe:
-    """Wraps trainer.model.build_model in the worker so every contender's model reports its parameter
-    count and, through a forward hook removed after one call, the rank's loss on its first micro-batch
-    (a check that all contenders did the same work)."""
+    """Attached to every contender's model as built: its parameter count and, through a forward hook removed
+    after one call, the rank's loss on its first micro-batch (a check that all contenders did the same work)."""
 
     def __init__(self):
         self.first_loss = None
@@ -342,17 +343,10 @@ class ModelProbe:
         self.num_params = None
         self._handle = None
 
-    def install(self) -> None:
-        from trainer import model as model_module
-        build_model = model_module.build_model
-
-        def build_model_with_probe(cfg, rank):
-            model, hf_ds_config = build_model(cfg, rank)
-            self.num_params = model_module.count_parameters(model)[0]
-            self._handle = model.register_forward_hook(self._hook)
-            return model, hf_ds_config
-
-        model_module.build_model = build_model_with_probe  # run_training imports it at call time
+    def attach(self, model) -> None:
+        from trainer.model import count_parameters
+        self.num_params = count_parameters(model)[0]
+        self._handle = model.register_forward_hook(self._hook)
 
     def _hook(self, module, inputs, output) -> None:
         loss = getattr(output, "loss", None)
@@ -366,7 +360,6 @@ def run_worker(name: str, spec: dict, out: Path) -> int:
     import torch.distributed as dist
 
     probe = ModelProbe()
-    probe.install()
     clock = StepClock(spec["warmup"], spec["steps"])
     clock.time_engine_calls()
     ds_config = json.loads(Path(spec["ds_config"]).read_text())
@@ -387,12 +380,11 @@ def run_worker(name: str, spec: dict, out: Path) -> int:
     return 0
 
 
-def setup(spec: dict, ds_config: dict):
+def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     """The resolved config (checked against the driver's JSON), process group, data and model, built
     as run_training builds them (same seeding, same dataset, same build_model)."""
     import deepspeed
     import torch.distributed as dist
-    from trainer import model as model_module
     from trainer.data import build_datasets, load_tokenizer
     from trainer.distributed import rank0_first, seed_everything
 
@@ -403,7 +395,9 @@ def setup(spec: dict, ds_config: dict):
     cfg = resolved.config
     seed_everything(cfg.train.seed, rank)
     data = rank0_first(lambda: build_datasets(cfg.data, load_tokenizer(cfg.model), cfg.train.seed))
-    model, hf_ds_config = model_module.build_model(cfg, rank)
+    from trainer.model import build_model
+    model, hf_ds_config = build_model(cfg, rank)
+    probe.attach(model)
     return resolved, data, model, hf_ds_config
 
 
@@ -425,7 +419,7 @@ def minimal_worker(spec: dict, ds_config: dict, clock: StepClock, probe: ModelPr
     import torch.distributed as dist
     from trainer.data import MicroBatchLoader
 
-    resolved, data, model, _hf_ds_config = setup(spec, ds_config)
+    resolved, data, model, _hf_ds_config = setup(spec, ds_config, probe)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config)
     dp_rank = engine.get_data_parallel_rank() if engine.autotp_size() > 1 else dist.get_rank()
@@ -445,29 +439,32 @@ def minimal_worker(spec: dict, ds_config: dict, clock: StepClock, probe: ModelPr
 
 
 def trainer_worker(spec: dict, ds_config: dict, clock: StepClock, probe: ModelProbe):
-    """trainer.loop.run_training unchanged. The clock wraps MetricsLogger.advance, which fit() calls once
-    per optimizer step right after it; the final eval and checkpoint come after the last tick (untimed)."""
-    from trainer import loop, metrics
+    """trainer.train.run.run_training unchanged, watched through its hooks: the clock ticks in `after_step`,
+    which fit() calls once per optimizer step right after it; the final eval and checkpoint come after the
+    last tick (untimed)."""
+    from trainer.train.hooks import Hooks
+    from trainer.train.run import run_training
 
-    resolve, advance, seen = loop.resolve, metrics.MetricsLogger.advance, []
+    class BenchHooks(Hooks):
+        resolved = None
 
-    def checked_resolve(*args, **kwargs):
-        seen.append(check_same_json(resolve(*args, **kwargs), ds_config))
-        return seen[-1]
+        def on_resolved(self, resolved):
+            self.resolved = check_same_json(resolved, ds_config)
 
-    def timed_advance(self, steps: int = 1):
-        if clock.loop_start is None:  # approximate (fit's set-up came before): used only with --warmup 0
-            clock.loop_start = time.perf_counter()
-        clock.tick(len(clock.times) + 1)
-        advance(self, steps)
+        def on_model(self, model):
+            probe.attach(model)
 
-    loop.resolve, metrics.MetricsLogger.advance = checked_resolve, timed_advance
+        def after_step(self, engine, step):
+            if clock.loop_start is None:  # approximate (fit's set-up came before): used only with --warmup 0
+                clock.loop_start = time.perf_counter()
+            clock.tick(step)
+
+    hooks = BenchHooks()
     overrides = [*spec["overrides"], f"train.output_dir={spec['run_dir']}"]
-    exit_code = loop.run_training(spec["preset"], overrides, world_size=spec["world_size"])
+    exit_code = run_training(spec["preset"], overrides, world_size=spec["world_size"], hooks=hooks)
     if exit_code:
         raise RuntimeError(f"run_training returned {exit_code}")
-    return seen[0]
-
+    return hooks.resolved
 
 def hf_trainer_worker(spec: dict, ds_config: dict, clock: StepClock, probe: ModelProbe):
     """transformers.Trainer on the same JSON, fed the same micro-batches (MicroBatchLoader, not re-sharded)."""
@@ -496,7 +493,7 @@ def hf_trainer_worker(spec: dict, ds_config: dict, clock: StepClock, probe: Mode
         bf16=t.precision == "bf16", fp16=t.precision == "fp16", seed=t.seed, logging_strategy="no",
         save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         remove_unused_columns=False, accelerator_config=accelerator_config)
-    resolved, data, model, hf_ds_config = setup(spec, ds_config)
+    resolved, data, model, hf_ds_config = setup(spec, ds_config, probe)
     loader = MicroBatchLoader(data.train, t.micro_batch_size, args.process_index,
                               resolved.batch.data_parallel_size, t.seed)
 

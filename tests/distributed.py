@@ -46,9 +46,14 @@ def launch_raw(script_args: list[str], timeout: int = 1500, ranks: int = 2, env:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def with_faults(script_args: list[str]) -> list[str]:
+    """The same training launch with TRAINER_FAULTS injected through the trainer's hooks (tests/workers/faults.py)."""
+    return ["tests/workers/train_with_faults.py" if arg == "train.py" else arg for arg in script_args]
+
+
 def remove_shm_buffers(port="*") -> None:
     """DeepSpeed's CPU all-reduce buffers (69 MB each in /dev/shm) that a killed job leaves behind; a
-    finished run removes its own (trainer.loop.end_distributed)."""
+    finished run removes its own (trainer.distributed.end_distributed)."""
     for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*"):
         path.unlink(missing_ok=True)
 

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_command, launch_raw, read_metrics, run_many
+from distributed import REPO, launch, launch_command, launch_raw, read_metrics, run_many, with_faults
 from trainer.train import checkpoint, integrity
 
 pytestmark = pytest.mark.multirank
@@ -172,7 +172,7 @@ def test_a_crash_between_complete_and_latest_resumes_the_newer_checkpoint(tmp_pa
     """Rank 0 dies after writing COMPLETE of step 8 and before replacing `latest` (still step 4): the step-8
     checkpoint is complete and continues step 4's history, so --resume auto takes it."""
     out = tmp_path / "run"
-    code, _ = launch_raw(train_args(out), env={"TRAINER_FAULTS": "kill_before_latest@8"})
+    code, _ = launch_raw(with_faults(train_args(out)), env={"TRAINER_FAULTS": "kill_before_latest@8"})
     assert code != 0
     ckpts = out / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == tag(4)
@@ -182,7 +182,8 @@ def test_a_crash_between_complete_and_latest_resumes_the_newer_checkpoint(tmp_pa
 
 def test_nonfinite_weights_are_never_marked_complete(tmp_path):
     out = tmp_path / "run"
-    code, output = launch_raw(train_args(out, "train.save_every=3"), env={"TRAINER_FAULTS": "nan_weights@6"})
+    code, output = launch_raw(with_faults(train_args(out, "train.save_every=3")),
+                              env={"TRAINER_FAULTS": "nan_weights@6"})
     assert code != 0
     assert "not saving step 6: the weights hold inf/NaN values (model.embed_tokens.weight (1,024)" in output
     assert f"resume the last complete checkpoint with --resume {out / 'checkpoints' / tag(3)}" in output

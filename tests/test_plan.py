@@ -219,13 +219,29 @@ def test_bad_input_is_a_clear_error_with_non_zero_exit(args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_scenario_with_unknown_keys(tmp_path):
+def test_a_scenario_file_reports_every_problem_at_once(tmp_path):
+    """Scenario files go through the presets' strict loader: every unknown key and wrong type, nested ones
+    included, in one error naming the file."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("# bad\nmodel: 7b\ngpus: a100-80g\nexpect: {stage: 2, micro: [1, 2]}\n")
+    bad.write_text("# bad\nmodel: 7b\ngpus: a100-80g\nseq_len: long\nexpect: {stage: 2, micro: [1, 2]}\n"
+                   "lora: {r: 8, alpah: 16}\n")
     result = run_cli("plan", str(bad))
     assert result.returncode == 2
-    assert f"{bad}: unknown key 'gpus' (did you mean 'gpu'?)" in result.stderr
-    assert "unknown key 'expect.micro'" in result.stderr
+    assert f"4 problem(s) in {bad}:" in result.stderr, result.stderr
+    for problem in ("unknown key 'gpus' (did you mean 'gpu'?)", "seq_len: expected an integer, got 'long'",
+                    "unknown key 'expect.micro' (did you mean 'micro_batch'?)",
+                    "unknown key 'lora.alpah' (did you mean 'alpha'?)"):
+        assert problem in result.stderr, (problem, result.stderr)
+
+
+def test_plan_inputs_report_every_problem_at_once():
+    with pytest.raises(UserError) as err:
+        build_inputs({"model": "7b", "gpu": "h100", "gpus_per_node": 0, "task": "finetune", "cpu_ram_gb": -1})
+    message = str(err.value)
+    assert message.startswith("4 problem(s) in the command line:"), message
+    for problem in ("--gpu: unknown GPU type 'h100' (did you mean 'h100-80g'?)", "--gpus-per-node: 0 must be",
+                    "--task: 'finetune' is not one of pretrain, full, lora", "--cpu-ram-gb: -1 must be a size"):
+        assert problem in message, (problem, message)
 
 
 def test_flags_override_the_scenario():

@@ -1,13 +1,13 @@
 """Preemption, crashes and numerical guards on real 2-rank CPU runs (issue: reliability).
 
-Faults are injected with TRAINER_FAULTS (trainer/guards.py): `kill_at@N` SIGKILLs rank 1 after step N,
-`kill_in_save@N` SIGKILLs it while checkpoint N is half written, `nan_loss@N` poisons step N's loss.
+Faults are injected with TRAINER_FAULTS through the trainer's hooks (tests/workers/faults.py): `kill_at@N`
+SIGKILLs rank 1 after step N, `kill_in_save@N` SIGKILLs it while checkpoint N is half written, `nan_loss@N`
+poisons step N's loss.
 """
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import time
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_command, launch_raw, read_metrics
+from distributed import REPO, launch, launch_command, launch_raw, read_metrics, with_faults
 from trainer.train import checkpoint
 from trainer.train.guards import StepGuard
 
@@ -50,10 +50,10 @@ def uninterrupted(tmp_path_factory):
     return out
 
 
-def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted(tmp_path, uninterrupted):
-    kill_step = random.Random().randint(5, 11)  # a different step each run; printed on failure
+def test_sigkill_between_checkpoints_then_resume_matches_uninterrupted(tmp_path, uninterrupted):
+    kill_step = 7  # after the step-4 checkpoint, before step 8's: steps 5-7 are lost and redone
     out = tmp_path / "run"
-    code, output = launch_raw(train_args(out), env={"TRAINER_FAULTS": f"kill_at@{kill_step}"})
+    code, output = launch_raw(with_faults(train_args(out)), env={"TRAINER_FAULTS": f"kill_at@{kill_step}"})
     assert code != 0, f"kill_at@{kill_step} did not kill the run"
     saved = 8 if kill_step >= 8 else 4
     assert checkpoint.find_resume("auto", out / "checkpoints").name == f"step_{saved:08d}", kill_step
@@ -68,7 +68,7 @@ def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted(tmp_path, un
 
 def test_kill_during_save_keeps_the_previous_checkpoint_as_latest(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    code, _ = launch_raw(train_args(out), env={"TRAINER_FAULTS": "kill_in_save@8"})
+    code, _ = launch_raw(with_faults(train_args(out)), env={"TRAINER_FAULTS": "kill_in_save@8"})
     assert code != 0
     ckpts = out / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_00000004"
@@ -124,7 +124,7 @@ def test_sigterm_with_on_signal_exit_stops_without_saving(tmp_path):
 
 def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    launch(train_args(out, "logging.log_every=1"), env={"TRAINER_FAULTS": "nan_loss@3"})
+    launch(with_faults(train_args(out, "logging.log_every=1")), env={"TRAINER_FAULTS": "nan_loss@3"})
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"step": 3, "skipped_step": True, "bad_steps_in_a_row": 1} in rows
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows if "loss" in r)
@@ -134,7 +134,8 @@ def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, uninterrupted):
 
 def test_consecutive_nonfinite_steps_stop_with_the_last_good_state(tmp_path):
     out = tmp_path / "run"
-    code, output = launch_raw(train_args(out, "train.save_every=2", "train.max_bad_steps=3", "train.keep_last=5"),
+    code, output = launch_raw(with_faults(train_args(out, "train.save_every=2", "train.max_bad_steps=3",
+                                                     "train.keep_last=5")),
                               env={"TRAINER_FAULTS": "nan_loss@3,nan_loss@4,nan_loss@5"})
     assert code != 0
     assert "stopping: 3 non-finite steps in a row (train.max_bad_steps)" in output

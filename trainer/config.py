@@ -1,9 +1,9 @@
 """The configuration schema: what a preset file may say, with one line of documentation per field.
 
 Sections mirror the preset files (`hardware`, `model`, `data`, `train`, `deepspeed`, `logging`).
-This module only declares; `trainer.presets` loads files into it (strictly: unknown keys and wrong
+This module only declares; `trainer.presets` loads files into it (`trainer.strict`: unknown keys and wrong
 types are errors) and `trainer.resolve` fills "auto", solves the batch triad and validates.
-The `deepspeed` section is DeepSpeed's own JSON, kept as a dict and owned by `trainer.ds_config`.
+The `deepspeed` section is DeepSpeed's own JSON, kept as a dict and owned by `trainer.ds`.
 """
 from __future__ import annotations
 

@@ -6,23 +6,22 @@ own `deepspeed:` section overrides key by key (`key: null` removes a template ke
 a new one. Precedence: `--set section.key=value` > preset file > template > schema defaults.
 
 Unknown keys and wrong types anywhere in the trainer's own sections are errors that name the key,
-the file and the closest valid key; all of them are reported together. The `deepspeed` section is
-checked against the installed DeepSpeed by `trainer.ds_config` during resolution.
+the file and the closest valid key; all of them are reported together (`trainer.strict`). The `deepspeed` section is
+checked against the installed DeepSpeed by `trainer.ds` during resolution.
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import re
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from . import strict
 from .config import Config
-from .errors import ConfigError, UserError, closest
+from .errors import UserError, closest
 from .redact import resolve_env_refs
 
 
@@ -135,100 +134,7 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
 
 
 def config_from_dict(raw: dict, source: str = "<dict>") -> Config:
-    problems: list[str] = []
-    config = _build(Config, raw, "", problems)
-    if problems:
-        raise ConfigError(problems, source)
-    return config
+    return strict.from_dict(Config, raw, source)
 
 
 # --- strict dict -> dataclass conversion -------------------------------------------------------
-
-def _build(cls, data: Any, path: str, problems: list[str]):
-    if not isinstance(data, dict):
-        problems.append(f"{path or 'top level'}: expected a mapping, got {type(data).__name__} {data!r}")
-        return cls()
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in names:
-            where = f"{path}.{key}" if path else key
-            problems.append(f"unknown key '{where}'{closest(str(key), names)}")
-    values = {}
-    for name in names:
-        if name in data:
-            values[name] = _convert(hints[name], data[name], f"{path}.{name}" if path else name, problems)
-    try:
-        return cls(**values)
-    except TypeError as err:  # only reachable if a conversion above let a bad value through
-        problems.append(f"{path}: {err}")
-        return cls()
-
-
-def _convert(tp, value: Any, path: str, problems: list[str]):
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path, problems)
-    if origin is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        for option in args:
-            trial: list[str] = []
-            converted = _convert(option, value, path, trial)
-            if not trial:
-                return converted
-        problems.append(f"{path}: {value!r} is not {_type_name(tp)}")
-        return value
-    if origin is typing.Literal:
-        if value not in args:
-            problems.append(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            problems.append(f"{path}: expected a list, got {value!r}")
-            return value
-        if origin is tuple and len(value) != len(args):
-            problems.append(f"{path}: expected {len(args)} values, got {len(value)}: {value!r}")
-            return value
-        items = args if origin is tuple else [args[0]] * len(value)
-        converted = [_convert(t, v, f"{path}[{i}]", problems) for i, (t, v) in enumerate(zip(items, value))]
-        return tuple(converted) if origin is tuple else converted
-    return _convert_scalar(tp, value, path, problems)
-
-
-def _convert_scalar(tp, value: Any, path: str, problems: list[str]):
-    if tp is type(None):
-        if value is not None:
-            problems.append(f"{path}: expected null, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            problems.append(f"{path}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)  # 5e8 written in YAML/JSON
-        if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{path}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{path}: expected a number, got {value!r}")
-            return value
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            problems.append(f"{path}: expected a string, got {value!r}")
-        return value
-    if tp is dict:
-        if not isinstance(value, dict):
-            problems.append(f"{path}: expected a mapping, got {value!r}")
-        return value
-    problems.append(f"{path}: unsupported type {tp}")  # a schema bug, not a user error
-    return value
-
-
-def _type_name(tp) -> str:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    names = [getattr(a, "__name__", str(a)) for a in args]
-    return " or ".join(names) + (" or null" if type(None) in typing.get_args(tp) else "")

@@ -8,7 +8,7 @@ says what it would do, which is why each is an error here.
 | offload_param needs stage 3 | ignores offload_param at stage 1/2 |
 | offload_optimizer needs stage >= 1 | fails late in engine setup |
 | NVMe offload needs stage 3, an existing writable nvme_path, optimizer buffer_count >= 4 | stage 1/2 treat 'nvme' as CPU |
-| aio.thread_count is not a key (intra_op_parallelism is) | ignores it (checked in ds_config.check_keys) |
+| aio.thread_count is not a key (intra_op_parallelism is) | ignores it (checked in ds.check_keys) |
 | AutoTP size divides the world size | asserts at engine start |
 | bf16 needs a GPU with bf16 (not V100) | fails or emulates slowly |
 | fp16 and bf16 not both | raises at config parse |
@@ -17,7 +17,7 @@ says what it would do, which is why each is an error here.
 | zero_hpz_partition_size divides the world size | hangs or asserts |
 | ZeRO++ (hpZ, quantized weights/gradients) needs stage 3 | only stage 3 reads the keys: silently nothing |
 | quantized weights not on CPU ranks | "not implemented on CPU backend" |
-| 1-bit / 0-1 optimizers are gone | raises (checked in ds_config.check_keys) |
+| 1-bit / 0-1 optimizers are gone | raises (checked in ds.check_keys) |
 | activation_checkpointing block needs model.gradient_checkpointing | the block does nothing alone |
 | train.min_lr > 0 needs WarmupCosineLR | WarmupDecayLR decays to 0 regardless |
 | gradient checkpointing turns the model's use_cache off | transformers warns every step (a notice here) |

@@ -2,7 +2,7 @@
 
 The log (or traceback file) is matched against a table of known failures, most specific first; the
 proposal is a list of `--set` overrides for the same preset, with the reason. The current config is
-read through `trainer.ds_config` accessors, so rungs already taken are skipped.
+read through `trainer.ds` accessors, so rungs already taken are skipped.
 
 | failure                         | recognised by                                              | next change                        |
 |---------------------------------|------------------------------------------------------------|------------------------------------|
@@ -346,9 +346,10 @@ def diagnose_triad(r: Resolved, text: str, evidence: str, reresolve: Optional[Re
         nodes = hw.nodes if world % hw.nodes == 0 else 1
         overrides += ([f"hardware.nodes={nodes}"] if nodes != hw.nodes else []) + [
             f"hardware.gpus_per_node={world // nodes}"]
-    if total % (micro * world) == 0:
-        overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={total // (micro * world)}"]
-        keep = f"grad_accum {total // (micro * world)} keeps train_batch_size {total} at world size {world}"
+    accum_for_total = dsc.accumulation(total, micro, world)
+    if accum_for_total:
+        overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={accum_for_total}"]
+        keep = f"grad_accum {accum_for_total} keeps train_batch_size {total} at world size {world}"
     else:
         overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={accum}"]
         keep = f"train_batch_size becomes {micro * accum * world}"

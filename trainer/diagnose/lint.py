@@ -1,6 +1,6 @@
 """`python -m trainer lint PRESET`: check a resolved config against the seed's tuning checklist (step 6).
 
-Each check reads the resolved config (DeepSpeed keys only through `trainer.ds_config`) and returns
+Each check reads the resolved config (DeepSpeed keys only through `trainer.ds`) and returns
 findings with a severity: `error` (it will not run or will not fit), `warn` (a high/medium-priority
 checklist item is off) or `info` (advice, and low-priority items). Lint never changes the config;
 the exit status is 1 when there is an error, else 0.

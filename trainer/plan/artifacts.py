@@ -19,7 +19,7 @@ DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4}
 
 
 def planned_deepspeed_config(plan: Plan) -> dict:
-    """The chosen candidate as a complete DeepSpeed config (no "auto" left), built by ds_config."""
+    """The chosen candidate as a complete DeepSpeed config (no "auto" left), built by trainer.ds."""
     c, inputs = plan.choice, plan.inputs
     ds = dsc.base_config(c.candidate.stage, c.candidate.offload_optimizer, c.candidate.offload_param,
                          inputs.nvme_path, inputs.precision, c.checkpointing)

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Optional
 
+from .. import ds as dsc
 from . import memory as mem
 from .artifacts import launch_line, nearest_preset, planned_deepspeed_config
 from .estimate import (
@@ -27,8 +28,8 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         return plan
     chosen = add_zeropp(plan, chosen)
     plan.choice = largest_micro_batch(plan, chosen)
-    plan.grad_accum = (inputs.global_batch // (plan.choice.micro_batch * inputs.world_size)
-                       if inputs.global_batch else 1)
+    plan.grad_accum = (dsc.accumulation(inputs.global_batch, plan.choice.micro_batch, inputs.world_size)
+                       if inputs.global_batch else 1)  # largest_micro_batch chose a micro-batch that divides
     plan.deepspeed = planned_deepspeed_config(plan)
     plan.preset, plan.preset_differences, overrides = nearest_preset(plan)
     plan.launch = launch_line(plan, overrides, output)

@@ -33,6 +33,7 @@ import torch
 from .. import ranks
 from ..errors import UserError
 from . import integrity
+from .hooks import Hooks
 
 
 COMPLETE = "COMPLETE"
@@ -124,13 +125,13 @@ class NonFiniteWeights(UserError):
 
 
 def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int,
-         protect: Optional[str] = None, checksums: bool = True, faults=None) -> Path:
+         protect: Optional[str] = None, checksums: bool = True, hooks: Optional[Hooks] = None) -> Path:
     """Save a complete checkpoint of `state.step` on every rank; returns its directory.
 
     `state.parent` names the checkpoint this state continues (the previous save, or the resumed one): it
     is the run's history, which retention follows. Checkpoints of other histories (a branch abandoned by
     resuming an older checkpoint) are set aside in `abandoned/`, never deleted."""
-    rank = ranks.rank()
+    rank, hooks = ranks.rank(), hooks or Hooks()
     tag = tag_for(state.step)
     bad = integrity.nonfinite_weights(engine)
     if bad:
@@ -148,14 +149,13 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
         _write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
         if rank == 0:
             _write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
-        if faults is not None:
-            faults.kill_if("kill_in_save", state.step, rank)  # tests: a rank dies with the files half written
+        hooks.in_save("files_written", state.step)
         ranks.barrier()
         _fsync_tree(partial)  # every rank flushes what is visible to it before the switch
         manifest = integrity.build_manifest(partial, tag, checksums, engine.device)  # collective
         if rank == 0:
-            crash_point = (lambda: faults.kill_if("kill_before_latest", state.step, rank, victim=0)) if faults else None
-            _commit(ckpt_dir, partial, final, manifest, state.parent, before_latest=crash_point)
+            _commit(ckpt_dir, partial, final, manifest, state.parent,
+                    before_latest=lambda: hooks.in_save("before_latest", state.step))
             prune(ckpt_dir, keep_last, protect, newest=tag)
     ranks.barrier()
     return final
@@ -180,7 +180,7 @@ def _commit(ckpt_dir: Path, partial: Path, final: Path, manifest: dict, parent: 
     _fsync_dir(final)
     _fsync_dir(ckpt_dir)
     if before_latest:
-        before_latest()  # tests: a crash between COMPLETE and `latest`
+        before_latest()  # a hook point: a crash here must leave a checkpoint `--resume auto` finds
     _write_text_atomic(ckpt_dir / "latest", final.name)
 
 

@@ -15,7 +15,7 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)  # shared with `launch`, which passes them on to every rank
 
 
-def train(args) -> int:
+def train(args, hooks=None) -> int:
     from ..distributed import end_distributed  # heavy imports (torch, deepspeed) only when training
     from .run import run_training
     if os.environ.get("RANK", "0") == "0":
@@ -27,7 +27,7 @@ def train(args) -> int:
     succeeded = False
     try:
         code = run_training(args.preset, overrides, rehearse=args.rehearse,
-                            world_size=args.world_size or launcher_world_size())
+                            world_size=args.world_size or launcher_world_size(), hooks=hooks)
         succeeded = True
         return code
     finally:

@@ -1,4 +1,4 @@
-"""What keeps a long run honest: preemption signals, non-finite steps, loss spikes, and test-only faults.
+"""What keeps a long run honest: preemption signals, non-finite steps, loss spikes, fp16 loss-scale collapse.
 
 - `StopSignal`: SIGTERM/SIGINT (what Slurm and Kubernetes send before a kill) asks every rank to
   finish the current step, save a checkpoint and exit 0. A second signal exits at once, even from inside
@@ -9,8 +9,6 @@
   optimizers discard a step whose gradient norm is inf/NaN; the guard makes sure that happened) and
   counted; after `train.max_bad_steps` in a row the run stops with a message. A loss above
   `train.spike_ratio` x its moving average is logged with the step and the data position.
-- `Faults`: failure injection for the reliability tests, read from the TRAINER_FAULTS environment
-  variable (`nan_loss@3,kill_in_save@4`); empty in normal runs.
 """
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from .. import ranks
 
 
 SAME_SIGNAL_S = 5.0
@@ -129,36 +126,6 @@ class StepGuard:
             return average
         return None
 
-
-class Faults:
-    """Test-only failure injection (TRAINER_FAULTS="nan_loss@3,kill_in_save@4,kill_at@5")."""
-
-    def __init__(self, spec: str | None = None):
-        spec = os.environ.get("TRAINER_FAULTS", "") if spec is None else spec
-        self.points = {tuple(item.split("@")) for item in spec.split(",") if "@" in item}
-
-    def active(self, name: str, step: int) -> bool:
-        return (name, str(step)) in self.points
-
-    def poison_weights(self, engine, step: int) -> None:
-        """`nan_weights@N`: write NaN into the embedding after step N (a corruption no loss check sees)."""
-        if self.active("nan_weights", step):
-            for param in engine.module.parameters():
-                target = getattr(param, "ds_tensor", None)
-                target = target if target is not None else param.data
-                with torch.no_grad():
-                    target.view(-1)[:1024] = float("nan")
-                break
-
-    def nan_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
-        return loss * float("nan") if self.active("nan_loss", step) else loss
-
-    def kill_if(self, name: str, step: int, rank: int, victim: int | None = None) -> None:
-        """SIGKILL this rank at the named point if it is the victim (default: rank 1, or rank 0 when alone)."""
-        if victim is None:
-            victim = 1 if ranks.world_size() > 1 else 0
-        if rank == victim and self.active(name, step):
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LossScaleWatch:

@@ -16,7 +16,8 @@ from .. import hardware, ranks
 from ..resolve import Resolved
 from . import checkpoint
 from .checkpoint import TrainState
-from .guards import Faults, LossScaleWatch, StepGuard, StopSignal, any_rank
+from .guards import LossScaleWatch, StepGuard, StopSignal, any_rank
+from .hooks import Hooks
 from .metrics import MetricsLogger, peak_memory_gb, print0
 
 
@@ -38,14 +39,15 @@ class Outcome(enum.Enum):
 
 
 def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
-        ckpt_dir: Path, resumed_from: str | None) -> Outcome:
+        ckpt_dir: Path, resumed_from: str | None, hooks: Hooks | None = None) -> Outcome:
     """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended."""
     cfg = resolved.config
     train, accum = cfg.train, cfg.train.grad_accum
     rank = ranks.rank()
     tokens_per_step = resolved.tokens_per_step
     batches = iter(train_batches)
-    stop, guard, faults = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window), Faults()
+    hooks = hooks or Hooks()
+    stop, guard = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window)
     scale_watch = LossScaleWatch(dsc.fp16_min_loss_scale(cfg.deepspeed), train.min_loss_scale_hits)
     metrics.start_progress(state.step, train.max_steps)
     window_start = time.perf_counter()
@@ -59,7 +61,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         step_loss = torch.zeros((), device=engine.device)
         for _ in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
             batch = to_device(next(batches), engine.device)
-            loss = faults.nan_loss(engine(**batch).loss, state.step + 1)
+            loss = hooks.on_loss(engine(**batch).loss, state.step + 1)
             engine.backward(loss)
             engine.step()
             step_loss += loss.detach().float()
@@ -67,6 +69,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         state.consumed_samples += resolved.batch.global_batch_size
         state.data = train_batches.state_dict()
         metrics.advance()
+        hooks.after_step(engine, state.step)
 
         # one small all-reduce per step: did any rank see a non-finite loss, or a stop signal?
         nonfinite, stop_requested = any_rank([~torch.isfinite(step_loss), stop.requested], engine.device)
@@ -118,12 +121,11 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
 
         stopping = ended in (Outcome.SIGNALLED, Outcome.BAD_STEPS)
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
-        faults.poison_weights(engine, state.step)
         if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or save_now:
             state.log_window = [window_loss, window_steps]
             try:
                 saved_at = checkpoint.save(engine, ckpt_dir, state, resolved.record(), train.keep_last,
-                                           protect=resumed_from, checksums=train.checkpoint_checksums, faults=faults)
+                                           protect=resumed_from, checksums=train.checkpoint_checksums, hooks=hooks)
             except checkpoint.NonFiniteWeights as err:
                 last = checkpoint.find_resume("auto", ckpt_dir)
                 print0(f"stopping: {err}; " + (f"resume the last complete checkpoint with --resume {last}" if last
@@ -132,7 +134,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
                 return Outcome.CORRUPTED
             state.parent = saved_at.name  # the next checkpoint continues this one
             resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
-        faults.kill_if("kill_at", state.step, rank)
+        hooks.end_of_step(state.step)
         if stopping:
             saved = "checkpoint saved" if save_now else "no checkpoint (train.on_signal=exit)"
             why = f"signal ({stop.name or 'another rank'})" if ended is Outcome.SIGNALLED else ended.label

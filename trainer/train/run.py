@@ -1,14 +1,16 @@
 """The training job: `deepspeed train.py --preset NAME` ends up in `run_training`.
 
-Read it top to bottom: resolve the config -> start the ranks -> check the resume checkpoint -> data ->
-model -> deepspeed.initialize -> resume -> `fit` (train/loop.py) -> HF export. Everything that can refuse
+Read it top to bottom: `start` (resolve the config, start the ranks) -> check the resume checkpoint ->
+`build` (data, model, deepspeed.initialize) -> resume -> `fit` (train/loop.py) -> HF export. Everything that can refuse
 the run is checked before the run directory is written.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import yaml
@@ -22,24 +24,28 @@ from ..redact import redact
 from ..resolve import Resolved, resolve
 from . import checkpoint
 from .checkpoint import TrainState
+from .hooks import Hooks
 from .loop import Outcome, fit
 from .metrics import MetricsLogger, print0
 
 
-def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None) -> int:
-    config = load_preset(preset, overrides)
-    rank = start_distributed(config.train.dist_timeout_s)
-    rehearsal_notices: list[str] = []
-    if rehearse:
-        from .rehearse import rehearsal_config
-        config, rehearsal_notices = rehearsal_config(config, dist.get_world_size())
-    resolved = resolve(config, world_size)
-    check_world_size(resolved)
-    cfg = resolved.config
+@dataclass
+class Job:
+    """What `build` makes for `fit`: the engine, the batches, and what the export and metrics need."""
+    engine: Any
+    tokenizer: Any
+    train_batches: Any
+    eval_batches: Any
+    total_params: int
+
+
+def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None,
+                 hooks: Hooks | None = None) -> int:
+    hooks = hooks or Hooks()
+    resolved = start(preset, overrides, rehearse, world_size)
+    hooks.on_resolved(resolved)
+    cfg, rank = resolved.config, ranks.rank()
     run_dir = Path(cfg.train.output_dir)
-    seed_everything(cfg.train.seed, rank)
-    for notice in rehearsal_notices + resolved.notices:
-        print0(f"notice: {notice}", rank=rank)
     # Everything that can refuse the run (config, resume checkpoint, tokenizer, data) is checked
     # before the run directory is created or anything in it is written.
     ckpt_dir = run_dir / "checkpoints"
@@ -48,8 +54,45 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
         return 0
+    job = build(resolved, run_dir, hooks)
+    state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank)
+
+    metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, resolved.record())
+    try:
+        ended = fit(job.engine, job.train_batches, job.eval_batches, state, resolved, metrics, ckpt_dir,
+                    resumed_from, hooks)
+        if cfg.train.export_hf and ended is Outcome.FINISHED:
+            out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf")
+            if out:
+                print0(f"exported HF model to {out}", rank=rank)
+    finally:
+        metrics.close()
+    return ended.exit_code
+
+
+def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | None) -> Resolved:
+    """The config resolved for the ranks that are running, the process group up, seeds set, notices printed."""
+    config = load_preset(preset, overrides)
+    rank = start_distributed(config.train.dist_timeout_s)
+    rehearsal_notices: list[str] = []
+    if rehearse:
+        from .rehearse import rehearsal_config
+        config, rehearsal_notices = rehearsal_config(config, dist.get_world_size())
+    resolved = resolve(config, world_size)
+    check_world_size(resolved)
+    seed_everything(resolved.config.train.seed, rank)
+    for notice in rehearsal_notices + resolved.notices:
+        print0(f"notice: {notice}", rank=rank)
+    return resolved
+
+
+def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
+    """Tokenizer and data (checked before the run directory is written), then the model and the engine."""
+    import deepspeed
 
     from ..data import MicroBatchLoader, build_datasets, load_tokenizer
+    from ..model import build_model, count_parameters
+    cfg, rank = resolved.config, ranks.rank()
     tokenizer = load_tokenizer(cfg.model)
     check_vocab(tokenizer, cfg)
     data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
@@ -57,10 +100,8 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     check_enough_batches(data, resolved)
     prepare_run_dir(run_dir, resolved, rank)
 
-    import deepspeed
-
-    from ..model import build_model, count_parameters
     model, hf_ds_config = build_model(cfg, rank)
+    hooks.on_model(model)
     total_params, trainable_params = count_parameters(model)
     print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable)", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
@@ -72,20 +113,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     train_batches = MicroBatchLoader(data.train, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed)
     eval_batches = MicroBatchLoader(data.eval, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed,
                                     shuffle=False)
-
-    state, resumed_from = resume_if_asked(engine, resume_path, ckpt_dir, train_batches, rank)
-
-    metrics = MetricsLogger(cfg, run_dir, rank, total_params, resolved.world_size, resolved.record())
-    try:
-        ended = fit(engine, train_batches, eval_batches, state, resolved, metrics, ckpt_dir, resumed_from)
-        if cfg.train.export_hf and ended is Outcome.FINISHED:
-            out = checkpoint.export_hf(engine, tokenizer, run_dir / "hf")
-            if out:
-                print0(f"exported HF model to {out}", rank=rank)
-    finally:
-        metrics.close()
-    return ended.exit_code
-
+    return Job(engine, tokenizer, train_batches, eval_batches, total_params)
 
 def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
     if rank == 0:
