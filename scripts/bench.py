@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 CONTENDERS = ("minimal", "trainer", "hf_trainer")
 BUDGET_VS_MINIMAL = 0.03  # the issue: the loop may cost at most 3% against the minimal loop

@@ -23,18 +23,17 @@ buffers); the goal there is within 10%.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from trainer import ds as dsc  # noqa: E402
-from trainer.plan import memory as mem  # noqa: E402
-from trainer.presets import load_preset  # noqa: E402
-from trainer.resolve import resolve  # noqa: E402
+from trainer import ds as dsc
+from trainer.plan import memory as mem
+from trainer.presets import load_preset
+from trainer.resolve import resolve
 
 
 def arguments() -> argparse.Namespace:
@@ -45,6 +44,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--max-hidden", type=int, default=None,
                         help="shrink the width to at most this (default 512 on CPU, unchanged on GPU)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--json", help="also write {measured, planned} bytes per rank to this file (rank 0)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -155,6 +155,9 @@ def main() -> int:
                                        dsc.offload_param_device(ds) != "none", zero_init=True, precision="bf16")
     rows = [("params", planned.params), ("gradients", planned.gradients), ("optimizer", planned.optimizer),
             ("model states", planned.params + planned.gradients + planned.optimizer)]
+    if rank == 0 and args.json:
+        Path(args.json).write_text(json.dumps({"stage": stage, "precision": precision, "world": world,
+                                               "measured": measured, "planned": dict(rows)}))
     if rank == 0:
         m = cfg.model
         print(f"\nmeasure_memory: {args.preset} shrunk to {m.num_layers} layers x {m.hidden_size} wide "

@@ -40,7 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 from conftest import TINY, nvme_overrides
-from trainer import rules
+from rule_cases import CASES
 from trainer.__main__ import main
 from trainer.config import DataConfig, ModelConfig
 from trainer.data import DataError, build_datasets, load_tokenizer
@@ -212,65 +212,13 @@ def test_inconsistent_batch_triad(overrides, fragments, tmp_path, capsys):
     assert all(f in message for f in fragments), message
 
 
-# One per rule in trainer.rules.RULES (plus LoRA without pretrained weights), through the CLI on the
-# shipped tiny_cpu preset (2 CPU ranks, ZeRO-2, fp32): the key, and the fix.
-FEATURE_CASES = {
-    "offload_param_needs_stage3": (
-        ["deepspeed.zero_optimization.offload_param={device: cpu}"],
-        ["deepspeed.zero_optimization.offload_param needs stage 3", "stage=3 or remove offload_param"]),
-    "offload_optimizer_needs_zero": (
-        ["deepspeed.zero_optimization.stage=0", "deepspeed.zero_optimization.offload_optimizer={device: cpu}"],
-        ["deepspeed.zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3"]),
-    "nvme_offload": (
-        [f"deepspeed.zero_optimization.offload_optimizer={{device: nvme, nvme_path: {ROOT}}}"],
-        ["offload_optimizer.device=nvme needs stage 3", "stage=3 or device=cpu"]),
-    "autotp_divides_world": (
-        ["deepspeed.tensor_parallel={autotp_size: 3}"],
-        ["deepspeed.tensor_parallel.autotp_size=3 must divide the world size 2", "choose a divisor"]),
-    "bf16_needs_hardware": (
-        ["hardware.gpu=v100-32g", "train.precision=bf16"],
-        ["bf16 is enabled", "has no bf16", "train.precision=fp16"]),
-    "one_half_precision": (
-        ["hardware.gpu=a100-80g", "train.precision=bf16", "deepspeed.bf16={enabled: true}",
-         "deepspeed.fp16={enabled: true}"],
-        ["deepspeed.fp16.enabled=True", "'auto'"]),
-    "cpu_ranks_precision": (
-        ["train.precision=fp16", "deepspeed.bf16=null", "deepspeed.fp16={enabled: auto}"],
-        ["fp16 is enabled on CPU ranks", "train.precision=fp32"]),
-    "round_robin_needs_stage_1_2": (
-        ["deepspeed.zero_optimization.stage=3", "deepspeed.zero_optimization.round_robin_gradients=true"],
-        ["deepspeed.zero_optimization.round_robin_gradients only works at stage 1/2", "remove it"]),
-    "zeropp_needs_stage3": (
-        ["deepspeed.zero_optimization.zero_quantized_gradients=true"],
-        ["ZeRO++ (zero_quantized_gradients) needs stage 3", "set zero_optimization.stage=3"]),
-    "hpz_divides_world": (
-        ["hardware.gpu=a100-80g", "hardware.gpus_per_node=4", "train.precision=bf16",
-         "deepspeed.zero_optimization.stage=3", "deepspeed.zero_optimization.zero_hpz_partition_size=3"],
-        ["deepspeed.zero_optimization.zero_hpz_partition_size=3 must divide the world size 4"]),
-    "quantized_weights_need_gpu": (
-        ["deepspeed.zero_optimization.stage=3", "deepspeed.zero_optimization.zero_quantized_weights=true"],
-        ["deepspeed.zero_optimization.zero_quantized_weights is not implemented", "turn it off"]),
-    "ds_checkpointing_needs_model_flag": (
-        ["deepspeed.activation_checkpointing={partition_activations: false}"],
-        ["deepspeed.activation_checkpointing is set but model.gradient_checkpointing is false",
-         "set model.gradient_checkpointing=true"]),
-    "min_lr_needs_cosine": (
-        ["train.min_lr=1e-4"],
-        ["train.min_lr=0.0001", "WarmupCosineLR", "train.min_lr=0"]),
-    "lora_without_pretrained_weights": (
-        ["model.lora.enabled=true"], ["model.lora.enabled", "model.name_or_path"]),
-}
+# The rule table (tests/rule_cases.py) through the CLI: `export tiny_cpu --set ...` names the key and the fix.
 
-
-def test_every_rule_has_a_feature_case():
-    assert {rule.__name__ for rule in rules.RULES} <= set(FEATURE_CASES)
-
-
-@pytest.mark.parametrize("case", sorted(FEATURE_CASES))
-def test_incompatible_feature_combination(case, tmp_path, capsys):
-    overrides, fragments = FEATURE_CASES[case]
-    message = export_error(capsys, tmp_path, "tiny_cpu", overrides)
-    assert all(f in message for f in fragments), message
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_incompatible_feature_combination(name, tmp_path, capsys):
+    case = CASES[name]
+    message = export_error(capsys, tmp_path, "tiny_cpu", case.breaks)
+    assert all(f in message for f in case.says), message
 
 
 # ====================================================================================== data

@@ -26,8 +26,10 @@ def train(tmp_path, name, *extra) -> tuple[list[dict], str]:
 def test_flash_attention_trains_like_sdpa(tmp_path):
     if importlib.util.find_spec("flash_attn") is None:
         pytest.skip("flash-attn is not installed (pip install -e '.[gpu]')")
-    flash, _ = train(tmp_path, "flash", "train.precision=bf16", "model.attn_implementation=flash_attention_2")
-    sdpa, _ = train(tmp_path, "sdpa", "train.precision=bf16", "model.attn_implementation=sdpa")
+    flash, flash_log = train(tmp_path, "flash", "train.precision=bf16", "model.attn_implementation=flash_attention_2")
+    sdpa, sdpa_log = train(tmp_path, "sdpa", "train.precision=bf16", "model.attn_implementation=sdpa")
+    assert "attention flash_attention_2" in flash_log, "flash-attn did not run (a silent fallback to sdpa)"
+    assert "attention sdpa" in sdpa_log
     assert [r["loss"] for r in flash] == pytest.approx([r["loss"] for r in sdpa], rel=2e-2)
 
 
@@ -35,8 +37,10 @@ def test_liger_kernels_train_like_plain_llama(tmp_path):
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger-kernel is not installed (pip install -e '.[gpu]')")
     liger, output = train(tmp_path, "liger", "train.precision=bf16", "model.liger=true")
-    plain, _ = train(tmp_path, "plain", "train.precision=bf16")
+    plain, plain_log = train(tmp_path, "plain", "train.precision=bf16")
     assert "Liger needs CUDA" not in output
+    assert "LigerRMSNorm" in output, "Liger's kernels did not replace transformers' modules"
+    assert "liger off" in plain_log
     assert [r["loss"] for r in liger] == pytest.approx([r["loss"] for r in plain], rel=2e-2)
 
 

@@ -1,4 +1,5 @@
-"""trainer.memory: parameter counts, DeepSpeed's model-state accounting, activations. Fast: no ranks.
+"""trainer.plan.memory: parameter counts, DeepSpeed's model-state accounting, activations. Fast (no ranks), but for
+the measurement of what DeepSpeed allocates on 2 CPU ranks.
 
 The model-state sweep compares against the estimators of the installed DeepSpeed, for many sizes,
 GPU counts, offload flags and zero.Init, with exact equality.
@@ -6,6 +7,7 @@ GPU counts, offload flags and zero.Init, with exact equality.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from trainer.plan import memory as mem
+from distributed import launch
 from trainer.config import LoraConfig, ModelConfig
+from trainer.plan import memory as mem
 from trainer.plan.models import NAMED_MODELS
 from trainer.presets import load_preset
 
@@ -197,14 +200,17 @@ def test_activations_flash_never_store_the_score_matrix_and_checkpointing_shrink
     assert mem.layer_activation_bytes(m, 1, 1) == 20 * 4096 + 4 * 4096 + 8 * 11008 + 4 * 32 + 8
 
 
-def test_fp32_accounting_is_what_the_cpu_measurement_saw():
-    """scripts/measure_memory.py on tiny_cpu shrunk to 2 layers, 2 CPU ranks, fp32 (see its docstring)."""
-    params, largest = 1_975_552, 262_144
-    zero2 = mem.model_states(params, largest, 2, 2, 1, precision="fp32")
-    assert (zero2.params, zero2.gradients, zero2.optimizer) == (7_902_208, 3_951_104, 11_853_312)
-    zero3 = mem.model_states(params, largest, 3, 2, 1, precision="fp32")
-    assert (zero3.params, zero3.gradients, zero3.optimizer, zero3.working) == (3_951_104, 3_951_104, 11_853_312,
-                                                                              8 * largest)
+@pytest.mark.multirank
+@pytest.mark.parametrize("stage", [2, 3])
+def test_fp32_accounting_is_what_deepspeed_allocates(stage, tmp_path):
+    """scripts/measure_memory.py on tiny_cpu shrunk to 2 layers, 2 CPU ranks, fp32: the bytes the engine's ZeRO
+    optimizer holds (params, gradient partitions, fp32 master weights and Adam moments) are the planner's."""
+    report = tmp_path / "memory.json"
+    launch(["scripts/measure_memory.py", "--preset", "tiny_cpu", "--stage", str(stage), "--json", str(report)])
+    result = json.loads(report.read_text())
+    assert (result["stage"], result["precision"], result["world"]) == (stage, "fp32", 2)
+    for part in ("params", "gradients", "optimizer"):
+        assert result["measured"][part] == result["planned"][part], (part, result)
 
 
 def test_lora_states_keep_the_frozen_base_in_16_bit():

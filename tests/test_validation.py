@@ -1,6 +1,6 @@
 """Bad configs are refused with a message that names the key and the fix, all problems at once.
 
-One test per cross-field rule in trainer.rules.RULES, plus strict loading (unknown keys, types), the
+The cross-field rule table (tests/rule_cases.py) through resolve(), plus strict loading (unknown keys, types), the
 DeepSpeed key checks (including typos DeepSpeed 0.19.8 silently ignores and removed features),
 impossible values, leftover "auto", and the CLI's error path (message on stderr, no traceback).
 """
@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from rule_cases import CASES
 
 from trainer import rules
 from trainer.__main__ import main
@@ -55,98 +57,30 @@ def test_base_config_is_valid():
     assert resolved.batch.global_batch_size == 4
 
 
-# --- one test per rule in trainer.rules.RULES --------------------------------------------------
+# --- the rule table (tests/rule_cases.py) through resolve() ----------------------------------------
 
 def ds(**zero) -> dict:
     return {"deepspeed": {"zero_optimization": zero}}
 
 
-RULE_CASES = {
-    # rule name: (config, world or None, fragments the message must contain: the key and the fix)
-    "offload_param_needs_stage3": (
-        base(**ds(stage=2, offload_param={"device": "cpu"})), None,
-        ["deepspeed.zero_optimization.offload_param", "stage 3", "silently ignore", "stage=3"]),
-    "offload_optimizer_needs_zero": (
-        base(**ds(stage=0, offload_optimizer={"device": "cpu"})), None,
-        ["deepspeed.zero_optimization.offload_optimizer", "stage 1, 2 or 3", "stage is 0"]),
-    "nvme_offload": (
-        base(**ds(stage=2, offload_optimizer={"device": "nvme", "nvme_path": str(ROOT)})), None,
-        ["deepspeed.zero_optimization.offload_optimizer.device=nvme", "needs stage 3", "stage=3 or device=cpu"]),
-    "autotp_divides_world": (
-        base(deepspeed={"tensor_parallel": {"autotp_size": 3}}), 4,
-        ["deepspeed.tensor_parallel.autotp_size=3", "must divide the world size 4"]),
-    "bf16_needs_hardware": (
-        base(hardware={"gpu": "v100-32g"}, train={"precision": "bf16"}, deepspeed={"bf16": {"enabled": "auto"}}),
-        None, ["bf16", "V100", "has no bf16", "train.precision=fp16"]),
-    "one_half_precision": (  # both explicit: the one train.precision does not name is the first thing reported
-        base(train={"precision": "bf16"}, deepspeed={"bf16": {"enabled": True}, "fp16": {"enabled": True}}), None,
-        ["deepspeed.fp16.enabled=True", "'auto'"]),
-    "cpu_ranks_precision": (
-        base(train={"precision": "fp16"}, deepspeed={"fp16": {"enabled": "auto"}}), None,
-        ["fp16", "CPU ranks", "train.precision=fp32"]),
-    "round_robin_needs_stage_1_2": (
-        base(**ds(stage=3, round_robin_gradients=True)), None,
-        ["deepspeed.zero_optimization.round_robin_gradients", "stage 1/2", "stage is 3", "remove it"]),
-    "zeropp_needs_stage3": (
-        base(**ds(stage=2, zero_quantized_gradients=True)), None,
-        ["ZeRO++", "zero_quantized_gradients", "needs stage 3", "stage=3"]),
-    "hpz_divides_world": (
-        base(hardware={"gpu": "a100-80g", "gpus_per_node": 4}, train={"precision": "bf16"},
-             deepspeed={"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}}),
-        None, ["deepspeed.zero_optimization.zero_hpz_partition_size=3", "must divide the world size 4",
-               "GPUs per node, 4"]),
-    "quantized_weights_need_gpu": (
-        base(**ds(stage=3, zero_quantized_weights=True)), None,
-        ["deepspeed.zero_optimization.zero_quantized_weights", "CPU", "turn it off"]),
-    "ds_checkpointing_needs_model_flag": (
-        base(deepspeed={"activation_checkpointing": {"partition_activations": False}}), None,
-        ["deepspeed.activation_checkpointing", "model.gradient_checkpointing", "set model.gradient_checkpointing=true"]),
-    "min_lr_needs_cosine": (
-        base(train={"min_lr": 1e-4}, deepspeed={"scheduler": {"type": "WarmupDecayLR", "params": {
-            "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}}}), None,
-        ["train.min_lr=0.0001", "WarmupCosineLR", "WarmupDecayLR", "train.min_lr=0"]),
-}
+def test_every_rule_has_a_case():
+    assert {rule.__name__ for rule in rules.RULES} <= set(CASES)
+    assert {name for name, case in CASES.items() if case.where == "rules"} == {rule.__name__ for rule in rules.RULES}
 
 
-def test_every_rule_has_a_failing_config_test():
-    assert set(RULE_CASES) == {rule.__name__ for rule in rules.RULES}
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_rejects_its_bad_config(name):
+    case = CASES[name]
+    with pytest.raises(ConfigError) as err:
+        resolve(load_preset("tiny_cpu", case.breaks))
+    hits = [p for p in err.value.problems if all(f in p for f in case.says)]
+    assert hits, f"no problem mentions all of {case.says}; got {err.value.problems}"
 
 
-@pytest.mark.parametrize("rule", sorted(RULE_CASES))
-def test_rule_rejects_its_bad_config(rule):
-    raw, world, fragments = RULE_CASES[rule]
-    one_problem(raw, *fragments, world=world)
-
-
-@pytest.mark.parametrize("rule", sorted(RULE_CASES))
-def test_rule_accepts_the_config_once_fixed(rule):
-    fixes = {
-        "offload_param_needs_stage3": ds(stage=3),
-        "offload_optimizer_needs_zero": ds(stage=1),
-        "nvme_offload": ds(stage=3),
-        "autotp_divides_world": {"deepspeed": {"tensor_parallel": {"autotp_size": 2}}},
-        "bf16_needs_hardware": {"hardware": {"gpu": "a100-80g"}},
-        "one_half_precision": {"deepspeed": {"fp16": None}},
-        "cpu_ranks_precision": {"train": {"precision": "fp32"}},
-        "round_robin_needs_stage_1_2": ds(stage=2),
-        "zeropp_needs_stage3": ds(stage=3),
-        "hpz_divides_world": ds(zero_hpz_partition_size=2),
-        "quantized_weights_need_gpu": ds(zero_quantized_weights=False),
-        "ds_checkpointing_needs_model_flag": {"model": {"gradient_checkpointing": True}},
-        "min_lr_needs_cosine": {"train": {"min_lr": 0.0}},
-    }
-    raw, world, _ = RULE_CASES[rule]
-    resolve(config_from_dict(deep_merge(raw, fixes[rule])), world)
-
-
-def test_rules_that_resolve_reports_earlier_still_say_so_when_called_directly():
-    # resolve() reports a non-dividing autotp_size while solving the triad and explicit bf16+fp16 as a
-    # disagreement with train.precision, so these two rules speak only to direct callers.
-    cfg = config_from_dict(base())
-    both = {"bf16": {"enabled": True}, "fp16": {"enabled": True}}
-    assert any("choose one" in p for p in rules.one_half_precision(cfg, both, 2))
-    assert any("must divide the world size 4" in p
-               for p in rules.autotp_divides_world(cfg, {"tensor_parallel": {"autotp_size": 3}}, 4))
+@pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case.fix is not None))
+def test_check_accepts_the_config_once_fixed(name):
+    case = CASES[name]
+    resolve(load_preset("tiny_cpu", case.breaks + case.fix))
 
 
 @pytest.mark.parametrize("case,fragments", [

@@ -155,6 +155,14 @@ def apply_lora(model, model_cfg: ModelConfig):
     return get_peft_model(model, peft_config)
 
 
+def kernels_in_use(model: torch.nn.Module) -> str:
+    """What the model as built really runs, for the start-up log: the attention implementation transformers
+    dispatches to, and the Liger modules that replaced transformers' own (none when Liger fell back)."""
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    liger = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Liger")})
+    return f"attention {attention}, liger {', '.join(liger) if liger else 'off'}"
+
+
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(total, trainable) parameter counts, correct under ZeRO-3 (ds_numel is the unpartitioned size)."""
     total = trainable = 0

@@ -1,4 +1,6 @@
 """Every cross-field rule in one place. Each rule reads the resolved config and returns problems (errors).
+Rows marked "checked in ..." are caught earlier, where the value is first read. tests/rule_cases.py holds
+one case per rule (and per earlier check), run through `resolve()` and through the CLI.
 
 DeepSpeed 0.19.8 accepts several of these combinations and silently does something else; the table
 says what it would do, which is why each is an error here.
@@ -9,9 +11,9 @@ says what it would do, which is why each is an error here.
 | offload_optimizer needs stage >= 1 | fails late in engine setup |
 | NVMe offload needs stage 3, an existing writable nvme_path, optimizer buffer_count >= 4 | stage 1/2 treat 'nvme' as CPU |
 | aio.thread_count is not a key (intra_op_parallelism is) | ignores it (checked in ds.check_keys) |
-| AutoTP size divides the world size | asserts at engine start |
+| AutoTP size divides the world size | asserts at engine start (checked in ds.solve_batch) |
 | bf16 needs a GPU with bf16 (not V100) | fails or emulates slowly |
-| fp16 and bf16 not both | raises at config parse |
+| fp16 and bf16 not both | raises at config parse (checked in ds.fill_auto: the one train.precision does not name disagrees) |
 | fp16 not on CPU ranks | "Type fp16 is not supported on your device" |
 | round_robin_gradients only at stage 1/2 | ignores it |
 | zero_hpz_partition_size divides the world size | hangs or asserts |
@@ -68,25 +70,11 @@ def nvme_offload(cfg: Config, ds: dict, world: int) -> list[str]:
     return problems
 
 
-def autotp_divides_world(cfg: Config, ds: dict, world: int) -> list[str]:
-    tp = dsc.autotp_size(ds)
-    if tp > 1 and world % tp:
-        return [f"deepspeed.tensor_parallel.autotp_size={tp} must divide the world size {world}"]
-    return []
-
-
 def bf16_needs_hardware(cfg: Config, ds: dict, world: int) -> list[str]:
     gpu = hardware.gpu(cfg.hardware.gpu)
     if dsc.bf16_enabled(ds) and not gpu.bf16:
         return [f"bf16 is enabled but {gpu.description} has no bf16: use fp16 with dynamic loss scaling "
                 f"(--set train.precision=fp16 with an fp16 block, as in preset 7b_2xv100)"]
-    return []
-
-
-def one_half_precision(cfg: Config, ds: dict, world: int) -> list[str]:
-    if dsc.bf16_enabled(ds) and dsc.fp16_enabled(ds):
-        return ["deepspeed.bf16.enabled and deepspeed.fp16.enabled are both true: choose one "
-                "(train.precision fills both when they are 'auto')"]
     return []
 
 
@@ -147,8 +135,8 @@ def min_lr_needs_cosine(cfg: Config, ds: dict, world: int) -> list[str]:
 
 
 RULES: list[Rule] = [
-    offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, autotp_divides_world,
-    bf16_needs_hardware, one_half_precision, cpu_ranks_precision, round_robin_needs_stage_1_2,
+    offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, bf16_needs_hardware,
+    cpu_ranks_precision, round_robin_needs_stage_1_2,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine,
 ]

@@ -208,8 +208,9 @@ def walk_ladder(r: Resolved, ladder: list[Rung], reresolve: Optional[Reresolve] 
             try:
                 r = reresolve(applied + proposal.overrides)
                 applied += proposal.overrides
-            except UserError:
-                pass  # e.g. an NVMe path that does not exist here: later rungs see the config before it
+            except UserError as err:  # e.g. an NVMe path that does not exist on this machine
+                proposal.reason += (f" (not checked on this machine: {_first_line(err)}; the next rungs are "
+                                    f"judged without it)")
     return proposals
 
 
@@ -433,14 +434,21 @@ def memory_effect(args, resolved: Resolved, proposal: Optional[Proposal]) -> Opt
 
 def rerun_command(args, resolved: Resolved, proposal: Proposal) -> str:
     """The launch line for the preset with the proposed change, for the world size the run had (the planner's
-    and the preset headers' builder, so the trainer accepts it)."""
+    and the preset headers' builder, so the trainer accepts it). When the changed config does not resolve on
+    this machine (an NVMe path that exists only on the cluster), the line is laid out from the run's config
+    and says so."""
     overrides = args.overrides + proposal.overrides
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            resolved = resolve(load_preset(args.preset, overrides), args.world_size)  # offload may change
-    except UserError:
-        pass
-    return command_for(resolved, args.preset, overrides)
+            changed = resolve(load_preset(args.preset, overrides), args.world_size)  # offload may change
+    except UserError as err:
+        return f"{command_for(resolved, args.preset, overrides)}  # not resolved here: {_first_line(err)}"
+    return command_for(changed, args.preset, overrides)
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line.strip(" -") for line in str(err).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
 
 
 def diagnosis_json(args, resolved: Resolved, d: Diagnosis, memory: Optional[str]) -> dict:

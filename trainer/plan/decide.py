@@ -16,18 +16,23 @@ from .inputs import PlanInputs
 
 
 def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
+    """Each step below returns what it decided and the lines that explain it; only this function fills the plan."""
     required = inputs.micro_batch or 1
     rows = [best_shot(inputs, c, required) for c in CANDIDATES]
     plan = Plan(inputs, rows, [])
-    chosen = walk_tree(plan, required)
+    chosen, lines = walk_tree(inputs, required)
+    plan.walk += lines
     if chosen is None and inputs.micro_batch:
         plan.notes.append(f"micro-batch {inputs.micro_batch} fits nowhere; planning the largest micro-batch that fits")
-        chosen = walk_tree(plan, 1, user_micro=False)
+        chosen, lines = walk_tree(inputs, 1)
+        plan.walk += lines
     if chosen is None:
         plan.suggestions = what_would_fit(inputs)
         return plan
-    chosen = add_zeropp(plan, chosen)
-    plan.choice = largest_micro_batch(plan, chosen)
+    chosen, note = add_zeropp(inputs, chosen)
+    plan.notes += [note] if note else []
+    plan.choice, line = largest_micro_batch(inputs, chosen)
+    plan.walk += [line] if line else []
     plan.grad_accum = (dsc.accumulation(inputs.global_batch, plan.choice.micro_batch, inputs.world_size)
                        if inputs.global_batch else 1)  # largest_micro_batch chose a micro-batch that divides
     plan.deepspeed = planned_deepspeed_config(plan)
@@ -36,44 +41,43 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
     return plan
 
 
-def walk_tree(plan: Plan, micro_batch: int, user_micro: bool = True) -> Optional[Estimate]:
-    """Seed step 1.2: lowest stage first, offload last; checkpointing before a stage up (step 7.1's order)."""
-    inputs = plan.inputs
+def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate], list[str]]:
+    """Seed step 1.2: lowest stage first, offload last; checkpointing before a stage up (step 7.1's order).
+    The first candidate that fits (or None), and one line per candidate tried."""
+    lines = []
     for candidate in WALK:
         shot = best_shot(inputs, candidate, micro_batch)
         if shot.fits:
             how = "with activation checkpointing" if shot.checkpointing else "without activation checkpointing"
-            plan.walk.append(f"{candidate.name}: fits at micro-batch {micro_batch} {how} "
-                             f"({gb(shot.gpu_total)} of {gb(shot.gpu_budget)} GB per GPU) -> chosen")
-            return shot
+            lines.append(f"{candidate.name}: fits at micro-batch {micro_batch} {how} "
+                         f"({gb(shot.gpu_total)} of {gb(shot.gpu_budget)} GB per GPU) -> chosen")
+            return shot, lines
         tried = " even with activation checkpointing" if shot.checkpointing else ""
-        plan.walk.append(f"{candidate.name}: does not fit at micro-batch {micro_batch}{tried}: {shot.why_not()}")
-    return None
+        lines.append(f"{candidate.name}: does not fit at micro-batch {micro_batch}{tried}: {shot.why_not()}")
+    return None, lines
 
 
-def add_zeropp(plan: Plan, chosen: Estimate) -> Estimate:
-    """Seed step 6 #9: across nodes at stage 3, hpZ keeps parameter all-gathers inside the node, for 2P/g more per GPU."""
-    inputs, c = plan.inputs, chosen.candidate
+def add_zeropp(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional[str]]:
+    """Seed step 6 #9: across nodes at stage 3, hpZ keeps parameter all-gathers inside the node, for 2P/g more
+    per GPU. The estimate (with hpZ when it fits) and a note on the decision (None on one node or below stage 3)."""
+    c = chosen.candidate
     if inputs.nodes == 1 or c.stage != 3:
-        return chosen
+        return chosen, None
     if c.offload_optimizer != "none":
-        plan.notes.append("ZeRO++ hpZ not added: with offload the CPU/NVMe optimizer step, not the network, sets the pace")
-        return chosen
+        return chosen, "ZeRO++ hpZ not added: with offload the CPU/NVMe optimizer step, not the network, sets the pace"
     with_hpz = estimate(inputs, c, chosen.micro_batch, chosen.checkpointing, hpz_partition_size=inputs.gpus_per_node)
+    extra = gb(with_hpz.buffers - chosen.buffers)
     if with_hpz.fits:
-        plan.notes.append(f"ZeRO++: hpZ {inputs.gpus_per_node} (node-local secondary partition, "
-                          f"+{gb(with_hpz.buffers - chosen.buffers)} GB per GPU) with quantized weights and gradients")
-        return with_hpz
-    plan.notes.append(f"ZeRO++ hpZ would not fit (+{gb(with_hpz.buffers - chosen.buffers)} GB per GPU); "
-                      f"quantized gradients alone cost no memory")
-    return chosen
+        return with_hpz, (f"ZeRO++: hpZ {inputs.gpus_per_node} (node-local secondary partition, +{extra} GB per GPU) "
+                          f"with quantized weights and gradients")
+    return chosen, f"ZeRO++ hpZ would not fit (+{extra} GB per GPU); quantized gradients alone cost no memory"
 
 
-def largest_micro_batch(plan: Plan, chosen: Estimate) -> Estimate:
-    """Seed step 6 #3: the largest micro-batch that fits (and divides the per-rank share of the global batch)."""
-    inputs = plan.inputs
+def largest_micro_batch(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional[str]]:
+    """Seed step 6 #3: the largest micro-batch that fits (and divides the per-rank share of the global batch),
+    and the line that says why it is the largest (None: the micro-batch the user asked for fits)."""
     if inputs.micro_batch and chosen.micro_batch == inputs.micro_batch:
-        return chosen
+        return chosen, None
     best = chosen
     for micro in micro_batch_options(inputs):
         shot = estimate(inputs, chosen.candidate, micro, chosen.checkpointing, chosen.hpz_partition_size)
@@ -82,13 +86,11 @@ def largest_micro_batch(plan: Plan, chosen: Estimate) -> Estimate:
     bigger = [m for m in micro_batch_options(inputs) if m > best.micro_batch]
     if bigger:
         shot = estimate(inputs, chosen.candidate, bigger[0], chosen.checkpointing, chosen.hpz_partition_size)
-        plan.walk.append(f"micro-batch {best.micro_batch} is the largest that fits; {bigger[0]} would need "
-                         f"{gb(shot.gpu_total)} GB per GPU")
-    else:
-        plan.walk.append(f"micro-batch {best.micro_batch}: the largest option"
-                         + (f" (the {inputs.global_batch // inputs.world_size} sequences per rank)"
-                            if inputs.global_batch else f" (cap {MAX_MICRO_BATCH})"))
-    return best
+        return best, (f"micro-batch {best.micro_batch} is the largest that fits; {bigger[0]} would need "
+                      f"{gb(shot.gpu_total)} GB per GPU")
+    return best, (f"micro-batch {best.micro_batch}: the largest option"
+                  + (f" (the {inputs.global_batch // inputs.world_size} sequences per rank)"
+                     if inputs.global_batch else f" (cap {MAX_MICRO_BATCH})"))
 
 
 def what_would_fit(inputs: PlanInputs) -> list[str]:

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 
-
 SAME_SIGNAL_S = 5.0
 
 

@@ -91,7 +91,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     import deepspeed
 
     from ..data import MicroBatchLoader, build_datasets, load_tokenizer
-    from ..model import build_model, count_parameters
+    from ..model import build_model, count_parameters, kernels_in_use
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = load_tokenizer(cfg.model)
     check_vocab(tokenizer, cfg)
@@ -103,7 +103,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     model, hf_ds_config = build_model(cfg, rank)
     hooks.on_model(model)
     total_params, trainable_params = count_parameters(model)
-    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable)", rank=rank)
+    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable); {kernels_in_use(model)}", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg.deepspeed)
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built

@@ -1,0 +1,86 @@
+"""One table of cross-field checks: for each, the `--set` overrides that break the shipped tiny_cpu preset
+(2 CPU ranks, ZeRO-2, fp32), what the message must say (the key and the fix), and the overrides that fix it.
+
+Every rule in trainer.rules.RULES has a row, named after it; a row named after a check that lives elsewhere
+says where. test_validation runs the table through `resolve()`, test_bad_input through the CLI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Case:
+    breaks: list[str]              # --set overrides on tiny_cpu that trip the check
+    says: list[str]                # fragments one reported problem must all contain
+    fix: Optional[list[str]]       # overrides (after `breaks`) that resolve cleanly; None: no fix to try
+    where: str = "rules"           # the module holding the check
+
+
+ZERO = "deepspeed.zero_optimization"
+
+CASES = {
+    "offload_param_needs_stage3": Case(
+        [f"{ZERO}.offload_param={{device: cpu}}"],
+        [f"{ZERO}.offload_param needs stage 3", "silently ignore", "stage=3 or remove offload_param"],
+        [f"{ZERO}.stage=3"]),
+    "offload_optimizer_needs_zero": Case(
+        [f"{ZERO}.stage=0", f"{ZERO}.offload_optimizer={{device: cpu}}"],
+        [f"{ZERO}.offload_optimizer needs ZeRO stage 1, 2 or 3", "stage is 0"],
+        [f"{ZERO}.stage=1"]),
+    "nvme_offload": Case(
+        [f"{ZERO}.offload_optimizer={{device: nvme, nvme_path: {ROOT}}}"],
+        ["offload_optimizer.device=nvme needs stage 3", "stage=3 or device=cpu"],
+        [f"{ZERO}.stage=3"]),
+    "autotp_size_divides_the_world": Case(
+        ["deepspeed.tensor_parallel={autotp_size: 3}"],
+        ["deepspeed.tensor_parallel.autotp_size=3 must divide the world size 2", "choose a divisor"],
+        ["deepspeed.tensor_parallel={autotp_size: 2}"], where="ds.batch"),
+    "bf16_needs_hardware": Case(
+        ["hardware.gpu=v100-32g", "train.precision=bf16"],
+        ["bf16 is enabled", "V100", "has no bf16", "train.precision=fp16"],
+        ["hardware.gpu=a100-80g"]),
+    "one_half_precision_only": Case(
+        ["hardware.gpu=a100-80g", "train.precision=bf16", "deepspeed.bf16={enabled: true}",
+         "deepspeed.fp16={enabled: true}"],
+        ["deepspeed.fp16.enabled=True", "disagrees", "'auto'"],
+        ["deepspeed.fp16=null"], where="ds.auto"),
+    "cpu_ranks_precision": Case(
+        ["train.precision=fp16", "deepspeed.bf16=null", "deepspeed.fp16={enabled: auto}"],
+        ["fp16 is enabled on CPU ranks", "train.precision=fp32"],
+        ["train.precision=fp32"]),
+    "round_robin_needs_stage_1_2": Case(
+        [f"{ZERO}.stage=3", f"{ZERO}.round_robin_gradients=true"],
+        [f"{ZERO}.round_robin_gradients only works at stage 1/2", "stage is 3", "remove it"],
+        [f"{ZERO}.stage=2"]),
+    "zeropp_needs_stage3": Case(
+        [f"{ZERO}.zero_quantized_gradients=true"],
+        ["ZeRO++ (zero_quantized_gradients) needs stage 3", "set zero_optimization.stage=3"],
+        [f"{ZERO}.stage=3"]),
+    "hpz_divides_world": Case(
+        ["hardware.gpu=a100-80g", "hardware.gpus_per_node=4", "train.precision=bf16", f"{ZERO}.stage=3",
+         f"{ZERO}.zero_hpz_partition_size=3"],
+        [f"{ZERO}.zero_hpz_partition_size=3 must divide the world size 4", "GPUs per node, 4"],
+        [f"{ZERO}.zero_hpz_partition_size=2"]),
+    "quantized_weights_need_gpu": Case(
+        [f"{ZERO}.stage=3", f"{ZERO}.zero_quantized_weights=true"],
+        [f"{ZERO}.zero_quantized_weights is not implemented", "CPU", "turn it off"],
+        [f"{ZERO}.zero_quantized_weights=false"]),
+    "ds_checkpointing_needs_model_flag": Case(
+        ["deepspeed.activation_checkpointing={partition_activations: false}"],
+        ["deepspeed.activation_checkpointing is set but model.gradient_checkpointing is false",
+         "set model.gradient_checkpointing=true"],
+        ["model.gradient_checkpointing=true"]),
+    "min_lr_needs_cosine": Case(
+        ["train.min_lr=1e-4"],
+        ["train.min_lr=0.0001", "WarmupCosineLR", "WarmupDecayLR", "train.min_lr=0"],
+        ["train.min_lr=0"]),
+    "lora_needs_pretrained_weights": Case(
+        ["model.lora.enabled=true"],
+        ["model.lora.enabled needs pretrained weights", "model.name_or_path"],
+        None, where="resolve.check_values"),
+}
