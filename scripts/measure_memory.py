@@ -13,7 +13,7 @@ the tensors the engine's ZeRO optimizer holds:
   stage 3    lp_param_buffer / fp16_partitioned_groups_flat + persistent params (params), grad_partitions_flat_buffer,
              fp32_partitioned_groups_flat (master), optimizer.state
 
-and prints them next to `trainer.memory.model_states` for the same shape, world size and precision.
+and prints them next to `trainer.plan.memory.model_states` for the same shape, world size and precision.
 On CPU ranks training runs in fp32 (bf16 is ~13x slower here), so the comparison uses the planner's
 fp32 accounting (`precision="fp32"`: 4-byte params and one fp32 gradient); DeepSpeed's own 16-bit
 estimate for the same shape is printed beside it for reference. On a GPU it also prints

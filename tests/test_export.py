@@ -38,7 +38,7 @@ class Mpu:
 
 def deepspeed_world(resolved) -> int:
     """The rank count DeepSpeed checks its triad against: the data-parallel size, except that DeepSpeed
-    0.19.8 counts the global world size under AutoTP (ds_config.Batch.deepspeed_train_batch_size)."""
+    0.19.8 counts the global world size under AutoTP (trainer.ds.Batch.deepspeed_train_batch_size)."""
     return resolved.world_size if dsc.autotp_size(resolved.ds) > 1 else resolved.batch.data_parallel_size
 
 

@@ -29,7 +29,7 @@ import json
 import re
 import shlex
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -209,8 +209,8 @@ def walk_ladder(r: Resolved, ladder: list[Rung], reresolve: Optional[Reresolve] 
                 r = reresolve(applied + proposal.overrides)
                 applied += proposal.overrides
             except UserError as err:  # e.g. an NVMe path that does not exist on this machine
-                proposal.reason += (f" (not checked on this machine: {_first_line(err)}; the next rungs are "
-                                    f"judged without it)")
+                proposals[-1] = replace(proposal, reason=f"{proposal.reason} (not checked on this machine: "
+                                        f"{_first_line(err)}; the next rungs are judged without it)")
     return proposals
 
 
