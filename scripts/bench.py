@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench.py --preset tiny_cpu --steps 40 --warmup 5 [--set k=v ...] [--ranks 2]
 
 Three contenders train the same model (trainer.model.build_model: same init and dtype) on the same
-micro-batches (trainer.data.MicroBatchLoader over the preset's tokenized train set) with the same
+micro-batches (trainer.data.MicroBatchLoader over the preset's prepared train set) with the same
 resolved DeepSpeed JSON (micro-batch, grad accumulation, ZeRO stage, optimizer, scheduler) for the
 same number of optimizer steps, each in its own `deepspeed --num_gpus R --master_port P` launch:
 
@@ -423,7 +423,7 @@ def minimal_worker(spec: dict, ds_config: dict, clock: StepClock, probe: ModelPr
     dp_rank = engine.get_data_parallel_rank() if engine.autotp_size() > 1 else dist.get_rank()
     train = resolved.config.train
     batches = iter(MicroBatchLoader(data.train, train.micro_batch_size, dp_rank,
-                                    resolved.batch.data_parallel_size, train.seed))
+                                    resolved.batch.data_parallel_size, train.grad_accum))
     engine.train()
     clock.start()
     for step in range(1, spec["steps"] + 1):
@@ -493,7 +493,7 @@ def hf_trainer_worker(spec: dict, ds_config: dict, clock: StepClock, probe: Mode
         remove_unused_columns=False, accelerator_config=accelerator_config)
     resolved, data, model, hf_ds_config = setup(spec, ds_config, probe)
     loader = MicroBatchLoader(data.train, t.micro_batch_size, args.process_index,
-                              resolved.batch.data_parallel_size, t.seed)
+                              resolved.batch.data_parallel_size, t.grad_accum)
 
     class SameBatches:  # no __len__: the Trainer runs max_steps over an endless iterator
         def __iter__(self):

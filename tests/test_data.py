@@ -1,4 +1,4 @@
-"""Tests of the data pipeline (trainer/data.py) and the shipped tiny dataset (data/tiny/).
+"""Tests of the data pipeline (trainer/data/) and the shipped tiny dataset (data/tiny/).
 
 Fast and local: no DeepSpeed, no distributed, no network. Bad inputs are written under tmp_path.
 """
@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from trainer.config import DataConfig, ModelConfig
 from trainer.data import (
-    IGNORE_INDEX, DataError, MicroBatchLoader, blocks_dataset, build_datasets, chat_sample, load_records,
-    load_tokenizer, pack_pretrain, record_format, tokenize_records,
+    IGNORE_INDEX, DataError, MicroBatchLoader, Source, Stream, build_datasets, chat_sample, load_records,
+    load_tokenizer, record_format,
 )
 
 TINY = ROOT / "data" / "tiny"
@@ -35,14 +35,27 @@ def write_jsonl(path: Path, records: list) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def prepared_cache(tmp_path, monkeypatch):
+    """Sources are prepared into this test's own cache (data.cache_dir unset falls back to XDG_CACHE_HOME)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 def data_cfg(source: str, **overrides) -> DataConfig:
     # eval_source = source by default, so small test files are not split and every record is in train.
     settings = dict(source=source, eval_source=source, seq_len=64, task="sft", packing=False)
     return DataConfig(**{**settings, **overrides})
 
 
+def rows(stream: Stream) -> list[dict]:
+    """Every sample of a one-source stream, in the source's own order, as lists."""
+    samples = stream.sources[0].samples
+    batch = samples.rows(np.arange(len(samples)))
+    return [{key: batch[key][i].tolist() for key in batch} for i in range(len(samples))]
+
+
 def real_tokens(row: dict) -> list[int]:
-    return [t for t, m in zip(row["input_ids"], row["attention_mask"]) if m]
+    return [t for t, m in zip(row["input_ids"], row.get("attention_mask", [1] * len(row["input_ids"]))) if m]
 
 
 def label_runs(labels: list[int]) -> list[list[int]]:
@@ -121,8 +134,10 @@ def test_tiny_pretrain_builds_with_a_held_out_eval(tokenizer):
     cfg = DataConfig(task="pretrain", source=str(TINY / "pretrain.jsonl"), seq_len=128, eval_fraction=0.05)
     data = build_datasets(cfg, tokenizer, seed=0)
     assert data.stats["eval"]["records"] == 200 and data.stats["train"]["records"] == 3800
-    assert len(data.train) > 1000 and len(data.eval) > 50
-    assert data.train.column_names == ["input_ids", "labels", "attention_mask"]
+    assert len(data.train) > 1000 and len(data.eval[0]) > 50
+    first = rows(data.train)[0]
+    assert set(first) == {"input_ids", "labels"} and first["labels"] == first["input_ids"]  # no copy, no mask
+    assert len(first["input_ids"]) == 128
 
 
 # ------------------------------------------------------------------------------------ SFT masking
@@ -130,7 +145,7 @@ def test_tiny_pretrain_builds_with_a_held_out_eval(tokenizer):
 def test_sft_prompt_tokens_are_masked_and_response_tokens_labelled(tmp_path, tokenizer):
     record = {"prompt": "Q: What is 3 plus 4?\nA:", "response": " 7."}
     source = write_jsonl(tmp_path / "sft.jsonl", [record])
-    row = build_datasets(data_cfg(source), tokenizer, seed=0).train[0]
+    row = rows(build_datasets(data_cfg(source), tokenizer, seed=0).train)[0]
     prompt = tokenizer(record["prompt"])["input_ids"]
     response = tokenizer(record["response"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     n = len(prompt) + len(response)
@@ -149,7 +164,7 @@ def test_chat_labels_cover_only_assistant_content(tmp_path, tokenizer):
         {"role": "user", "content": "What does the cow say?"}, {"role": "assistant", "content": "The cow says moo."},
     ]
     source = write_jsonl(tmp_path / "chat.jsonl", [{"messages": messages}])
-    row = build_datasets(data_cfg(source, seq_len=128), tokenizer, seed=0).train[0]
+    row = rows(build_datasets(data_cfg(source, seq_len=128), tokenizer, seed=0).train)[0]
     rendered = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)
     assert real_tokens(row) == rendered["input_ids"]
     runs = [tokenizer.decode(run) for run in label_runs(row["labels"])]
@@ -170,11 +185,12 @@ def test_sft_packing_keeps_every_real_token_exactly_once(tokenizer):
     packed = build_datasets(data_cfg(source, seq_len=96, packing=True), tokenizer, seed=3)
     assert len(packed.train) < len(unpacked.train) / 3
     # Greedy packing keeps sample order, so the streams of real tokens (and labels) are identical.
-    stream = [t for row in unpacked.train for t in real_tokens(row)]
-    assert [t for row in packed.train for t in real_tokens(row)] == stream
-    labels = [lab for row in unpacked.train for lab, m in zip(row["labels"], row["attention_mask"]) if m]
-    assert [lab for row in packed.train for lab, m in zip(row["labels"], row["attention_mask"]) if m] == labels
-    for row in packed.train:  # whole samples only: each block starts with BOS and ends with EOS
+    unpacked_rows, packed_rows = rows(unpacked.train), rows(packed.train)
+    stream = [t for row in unpacked_rows for t in real_tokens(row)]
+    assert [t for row in packed_rows for t in real_tokens(row)] == stream
+    labels = [lab for row in unpacked_rows for lab, m in zip(row["labels"], row["attention_mask"]) if m]
+    assert [lab for row in packed_rows for lab, m in zip(row["labels"], row["attention_mask"]) if m] == labels
+    for row in packed_rows:  # whole samples only: each block starts with BOS and ends with EOS
         tokens = real_tokens(row)
         assert tokens[0] == tokenizer.bos_token_id and tokens[-1] == tokenizer.eos_token_id
         assert row["attention_mask"] == sorted(row["attention_mask"], reverse=True)
@@ -184,48 +200,47 @@ def test_sft_packing_keeps_every_real_token_exactly_once(tokenizer):
     assert stats["padded_tokens"] == len(packed.train) * 96 - len(stream)
 
 
-def test_pretrain_packing_gives_full_blocks_and_exact_stats(tmp_path, tokenizer):
+def test_pretrain_samples_are_full_windows_of_the_document_stream(tmp_path, tokenizer):
+    """Every train document + EOS, back to back, cut into seq_len windows: the same tokens a plain tokenizer
+    loop gives, and the tail shorter than a window is not used."""
     texts = [f"The capital of France is Paris. {i} plus {i} is {2 * i}." * (1 + i % 3) for i in range(40)]
     source = write_jsonl(tmp_path / "pretrain.jsonl", [{"text": t} for t in texts])
-    cfg = data_cfg(source, task="pretrain", seq_len=32)
-    samples = tokenize_records(load_records(source), "text", cfg, tokenizer)
-    blocks, stats = pack_pretrain(samples, 32)
+    built = build_datasets(data_cfg(source, task="pretrain", seq_len=32), tokenizer, seed=0)
     stream = [t for text in texts for t in tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]]
     n_blocks = len(stream) // 32
-    assert len(blocks) == n_blocks
-    assert [t for row in blocks for t in row["input_ids"]] == stream[:n_blocks * 32]
-    assert all(row["labels"] == row["input_ids"] and row["attention_mask"] == [1] * 32 for row in blocks)
+    samples = rows(built.train)
+    assert len(samples) == n_blocks
+    assert [t for row in samples for t in row["input_ids"]] == stream[:n_blocks * 32]
+    stats = built.stats["train"]
+    assert stats["sequences"] == n_blocks and stats["records"] == 40 and stats["documents"] == 40
     assert stats["dropped_tokens"] == len(stream) % 32 and stats["tokens"] == n_blocks * 32
-    assert stats["packing_efficiency"] == 1.0 and stats["padded_tokens"] == 0
-    built = build_datasets(cfg, tokenizer, seed=0)  # same numbers through the whole pipeline
-    assert built.stats["train"]["sequences"] == n_blocks and built.stats["train"]["records"] == 40
 
 
 def test_truncate_cuts_long_records_and_counts_them(tmp_path, tokenizer):
     source = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "Q: hi\nA:", "response": " one two three " * 20}])
     data = build_datasets(data_cfg(source, seq_len=16, truncate=True), tokenizer, seed=0)
     assert data.stats["train"]["truncated_records"] == 1
-    assert len(data.train[0]["input_ids"]) == 16
+    assert sum(rows(data.train)[0]["attention_mask"]) == 16
 
 
 def test_num_workers_tokenize_the_same(tmp_path, tokenizer):
     source = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": f"Q: {i}?\nA:", "response": f" {i}."} for i in range(30)])
     one = build_datasets(data_cfg(source, packing=True), tokenizer, seed=0)
     two = build_datasets(data_cfg(source, packing=True, num_workers=2), tokenizer, seed=0)
-    assert one.train.to_dict() == two.train.to_dict()
+    assert rows(one.train) == rows(two.train)
 
 
 # ------------------------------------------------------------------------------------- eval split
 
-def test_eval_split_is_seeded_and_disjoint(tmp_path, tokenizer):
+def test_eval_split_holds_out_whole_documents_by_split_seed(tmp_path, tokenizer):
     records = [{"prompt": f"Q: {i}?\nA:", "response": f" {i}."} for i in range(100)]
     source = write_jsonl(tmp_path / "sft.jsonl", records)
 
-    def eval_prompts(seed):
-        cfg = data_cfg(source, eval_source=None, eval_fraction=0.1)
-        data = build_datasets(cfg, tokenizer, seed=seed)
-        decode = lambda rows: {tokenizer.decode(real_tokens(r)) for r in rows}  # noqa: E731
-        return decode(data.eval), decode(data.train)
+    def eval_prompts(split_seed):
+        cfg = data_cfg(source, eval_source=None, eval_fraction=0.1, split_seed=split_seed)
+        data = build_datasets(cfg, tokenizer, seed=0)
+        decode = lambda stream: {tokenizer.decode(real_tokens(r)) for r in rows(stream)}  # noqa: E731
+        return decode(data.eval[0]), decode(data.train)
 
     eval_a, train_a = eval_prompts(0)
     assert len(eval_a) == 10 and len(train_a) == 90 and not eval_a & train_a
@@ -234,10 +249,22 @@ def test_eval_split_is_seeded_and_disjoint(tmp_path, tokenizer):
 
 # ---------------------------------------------------------------------------------------- loader
 
-def numbered_dataset(n: int, seq_len: int = 4):
-    """Row i is [i] * seq_len, so a batch's first column tells which rows it holds."""
-    rows = np.repeat(np.arange(n)[:, None], seq_len, axis=1)
-    return blocks_dataset(rows, rows, np.ones_like(rows))
+class Numbered:
+    """Samples whose row i is [i] * 4, so a batch's first column tells which samples it holds."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rows(self, ids: np.ndarray) -> dict:
+        block = np.repeat(np.asarray(ids, dtype=np.int64)[:, None], 4, axis=1)
+        return {"input_ids": block, "labels": block}
+
+
+def stream(n: int, seed: int = 0, shuffle: bool = True) -> Stream:
+    return Stream([Source("numbered", Numbered(n))], seed, shuffle)
 
 
 def row_ids(batch) -> list[int]:
@@ -249,58 +276,80 @@ def take(loader, k: int) -> list[list[int]]:
     return [row_ids(next(iterator)) for _ in range(k)]
 
 
+def steps(n: int, micro: int, dp: int, accum: int, k: int, seed: int = 5, state=None) -> list[list[int]]:
+    """The samples of each of k optimizer steps, gathered over every rank and micro-step, in order."""
+    loaders = [MicroBatchLoader(stream(n, seed), micro, rank, dp, accum) for rank in range(dp)]
+    for loader in loaders:
+        if state:
+            loader.load_state_dict(state)
+    iterators = [iter(loader) for loader in loaders]
+    out = []
+    for _ in range(k):
+        step = []
+        for _ in range(accum):
+            for iterator in iterators:
+                step += row_ids(next(iterator))
+        out.append(sorted(step))
+    return out
+
+
 def test_loader_yields_long_tensors_of_the_right_shape():
-    batch = next(iter(MicroBatchLoader(numbered_dataset(10), 3, 0, 1, seed=0)))
-    assert set(batch) == {"input_ids", "labels", "attention_mask"}
+    batch = next(iter(MicroBatchLoader(stream(10), 3, 0, 1)))
+    assert set(batch) == {"input_ids", "labels"}
     assert all(t.shape == (3, 4) and str(t.dtype) == "torch.int64" for t in batch.values())
 
 
-def test_two_rank_shards_are_disjoint_and_cover_the_epoch():
-    dataset = numbered_dataset(21)
-    loaders = [MicroBatchLoader(dataset, 3, rank, 2, seed=5) for rank in range(2)]
-    assert [loader.batches_per_epoch() for loader in loaders] == [3, 3]  # 7 batches: the 7th is dropped
-    shards = [sum(take(loader, 3), []) for loader in loaders]
-    assert not set(shards[0]) & set(shards[1])
-    order = np.random.default_rng([5, 0]).permutation(21)
-    assert sorted(shards[0] + shards[1]) == sorted(order[:18].tolist())
+def test_ranks_are_disjoint_and_every_epoch_visits_every_sample_once():
+    taken = steps(24, micro=3, dp=2, accum=2, k=6)  # 12 samples a step: two epochs
+    assert all(len(set(step)) == 12 for step in taken)
+    first, second = sum(taken[:2], []), sum(taken[2:4], [])
+    assert sorted(first) == sorted(second) == list(range(24))
+
+
+def test_an_epoch_of_any_length_uses_every_sample_no_tail_dropped():
+    taken = sum(take(MicroBatchLoader(stream(21, seed=5), 1, 0, 1), 84), [])  # in global order: 4 epochs
+    for epoch in range(4):
+        assert sorted(taken[epoch * 21:(epoch + 1) * 21]) == list(range(21)), epoch
+
+
+def test_the_samples_of_a_step_do_not_depend_on_the_rank_layout():
+    """4 ranks x micro 2, 2 ranks x micro 2 x accumulation 2 and 1 rank x micro 4 x accumulation 2 consume the
+    same samples in every step of the same global batch of 8: a checkpoint resumes on any layout."""
+    reference = steps(50, micro=2, dp=4, accum=1, k=9)
+    assert steps(50, micro=2, dp=2, accum=2, k=9) == reference
+    assert steps(50, micro=4, dp=1, accum=2, k=9) == reference
+
+
+def test_resume_on_another_layout_continues_at_the_next_sample():
+    straight = steps(30, micro=2, dp=2, accum=1, k=10)
+    loader = MicroBatchLoader(stream(30, seed=5), 2, 0, 2, 1)
+    iterator = iter(loader)
+    for _ in range(4):  # 4 steps on 2 ranks
+        next(iterator)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state == {"samples": 16}
+    assert steps(30, micro=1, dp=1, accum=4, k=6, state=state) == straight[4:]
 
 
 def test_same_seed_same_order_and_different_seed_different_order():
-    dataset = numbered_dataset(40)
-    first = take(MicroBatchLoader(dataset, 4, 0, 1, seed=1), 10)
-    assert take(MicroBatchLoader(dataset, 4, 0, 1, seed=1), 10) == first
-    assert take(MicroBatchLoader(dataset, 4, 0, 1, seed=2), 10) != first
+    first = take(MicroBatchLoader(stream(40, seed=1), 4, 0, 1), 10)
+    assert take(MicroBatchLoader(stream(40, seed=1), 4, 0, 1), 10) == first
+    assert take(MicroBatchLoader(stream(40, seed=2), 4, 0, 1), 10) != first
     assert sorted(sum(first, [])) == list(range(40))
-    second_epoch = take(MicroBatchLoader(dataset, 4, 0, 1, seed=1), 20)[10:]
+    second_epoch = take(MicroBatchLoader(stream(40, seed=1), 4, 0, 1), 20)[10:]
     assert second_epoch != first and sorted(sum(second_epoch, [])) == list(range(40))
 
 
 def test_unshuffled_loader_keeps_dataset_order():
-    assert take(MicroBatchLoader(numbered_dataset(8), 2, 1, 2, seed=0, shuffle=False), 2) == [[2, 3], [6, 7]]
+    assert take(MicroBatchLoader(stream(8, shuffle=False), 2, 1, 2), 2) == [[2, 3], [6, 7]]
 
 
-@pytest.mark.parametrize("consumed", [0, 1, 3, 4, 5, 9])  # 4 batches per epoch: mid, end, across epochs
-def test_resume_continues_exactly_where_the_saved_loader_would(consumed):
-    dataset = numbered_dataset(17)
-    original = MicroBatchLoader(dataset, 2, 1, 2, seed=7)
-    assert original.batches_per_epoch() == 4
-    iterator = iter(original)
-    for _ in range(consumed):
-        next(iterator)
-    state = json.loads(json.dumps(original.state_dict()))
-    assert state == {"epoch": consumed // 4, "batches_in_epoch": consumed % 4}
-    expected = [row_ids(next(iterator)) for _ in range(6)]
-    resumed = MicroBatchLoader(dataset, 2, 1, 2, seed=7)
-    resumed.load_state_dict(state)
-    assert take(resumed, 6) == expected
-
-
-def test_loader_rejects_too_few_sequences_and_foreign_state():
-    with pytest.raises(DataError, match="micro-batch"):
-        MicroBatchLoader(numbered_dataset(5), 3, 0, 2, seed=0)
-    loader = MicroBatchLoader(numbered_dataset(8), 2, 0, 1, seed=0)
-    with pytest.raises(DataError, match="batches per epoch"):
-        loader.load_state_dict({"epoch": 0, "batches_in_epoch": 9})
+def test_loader_refuses_a_position_from_the_old_epoch_loader():
+    loader = MicroBatchLoader(stream(8), 2, 0, 1)
+    with pytest.raises(DataError, match="pre-shard loader"):
+        loader.load_state_dict({"epoch": 0, "batches_in_epoch": 3})
+    with pytest.raises(DataError, match="no sample"):
+        MicroBatchLoader(stream(0), 2, 0, 1)
 
 
 # ---------------------------------------------------------------------------------------- formats

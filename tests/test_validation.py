@@ -253,7 +253,10 @@ def test_learning_rate_must_be_positive(lr):
     ({"hardware": {"gpu": "a100"}}, ["hardware.gpu", "'a100'", "a100-80g"]),
     ({"train": {"warmup_steps": 11}}, ["train.warmup_steps=11", "max_steps"]),
     ({"train": {"micro_batch_size": "lots"}}, ["train.micro_batch_size", "'lots'", "positive integer or 'auto'"]),
-    ({"data": {"source": ""}}, ["data.source is empty"]),
+    ({"data": {"source": ""}}, ["data.source and data.sources: give exactly one"]),
+    ({"data": {"sources": [{"path": "a"}]}}, ["data.source and data.sources: give exactly one"]),
+    ({"data": {"source": "", "sources": [{"path": "a", "weight": -1}, {"path": "b", "weight": 1}]}},
+     ["data.sources: weights [-1.0, 1.0] must be >= 0 and sum to more than 0"]),
     ({"model": {"lora": {"enabled": True}}}, ["model.lora.enabled", "model.name_or_path"]),
 ])
 def test_impossible_trainer_values(changes, fragments):

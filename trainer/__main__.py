@@ -1,7 +1,7 @@
-"""`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint.
+"""`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint, prepare-data.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
-`<command>(args) -> int`; this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
+`<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ COMMANDS = {
     "plan": ("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
     "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
     "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
+    "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into memory-mapped token shards"),
 }
 
 
@@ -30,10 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():
         modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
-        getattr(modules[name], f"{name}_arguments")(sub.add_parser(name, help=help_text))
+        getattr(modules[name], f"{name.replace('-', '_')}_arguments")(sub.add_parser(name, help=help_text))
     args = parser.parse_args(argv)
     try:
-        return int(getattr(modules[args.command], args.command)(args) or 0)
+        return int(getattr(modules[args.command], args.command.replace("-", "_"))(args) or 0)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

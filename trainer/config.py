@@ -65,13 +65,28 @@ class ModelConfig:
 
 
 @dataclass
+class SourceConfig:
+    path: str = doc("A prepared directory (python -m trainer prepare-data), a local file/directory, or a hub name.", "")
+    weight: float = doc("Share of the training samples drawn from this source (weights are normalised).", 1.0)
+    name: Optional[str] = doc("Name in logs and eval metrics (default: the path's last component).", None)
+
+
+@dataclass
 class DataConfig:
     task: Literal["pretrain", "sft"] = doc("pretrain: packed causal LM on raw text; sft: loss on responses only.", "pretrain")
-    source: str = doc("Local .jsonl/.json/.parquet/.txt file or directory, or a hub dataset name.", "")
+    source: str = doc("A prepared directory, a local .jsonl/.json/.parquet/.txt file or directory, or a hub "
+                      "dataset name; training reads prepared token shards (see prepare-data).", "")
+    sources: list[SourceConfig] = doc("Several sources blended by weight (instead of data.source); each keeps "
+                                      "its own eval split.", factory=list)
+    cache_dir: Optional[str] = doc("Where sources are prepared (default ~/.cache/deepspeed-preset-trainer/"
+                                   "prepared), one directory per source + tokenizer + settings.", None)
+    auto_prepare_max_gb: float = doc("Local sources up to this size are prepared on first use by rank 0; "
+                                     "larger ones and hub datasets need `python -m trainer prepare-data`.", 1.0)
+    split_seed: int = doc("Seed of the eval split (whole documents held out); part of the prepared data.", 0)
     split: str = doc("Split of a hub dataset to read.", "train")
     eval_source: Optional[str] = doc("Separate eval data; None carves eval_fraction out of `source`.", None)
     eval_split: Optional[str] = doc("Split of a hub eval_source to read; None = the same as `split`.", None)
-    eval_fraction: float = doc("Share of records held out for eval when eval_source is None.", 0.05)
+    eval_fraction: float = doc("Share of records (documents) held out for eval when eval_source is None.", 0.05)
     seq_len: int = doc("Tokens per training sequence.", 2048)
     packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
     truncate: bool = doc("Cut records longer than seq_len; when off such records are an error.", False)
@@ -79,7 +94,7 @@ class DataConfig:
     prompt_field: str = doc("Column with the prompt (sft, prompt/response records).", "prompt")
     response_field: str = doc("Column with the response (sft, prompt/response records).", "response")
     messages_field: str = doc("Column with chat messages (sft, rendered with the tokenizer's chat template).", "messages")
-    num_workers: int = doc("Processes for tokenization (datasets.map num_proc); 1 = in process.", 1)
+    num_workers: int = doc("Processes for tokenization when a source is prepared (datasets.map num_proc).", 1)
 
 
 @dataclass

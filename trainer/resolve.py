@@ -6,6 +6,7 @@ The only function most callers need is `resolve(config, world_size)`. Its result
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -117,7 +118,13 @@ def check_values(cfg: Config) -> list[str]:
         (0 <= d.eval_fraction < 1 and (d.eval_fraction > 0 or d.eval_source),
          f"data.eval_fraction={d.eval_fraction} must be in (0, 1) (or in [0, 1) with data.eval_source set): "
          f"the loop evaluates every train.eval_every steps"),
-        (bool(d.source), "data.source is empty: give a local file/directory or a hub dataset name"),
+        (bool(d.source) != bool(d.sources), "data.source and data.sources: give exactly one (a prepared directory, "
+         "a local file/directory or a hub dataset name; or a list of them with weights)"),
+        (all(s.path for s in d.sources), "data.sources: every entry needs a path"),
+        (all(math.isfinite(s.weight) and s.weight >= 0 for s in d.sources)
+         and (not d.sources or sum(s.weight for s in d.sources) > 0),
+         f"data.sources: weights {[s.weight for s in d.sources]} must be >= 0 and sum to more than 0"),
+        (d.auto_prepare_max_gb >= 0, f"data.auto_prepare_max_gb={d.auto_prepare_max_gb} must be >= 0"),
         (d.num_workers >= 1, f"data.num_workers={d.num_workers} must be >= 1"),
         (t.lr > 0, f"train.lr={t.lr} must be > 0"),
         (0 <= t.min_lr <= t.lr, f"train.min_lr={t.min_lr} must be in [0, train.lr]"),

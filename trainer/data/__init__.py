@@ -1,19 +1,21 @@
-"""The data pipeline: load records, carve the eval split, tokenize, pack into seq_len blocks, batch.
+"""The data pipeline: tokenize once into token shards, memory-map them, batch by global sample index.
 
-    tokenizer = load_tokenizer(cfg.model)
-    data = build_datasets(cfg.data, tokenizer, seed=cfg.train.seed)     # PreparedData(train, eval, stats)
-    loader = MicroBatchLoader(data.train, micro_batch_size, dp_rank, dp_size, seed)
+    python -m trainer prepare-data --preset NAME             # once per source (automatic for small local ones)
+    data = build_datasets(cfg.data, tokenizer, seed)         # PreparedData(train stream, eval streams, stats)
+    loader = MicroBatchLoader(data.train, micro, dp_rank, dp_size, grad_accum)
 
-One module per stage: `records` (files and hub datasets, the eval split) -> `tokenize` (formats, labels)
--> `blocks` (seq_len rows) -> `loader` (sharded, resumable micro-batches); `prepare` runs the first three
-for both splits. Every problem with the data is a `DataError` naming the file and line (or row) and a fix.
+One module per stage: `records` (files and hub datasets, the eval split by document) -> `tokenize` (formats,
+labels) -> `prepare` (token shards on disk, `shards` is their format) -> `samples` (seq_len samples read from
+the memory-mapped shards) -> `order` (which sample comes next: a pure function of seed, epoch and the global
+sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what training calls. Every problem
+with the data is a `DataError` naming the file and line (or row) and a fix.
 """
-from .blocks import blocks_dataset, group_samples, pack_pretrain, pack_sft
-from .loader import MicroBatchLoader
-from .prepare import PreparedData, build_datasets
+from .build import PreparedData, build_datasets
+from .loader import MicroBatchLoader, Source, Stream
 from .records import IGNORE_INDEX, DataError, load_records, split_records
+from .samples import PretrainSamples, SftSamples, block_starts
 from .tokenize import chat_sample, load_tokenizer, record_format, tokenize_records
 
-__all__ = ["IGNORE_INDEX", "DataError", "MicroBatchLoader", "PreparedData", "blocks_dataset", "build_datasets",
-           "chat_sample", "group_samples", "load_records", "load_tokenizer", "pack_pretrain", "pack_sft",
+__all__ = ["IGNORE_INDEX", "DataError", "MicroBatchLoader", "PreparedData", "PretrainSamples", "SftSamples",
+           "Source", "Stream", "block_starts", "build_datasets", "chat_sample", "load_records", "load_tokenizer",
            "record_format", "split_records", "tokenize_records"]

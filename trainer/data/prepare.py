@@ -1,50 +1,190 @@
-"""Records -> eval split -> tokenized samples -> seq_len blocks, for both splits, with their stats."""
+"""Tokenize once: records -> eval split (by document) -> token shards on disk (trainer/data/shards.py).
+
+`prepare(cfg, tokenizer, out)` writes a prepared directory; it can be stopped and rerun (finished shards are
+kept, and the result is byte-identical to an uninterrupted run). `prepared_path(cfg, tokenizer)` is where
+training finds a source's prepared data: the source itself when it is a prepared directory, else a cache
+directory keyed by everything that decides the bytes (source fingerprint, tokenizer, task, fields, split).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
 
 import datasets
+import numpy as np
 
 from ..config import DataConfig
-from .blocks import pack_pretrain, pack_sft
-from .records import ORIGIN, DataError, load_records, split_records, visible_columns
+from . import shards
+from .records import ORIGIN, DataError, load_records, looks_like_path, split_records
 from .tokenize import record_format, tokenize_records
 
-
-@dataclass
-class PreparedData:
-    train: datasets.Dataset          # columns input_ids, labels, attention_mask: lists of seq_len ints
-    eval: datasets.Dataset
-    stats: dict = field(default_factory=dict)   # {"train": {...}, "eval": {...}}
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepspeed-preset-trainer" / "prepared"
 
 
-def build_datasets(data_cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
-    """Tokenized, packed train and eval datasets plus their stats."""
-    records = load_records(data_cfg.source, data_cfg.split)
-    fmt = record_format(records, data_cfg, tokenizer, data_cfg.source)
-    if data_cfg.eval_source:
-        eval_records = load_records(data_cfg.eval_source, data_cfg.eval_split or data_cfg.split)
-        if record_format(eval_records, data_cfg, tokenizer, data_cfg.eval_source) != fmt:
-            raise DataError(f"{data_cfg.eval_source}: eval records have columns {visible_columns(eval_records)}, "
-                            f"a different format from {data_cfg.source}'s {visible_columns(records)}; use one format")
+# --- where prepared data lives ---------------------------------------------------------------------
+
+def is_prepared(path: str) -> bool:
+    return (Path(path).expanduser() / shards.MANIFEST).is_file()
+
+
+def source_fingerprint(source: str, split: str) -> dict:
+    """What identifies a source's content without reading it: the files' names, sizes and mtimes for a local
+    source, the name and split for a hub dataset."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        return {"hub": source, "split": split}
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {"path": str(path.resolve()), "files": [[str(p.relative_to(path)) if path.is_dir() else p.name,
+                                                   p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
+    """Everything that decides the prepared bytes; its hash names the cache directory."""
+    eval_source = cfg.eval_source if source == cfg.source else None
+    fields = {"pretrain": [cfg.text_field]}.get(cfg.task, [cfg.prompt_field, cfg.response_field,
+                                                          cfg.messages_field, cfg.seq_len, cfg.truncate])
+    return {"format": shards.FORMAT, "task": cfg.task, "source": source_fingerprint(source, cfg.split),
+            "eval_source": source_fingerprint(eval_source, cfg.eval_split or cfg.split) if eval_source else None,
+            "eval_fraction": None if eval_source else cfg.eval_fraction, "split_seed": cfg.split_seed,
+            "fields": fields, "tokenizer": shards.tokenizer_fingerprint(tokenizer),
+            "chat_template": getattr(tokenizer, "chat_template", None) if cfg.task == "sft" else None}
+
+
+def prepared_path(cfg: DataConfig, source: str, tokenizer) -> Path:
+    if is_prepared(source):
+        return Path(source).expanduser()
+    key = hashlib.sha256(json.dumps(identity(cfg, source, tokenizer), sort_keys=True).encode()).hexdigest()[:20]
+    return (Path(cfg.cache_dir).expanduser() if cfg.cache_dir else DEFAULT_CACHE) / key
+
+
+def needs_explicit_preparation(cfg: DataConfig, source: str) -> Optional[str]:
+    """Why `source` is not prepared automatically on first use (a hub dataset, or a local one over
+    data.auto_prepare_max_gb), or None."""
+    path = Path(source).expanduser()
+    if not path.exists():  # a mistyped local path is named by load_records
+        return None if looks_like_path(source) else "it is a hub dataset (downloaded and tokenized once, not " \
+                                                    "inside a training job)"
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    if size > cfg.auto_prepare_max_gb * 1e9:
+        return f"it is {size / 1e9:.1f} GB, over data.auto_prepare_max_gb={cfg.auto_prepare_max_gb}"
+    return None
+
+
+# --- preparing -------------------------------------------------------------------------------------
+
+def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shard: int, num_proc: int = 1,
+            progress: bool = False) -> dict:
+    """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest."""
+    check_output_dir(out, identity(cfg, source, tokenizer))
+    records = load_records(source, cfg.split)
+    fmt = record_format(records, cfg, tokenizer, source)
+    if cfg.eval_source and source == cfg.source:
+        eval_records = load_records(cfg.eval_source, cfg.eval_split or cfg.split)
+        if record_format(eval_records, cfg, tokenizer, cfg.eval_source) != fmt:
+            raise DataError(f"{cfg.eval_source}: eval records are in another format than {source}'s; use one")
         train_records = records
     else:
-        train_records, eval_records = split_records(records, data_cfg.eval_fraction, seed, data_cfg.source)
-    train, train_stats = _prepare_split(train_records, fmt, data_cfg, tokenizer, "train", data_cfg.source)
-    eval_source = data_cfg.eval_source or data_cfg.source
-    evaluation, eval_stats = _prepare_split(eval_records, fmt, data_cfg, tokenizer, "eval", eval_source)
-    return PreparedData(train, evaluation, {"train": train_stats, "eval": eval_stats})
+        train_records, eval_records = split_records(records, cfg.eval_fraction, cfg.split_seed, source)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ".identity.json").write_text(json.dumps(identity(cfg, source, tokenizer), sort_keys=True))
+    dtype = shards.token_dtype(len(tokenizer))
+    splits, meter = {}, Progress(progress)
+    for name, split_records_ in (("train", train_records), ("eval", eval_records)):
+        entries = []
+        for index, start in enumerate(range(0, len(split_records_), records_per_shard)):
+            entry = shards.finished_shard(out / name, index)
+            if entry is None:
+                chunk = split_records_.select(range(start, min(start + records_per_shard, len(split_records_))))
+                entry = _tokenize_shard(chunk, fmt, cfg, tokenizer, dtype, out / name, index, num_proc)
+            entries.append(entry)
+            meter.update(entry["tokens"], f"{name} shard {index}")
+        splits[name] = {"shards": entries, "records": len(split_records_),
+                        "tokens": sum(e["tokens"] for e in entries),
+                        "documents": sum(e["documents"] for e in entries)}
+        if splits[name]["documents"] == 0:
+            raise DataError(f"{source}: the {name} split has no usable record (every one was dropped: no label "
+                            f"left after truncation); add data or raise data.seq_len")
+    manifest = {"format": shards.FORMAT, "task": cfg.task, "format_of_records": fmt, "dtype": dtype.name,
+                "vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "eos_appended": True,
+                "tokenizer": {"name": str(tokenizer.name_or_path),
+                              "fingerprint": shards.tokenizer_fingerprint(tokenizer)},
+                "chat_template": getattr(tokenizer, "chat_template", None) if fmt == "chat" else None,
+                "seq_len": cfg.seq_len if cfg.task == "sft" else None, "truncate": cfg.truncate,
+                "identity": identity(cfg, source, tokenizer), "splits": splits}
+    shards.write_manifest(out, manifest)
+    meter.done()
+    return manifest
 
 
-def _prepare_split(records: datasets.Dataset, fmt: str, data_cfg: DataConfig, tokenizer, name: str,
-                   source: str) -> tuple[datasets.Dataset, dict]:
-    samples = tokenize_records(records, fmt, data_cfg, tokenizer)
-    if data_cfg.task == "pretrain":
-        blocks, stats = pack_pretrain(samples, data_cfg.seq_len)
-    else:
-        blocks, stats = pack_sft(samples, data_cfg.seq_len, data_cfg.packing, tokenizer.pad_token_id)
-    if len(blocks) == 0:
-        raise DataError(f"{source}: the {name} split ({len(records)} records from {records[0][ORIGIN]} on) "
-                        f"yields no full {data_cfg.seq_len}-token sequence; add data, lower data.seq_len, "
-                        f"raise data.eval_fraction or set data.eval_source")
-    return blocks, {"records": len(records), **stats}
+def check_output_dir(out: Path, wanted: dict) -> None:
+    """`out` may be new, empty, or an earlier (possibly interrupted) preparation of the same thing."""
+    if not out.exists() or not any(out.iterdir()):
+        return
+    mark = out / ".identity.json"
+    if not mark.is_file():
+        raise DataError(f"{out} holds other files, not prepared data: choose an empty or new output directory")
+    if json.loads(mark.read_text()) != wanted:
+        raise DataError(f"{out} holds prepared data of another source, tokenizer or setting; choose another "
+                        f"output directory or delete it")
+
+
+def _tokenize_shard(records: datasets.Dataset, fmt: str, cfg: DataConfig, tokenizer, dtype: np.dtype,
+                    split_dir: Path, index: int, num_proc: int) -> dict:
+    worker_cfg = cfg if num_proc == cfg.num_workers else _with_workers(cfg, num_proc)
+    samples = tokenize_records(records, fmt, worker_cfg, tokenizer)
+    ids_column = samples.data.column("input_ids").combine_chunks()
+    lengths = np.diff(ids_column.offsets.to_numpy())
+    ids = ids_column.values.to_numpy(zero_copy_only=False)
+    mask, stats = None, {"records": len(records), "first": records[0][ORIGIN] if len(records) else ""}
+    if cfg.task == "sft":
+        labels = samples.data.column("labels").combine_chunks().values.to_numpy(zero_copy_only=False)
+        learnt = labels != -100
+        keep = np.add.reduceat(learnt, np.r_[0, np.cumsum(lengths)[:-1]]) > 0 if len(lengths) else lengths > 0
+        # Truncation can cut away a whole response; such a sample would only add padding-like noise.
+        token_keep = np.repeat(keep, lengths)
+        ids, learnt, lengths = ids[token_keep], learnt[token_keep], lengths[keep]
+        mask = learnt
+        cut = np.asarray(samples.data.column("_cut").to_pylist())
+        stats.update(truncated_records=int((cut > 0).sum()), dropped_records=int((~keep).sum()))
+    return shards.write_shard(split_dir, index, ids.astype(dtype), np.cumsum(lengths), mask, stats)
+
+
+def _with_workers(cfg: DataConfig, num_proc: int) -> DataConfig:
+    import dataclasses
+    return dataclasses.replace(cfg, num_workers=num_proc)
+
+
+class Progress:
+    """Tokens/s on stderr while a preparation runs (rank 0 / the prepare-data command only)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.tokens, self.started = enabled, 0, time.perf_counter()
+
+    def update(self, tokens: int, what: str) -> None:
+        self.tokens += tokens
+        if self.enabled:
+            rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+            print(f"\rprepare: {what}: {self.tokens:,} tokens, {rate:,.0f} tokens/s", end="", file=sys.stderr,
+                  flush=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr, flush=True)
+
+
+def prepare_into_cache(cfg: DataConfig, source: str, tokenizer, path: Path, records_per_shard: int) -> None:
+    """Prepare into a temporary sibling, then rename: two jobs preparing the same key never see half a cache."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    prepare(cfg, source, tokenizer, tmp, records_per_shard, max(1, cfg.num_workers))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another job renamed its copy first: the same bytes
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -23,7 +23,6 @@ IGNORE_INDEX = -100                      # labels the loss skips (torch CrossEnt
 ORIGIN = "_origin"                       # per-record "path line N" / "path row N", for error messages
 
 
-COLUMNS = ("input_ids", "labels", "attention_mask")
 
 
 FILE_FORMATS = (".jsonl", ".json", ".parquet", ".txt")

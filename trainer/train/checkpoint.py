@@ -45,7 +45,7 @@ class TrainState:
     """What the loop needs, besides the engine's own state, to continue exactly."""
     step: int = 0                       # optimizer steps done
     consumed_samples: int = 0           # sequences seen across data-parallel ranks
-    data: dict = field(default_factory=dict)   # MicroBatchLoader.state_dict()
+    data: dict = field(default_factory=dict)   # MicroBatchLoader.state_dict(): {"samples": global samples consumed}
     bad_steps: int = 0                  # non-finite steps skipped so far
     log_window: list = field(default_factory=lambda: [0.0, 0])  # this rank's loss sum and steps since the last
                                         # scheduled log line (kept per rank in rng_rank*.json): the first line

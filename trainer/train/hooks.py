@@ -19,6 +19,9 @@ class Hooks:
     def on_model(self, model) -> None:
         """The model as built, before `deepspeed.initialize` wraps it."""
 
+    def on_batch(self, batch: dict, step: int) -> None:
+        """Each micro-batch of optimizer step `step` (1-based) as the loader gave it (CPU tensors), before forward."""
+
     def on_loss(self, loss, step: int):
         """Each micro-batch's loss of optimizer step `step` (1-based), before backward; returns the loss used."""
         return loss

@@ -60,7 +60,9 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         position = train_batches.state_dict()  # where this step's data starts, for spike reports
         step_loss = torch.zeros((), device=engine.device)
         for _ in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
-            batch = to_device(next(batches), engine.device)
+            batch = next(batches)
+            hooks.on_batch(batch, state.step + 1)
+            batch = to_device(batch, engine.device)
             loss = hooks.on_loss(engine(**batch).loss, state.step + 1)
             engine.backward(loss)
             engine.step()
@@ -116,8 +118,7 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         if stop_requested:
             ended = Outcome.SIGNALLED
         if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
-            eval_loss = evaluate(engine, eval_batches, train.eval_batches)
-            metrics.log({"step": state.step, "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50))})
+            metrics.log({"step": state.step, **evaluate(engine, eval_batches, train.eval_batches)})
 
         stopping = ended in (Outcome.SIGNALLED, Outcome.BAD_STEPS)
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
@@ -145,25 +146,34 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
 
 
 @torch.no_grad()
-def evaluate(engine, eval_batches, max_batches: int) -> float:
-    """Mean token-level loss over the same first eval micro-batches of every rank, every time."""
+def evaluate(engine, eval_batches: dict, max_batches: int) -> dict:
+    """Mean token-level loss over the same first eval micro-batches of every rank, every time: `eval_loss` over
+    all sources, and `eval_loss/<name>` for each when there are several (each on its own held-out documents)."""
     engine.eval()
-    eval_batches.load_state_dict({"epoch": 0, "batches_in_epoch": 0})
-    total, count = torch.zeros(()), torch.zeros(())
-    for index, batch in enumerate(eval_batches):
-        if index >= min(max_batches, eval_batches.batches_per_epoch()):
-            break
-        batch = to_device(batch, engine.device)
-        loss = engine(**batch).loss.float().cpu()
-        tokens = (batch["labels"][:, 1:] != -100).sum().cpu()  # the model shifts labels by one
-        total += loss * tokens
-        count += tokens
+    sums = []
+    for loader in eval_batches.values():
+        loader.load_state_dict({"samples": 0})
+        total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+        for index, batch in enumerate(loader):
+            if index >= min(max_batches, loader.batches_per_epoch()):
+                break
+            batch = to_device(batch, engine.device)
+            loss = engine(**batch).loss.double().cpu()
+            tokens = (batch["labels"][:, 1:] != -100).sum().cpu()  # the model shifts labels by one
+            total += loss * tokens
+            count += tokens
+        sums += [total, count]
     engine.train()
-    pair = torch.stack([total, count]).to(engine.device)
+    pairs = torch.stack(sums).to(engine.device)
     if dist.is_initialized():
-        dist.all_reduce(pair)
-    return float(pair[0] / pair[1].clamp(min=1))
-
+        dist.all_reduce(pairs)
+    pairs = pairs.view(-1, 2).cpu()
+    overall = float(pairs[:, 0].sum() / pairs[:, 1].sum().clamp(min=1))
+    out = {"eval_loss": overall, "eval_ppl": math.exp(min(overall, 50))}
+    if len(eval_batches) > 1:
+        out.update({f"eval_loss/{name}": float(total / max(float(count), 1.0))
+                    for name, (total, count) in zip(eval_batches, pairs)})
+    return out
 
 def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

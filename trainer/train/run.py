@@ -109,10 +109,9 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
-    dp_rank, dp_size = data_parallel_rank(engine), resolved.batch.data_parallel_size
-    train_batches = MicroBatchLoader(data.train, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed)
-    eval_batches = MicroBatchLoader(data.eval, cfg.train.micro_batch_size, dp_rank, dp_size, cfg.train.seed,
-                                    shuffle=False)
+    dp_rank, dp_size, micro = data_parallel_rank(engine), resolved.batch.data_parallel_size, cfg.train.micro_batch_size
+    train_batches = MicroBatchLoader(data.train, micro, dp_rank, dp_size, cfg.train.grad_accum)
+    eval_batches = {source.sources[0].name: MicroBatchLoader(source, micro, dp_rank, dp_size) for source in data.eval}
     return Job(engine, tokenizer, train_batches, eval_batches, total_params)
 
 def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
@@ -152,15 +151,15 @@ def check_world_size(resolved: Resolved) -> None:
 
 
 def check_enough_batches(data, resolved: Resolved) -> None:
-    """Each split gives every data-parallel rank at least one micro-batch (else MicroBatchLoader would
-    refuse it later, after the run directory exists)."""
+    """Each split gives every data-parallel rank at least one micro-batch (checked before the run directory
+    is written): a train stream shorter than one global batch would repeat samples within a step."""
     from ..data import DataError
     cfg, dp = resolved.config, resolved.batch.data_parallel_size
     micro = cfg.train.micro_batch_size
-    for name, split in (("train", data.train), ("eval", data.eval)):
-        if len(split) < micro * dp:
-            source = cfg.data.eval_source if name == "eval" and cfg.data.eval_source else cfg.data.source
-            raise DataError(f"{source}: the {name} split has {len(split)} sequence(s) of data.seq_len="
+    for name, stream in [("train", data.train)] + [("eval", s) for s in data.eval]:
+        if len(stream) < micro * dp:
+            source = ", ".join(s.origin for s in stream.sources)
+            raise DataError(f"{source}: the {name} split has {len(stream)} sequence(s) of data.seq_len="
                             f"{cfg.data.seq_len} tokens, fewer than one micro-batch (train.micro_batch_size={micro}) "
                             f"for each of {dp} data-parallel rank(s); add data or lower train.micro_batch_size or "
                             f"data.seq_len" + (" (or raise data.eval_fraction)" if name == "eval" else ""))

@@ -1,0 +1,80 @@
+"""Samples of a prepared split, read on demand from the memory-mapped shards.
+
+  pretrain  sample i is tokens [i * seq_len, (i + 1) * seq_len) of the split's stream (every document + EOS,
+            back to back); the model shifts labels itself, so labels are the same tensor as input_ids and
+            no attention mask is needed (nothing is padded). The tail shorter than seq_len is not used.
+  sft       a sample is one document padded to seq_len, or with `packing` whole documents placed greedily in
+            order into shared blocks (never split); labels are -100 where the loss mask is 0 and on padding.
+
+Only small per-document arrays (lengths, block starts) live in memory; tokens stay on disk until a batch
+reads them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .records import IGNORE_INDEX
+from .shards import Split
+
+
+class PretrainSamples:
+    def __init__(self, split: Split, seq_len: int):
+        self.split, self.seq_len = split, seq_len
+
+    def __len__(self) -> int:
+        return self.split.total_tokens // self.seq_len
+
+    def rows(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        tokens = np.stack([self.split.read(int(i) * self.seq_len, self.seq_len) for i in ids]).astype(np.int64)
+        return {"input_ids": tokens, "labels": tokens}
+
+    def stats(self) -> dict:
+        used = len(self) * self.seq_len
+        return {"tokens": used, "sequences": len(self), "documents": self.split.documents,
+                "dropped_tokens": self.split.total_tokens - used}
+
+
+class SftSamples:
+    def __init__(self, split: Split, seq_len: int, packing: bool, pad_id: int):
+        self.split, self.seq_len, self.pad_id = split, seq_len, pad_id
+        self.starts = block_starts(split.doc_lengths(), seq_len, packing)  # first document of each block
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def rows(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        n = len(ids)
+        input_ids = np.full((n, self.seq_len), self.pad_id, dtype=np.int64)
+        labels = np.full((n, self.seq_len), IGNORE_INDEX, dtype=np.int64)
+        mask = np.zeros((n, self.seq_len), dtype=np.int64)
+        ends = self.split.doc_ends
+        for row, block in enumerate(ids):
+            first, last = int(self.starts[block]), int(self.starts[block + 1])  # documents [first, last)
+            start = int(ends[first - 1]) if first else 0
+            length = int(ends[last - 1]) - start
+            tokens = self.split.read(start, length).astype(np.int64)
+            learnt = self.split.read(start, length, labels=True).astype(bool)
+            input_ids[row, :length] = tokens
+            labels[row, :length] = np.where(learnt, tokens, IGNORE_INDEX)
+            mask[row, :length] = 1
+        return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+
+    def stats(self) -> dict:
+        tokens, capacity = self.split.total_tokens, len(self) * self.seq_len
+        return {"tokens": tokens, "sequences": len(self), "documents": self.split.documents,
+                "padded_tokens": capacity - tokens, "packing_efficiency": tokens / capacity if capacity else 0.0}
+
+
+def block_starts(lengths: np.ndarray, seq_len: int, packing: bool) -> np.ndarray:
+    """Index of the first document of each block, plus the document count at the end (so block b holds
+    documents [starts[b], starts[b + 1])): one document per block, or greedy in order (next fit) with packing."""
+    if not packing:
+        return np.arange(len(lengths) + 1, dtype=np.int64)
+    starts, used = [0], 0
+    for i, length in enumerate(lengths.tolist()):
+        if used and used + length > seq_len:
+            starts.append(i)
+            used = 0
+        used += length
+    starts.append(len(lengths))
+    return np.asarray(starts if len(lengths) else [0], dtype=np.int64)

@@ -1,0 +1,168 @@
+"""Prepared data on disk: token shards written once, memory-mapped by every rank.
+
+    <prepared>/manifest.json             format, task, tokenizer (name + fingerprint), vocab, dtype, source
+    <prepared>/train/00000.tokens        the ids of every document of the shard, back to back (uint16/uint32)
+    <prepared>/train/00000.docs          int64 end offset of each document in .tokens
+    <prepared>/train/00000.labels        sft only: uint8, 1 where the token is learnt (the loss mask)
+    <prepared>/train/00000.json          the shard's counts, sizes and SHA-256s: written last, so it marks a
+                                         finished shard (a rerun of an interrupted preparation keeps it)
+    <prepared>/eval/...                  the same for the eval split
+
+Every file is written to a temporary name, fsynced and renamed, so a shard or manifest either exists whole
+or not at all. Ranks open the shards with np.memmap: the page cache is shared by the ranks of a node and a
+rank's memory does not grow with the corpus.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .records import DataError
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+SPLITS = ("train", "eval")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocabularies up to 65,536), else uint32: 2 or 4 bytes per token on disk."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of what decides the ids: the tokenizer model and vocabulary and its special tokens (the chat
+    template, which decides chat samples too, is recorded and checked on its own)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    extra = json.dumps({"special": tokenizer.special_tokens_map, "eos": tokenizer.eos_token_id}, sort_keys=True,
+                       default=str)
+    return hashlib.sha256((body + extra).encode()).hexdigest()[:16]
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_shard(split_dir: Path, index: int, ids: np.ndarray, doc_ends: np.ndarray,
+                label_mask: Optional[np.ndarray], stats: dict) -> dict:
+    """Write one shard (tokens, document ends, optional loss mask), then its .json marker; returns the marker."""
+    split_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{index:05d}"
+    files = {"tokens": ids.tobytes(), "docs": doc_ends.astype(np.int64).tobytes()}
+    if label_mask is not None:
+        files["labels"] = label_mask.astype(np.uint8).tobytes()
+    entry = {"tokens": int(len(ids)), "documents": int(len(doc_ends)), **stats, "files": {}}
+    for suffix, data in files.items():
+        write_atomic(split_dir / f"{stem}.{suffix}", data)
+        entry["files"][suffix] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    write_atomic(split_dir / f"{stem}.json", json.dumps(entry, indent=1).encode())
+    return entry
+
+
+def finished_shard(split_dir: Path, index: int) -> Optional[dict]:
+    """The marker of a shard written completely before (its files have the recorded sizes), else None."""
+    marker = split_dir / f"{index:05d}.json"
+    if not marker.is_file():
+        return None
+    entry = json.loads(marker.read_text())
+    for suffix, info in entry["files"].items():
+        path = split_dir / f"{index:05d}.{suffix}"
+        if not path.is_file() or path.stat().st_size != info["bytes"]:
+            return None
+    return entry
+
+
+def write_manifest(root: Path, manifest: dict) -> None:
+    write_atomic(root / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def read_manifest(root: Path) -> dict:
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: not a readable prepared-data manifest ({err}); prepare the data again with "
+                        f"`python -m trainer prepare-data`") from None
+    if manifest.get("format") != FORMAT:
+        raise DataError(f"{path}: prepared-data format {manifest.get('format')!r}, this trainer reads format "
+                        f"{FORMAT}; prepare the data again with `python -m trainer prepare-data`")
+    return manifest
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+@dataclass
+class Split:
+    """One split of prepared data as a single virtual token stream over its memory-mapped shards."""
+    tokens: list[np.ndarray]          # per shard, memmap
+    labels: Optional[list[np.ndarray]]
+    doc_ends: np.ndarray              # global end offset of every document (int64)
+    shard_starts: np.ndarray          # global offset of each shard's first token
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.doc_ends[-1]) if len(self.doc_ends) else 0
+
+    @property
+    def documents(self) -> int:
+        return len(self.doc_ends)
+
+    def doc_lengths(self) -> np.ndarray:
+        return np.diff(self.doc_ends, prepend=0)
+
+    def read(self, start: int, length: int, labels: bool = False) -> np.ndarray:
+        """Tokens (or the loss mask) [start, start + length) of the stream, across shard boundaries."""
+        arrays = self.labels if labels else self.tokens
+        out, position = [], start
+        shard = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
+        while position < start + length:
+            local = position - int(self.shard_starts[shard])
+            take = min(start + length - position, len(arrays[shard]) - local)
+            out.append(arrays[shard][local:local + take])
+            position += take
+            shard += 1
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+def open_split(root: Path, split: str, manifest: dict) -> Split:
+    """Memory-map a split's shards after checking each against the manifest (size, so a truncated or missing
+    shard is named at start, not mid-run)."""
+    split_dir, dtype = root / split, np.dtype(manifest["dtype"])
+    entries = manifest["splits"][split]["shards"]
+    tokens, labels, ends, starts, offset = [], [], [], [], 0
+    for index, entry in enumerate(entries):
+        for suffix, info in entry["files"].items():
+            path = split_dir / f"{index:05d}.{suffix}"
+            size = path.stat().st_size if path.is_file() else None
+            if size != info["bytes"]:
+                state = "is missing" if size is None else f"has {size:,} bytes, the manifest says {info['bytes']:,}"
+                raise DataError(f"{path} {state}: the prepared data is damaged; prepare it again (`python -m "
+                                f"trainer prepare-data`, or delete {root} when it is the automatic cache)")
+        stem = split_dir / f"{index:05d}"
+        tokens.append(_memmap(stem.with_suffix(".tokens"), dtype))
+        if "labels" in entry["files"]:
+            labels.append(_memmap(stem.with_suffix(".labels"), np.dtype(np.uint8)))
+        ends.append(np.fromfile(stem.with_suffix(".docs"), dtype=np.int64) + offset)
+        starts.append(offset)
+        offset += entry["tokens"]
+    doc_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
+    return Split(tokens, labels or None, doc_ends, np.asarray(starts, dtype=np.int64))
+
+
+def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
