@@ -383,7 +383,7 @@ def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     as run_training builds them (same seeding, same dataset, same build_model)."""
     import deepspeed
     import torch.distributed as dist
-    from trainer.data import build_datasets, load_tokenizer
+    from trainer.data import apply_chat_template, build_datasets, load_tokenizer
     from trainer.distributed import rank0_first, seed_everything
 
     resolved = resolve_checked(spec, ds_config)
@@ -392,7 +392,8 @@ def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     rank = dist.get_rank()
     cfg = resolved.config
     seed_everything(cfg.train.seed, rank)
-    data = rank0_first(lambda: build_datasets(cfg.data, load_tokenizer(cfg.model), cfg.train.seed))
+    tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)
+    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
     from trainer.model import build_model
     model, hf_ds_config = build_model(cfg, rank)
     probe.attach(model)

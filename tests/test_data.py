@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from trainer.config import DataConfig, ModelConfig
 from trainer.data import (
-    IGNORE_INDEX, DataError, MicroBatchLoader, Source, Stream, build_datasets, chat_sample, load_records,
-    load_tokenizer, record_format,
+    IGNORE_INDEX, DataError, MicroBatchLoader, Source, Stream, apply_chat_template, build_datasets, chat_sample,
+    load_records, load_tokenizer, record_format,
 )
 
 TINY = ROOT / "data" / "tiny"
@@ -175,6 +175,86 @@ def test_chat_sample_masks_boundary_straddling_tokens_as_assistant(tokenizer):
     # "user: hi" then assistant content starting with a space: the first content token is " 7".
     ids, labels = chat_sample(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " 7"}])
     assert tokenizer.decode([t for t in labels if t != IGNORE_INDEX]) == " 7</s>"
+
+
+# --------------------------------------------------------------------------------- chat templates
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is 3 plus 4?"}, {"role": "assistant", "content": "7."},
+    {"role": "user", "content": "What does the cow say?"}, {"role": "assistant", "content": "The cow says moo."},
+]
+# CONVERSATION as the public templates render it (OpenHermes/Qwen ChatML, Llama-2-chat, zephyr-7b-beta),
+# and what the model learns: each assistant message and its end of turn.
+PUBLIC_FORMATS = {
+    "chatml": ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 3 plus 4?"
+               "<|im_end|>\n<|im_start|>assistant\n7.<|im_end|>\n<|im_start|>user\nWhat does the cow say?<|im_end|>\n"
+               "<|im_start|>assistant\nThe cow says moo.<|im_end|>\n",
+               ["7.<|im_end|>\n", "The cow says moo.<|im_end|>\n"]),
+    "llama-2": ("<s>[INST] <<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\nWhat is 3 plus 4? [/INST] 7. </s>"
+                "<s>[INST] What does the cow say? [/INST] The cow says moo. </s>",
+                [" 7. </s>", " The cow says moo. </s>"]),
+    "zephyr": ("<|system|>\nYou are a helpful assistant.</s>\n<|user|>\nWhat is 3 plus 4?</s>\n<|assistant|>\n7.</s>\n"
+               "<|user|>\nWhat does the cow say?</s>\n<|assistant|>\nThe cow says moo.</s>\n",
+               ["7.</s>\n", "The cow says moo.</s>\n"]),
+}
+
+
+def templated_tokenizer(chat_template: str):
+    """A fresh tiny tokenizer (applying a template changes the object) with data.chat_template applied."""
+    return apply_chat_template(load_tokenizer(ModelConfig(tokenizer=str(TOKENIZER_DIR))),
+                               DataConfig(chat_template=chat_template))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_FORMATS))
+def test_named_chat_template_renders_the_public_format_and_labels_only_assistant_turns(tmp_path, name):
+    rendering, learnt = PUBLIC_FORMATS[name]
+    tokenizer = templated_tokenizer(name)
+    assert tokenizer.apply_chat_template(CONVERSATION, tokenize=False) == rendering
+    source = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
+    row = rows(build_datasets(data_cfg(source, seq_len=160), tokenizer, seed=0).train)[0]
+    assert real_tokens(row) == tokenizer(rendering, add_special_tokens=False)["input_ids"]
+    assert [tokenizer.decode(run) for run in label_runs(row["labels"])] == learnt
+
+
+def test_chat_template_from_a_jinja_file(tmp_path):
+    path = tmp_path / "plain.jinja"
+    path.write_text("{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}assistant:\n{% endif %}")
+    tokenizer = templated_tokenizer(str(path))
+    ids, labels = chat_sample(tokenizer, CONVERSATION[1:3])
+    assert tokenizer.decode(ids) == "user:\nWhat is 3 plus 4?</s>\nassistant:\n7.</s>\n"
+    assert tokenizer.decode([t for t in labels if t != IGNORE_INDEX]) == "7.</s>\n"
+    # relative paths are read from the repo root, wherever the run starts
+    relative = templated_tokenizer("trainer/data/templates/zephyr.jinja")
+    assert relative.chat_template == templated_tokenizer("zephyr").chat_template
+
+
+def test_chat_template_replaces_the_tokenizers_own_and_none_keeps_it():
+    shipped = load_tokenizer(ModelConfig(tokenizer=str(TOKENIZER_DIR))).chat_template
+    assert apply_chat_template(load_tokenizer(ModelConfig(tokenizer=str(TOKENIZER_DIR))),
+                               DataConfig()).chat_template == shipped
+    assert templated_tokenizer("chatml").chat_template != shipped
+
+
+def test_the_exported_tokenizer_carries_the_chat_template(tmp_path):
+    """export_hf saves the run's tokenizer object with save_pretrained: inference loads the same template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = templated_tokenizer("llama-2")
+    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert reloaded.chat_template == tokenizer.chat_template
+    prompt = CONVERSATION[:2]
+    assert reloaded.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) == \
+        tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("value", ["llama2", "templates/missing.jinja"])
+def test_error_unknown_chat_template_names_the_key_the_names_and_the_fix(value):
+    message = error_message(templated_tokenizer, value)
+    assert "data.chat_template" in message and repr(value) in message
+    assert all(name in message for name in ("chatml", "llama-2", "zephyr")) and "Jinja file" in message
 
 
 # ---------------------------------------------------------------------------------------- packing
@@ -453,7 +533,8 @@ def test_error_chat_records_without_chat_template(tmp_path):
     plain.chat_template = None
     source = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
     message = error_message(build_datasets, data_cfg(source), plain, 0)
-    assert f"{source} line 1" in message and "chat_template" in message
+    assert f"{source} line 1" in message and "no chat_template" in message
+    assert "set data.chat_template: chatml (or llama-2, zephyr, or a .jinja file)" in message
 
 
 def test_error_chat_record_without_assistant_names_the_line(tmp_path, tokenizer):

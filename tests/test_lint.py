@@ -110,3 +110,13 @@ def test_cli_json_and_clean_presets_exit_0():
     found = json.loads(result.stdout)
     assert {f["severity"] for f in found} <= {"error", "warn", "info"}
     assert any(f["check"] == "#7 --bind_cores_to_rank" for f in found)
+
+
+def test_sft_without_a_chat_template_on_a_hub_base_model_is_a_warning():
+    assert "chat template" not in checks(findings("7b_8xa100"))  # the preset sets data.chat_template: llama-2
+    found = [f for f in findings("7b_8xa100", ["data.chat_template=null"]) if f.check == "chat template"]
+    assert found and found[0].severity == "warn"
+    assert "base checkpoints ship none" in found[0].message and "set data.chat_template: chatml" in found[0].message
+    # the tiny tokenizer is a local directory with a template; pretraining renders no chats
+    assert "chat template" not in checks(findings("tiny_cpu", ["data.task=sft"]))
+    assert "chat template" not in checks(findings("1b_pretrain_8xh100"))

@@ -164,3 +164,31 @@ def test_templates_carry_the_seed_settings():
     for ds in t.values():
         assert ds["optimizer"]["type"] == "AdamW"
         assert "fp16" not in ds, "precision comes from train.precision through bf16.enabled: auto"
+
+
+SFT_ON_CHECKPOINTS = [c.name for c in map(load_preset, PRESETS) if c.data.task == "sft" and c.model.name_or_path]
+
+
+@pytest.mark.parametrize("name", SFT_ON_CHECKPOINTS)
+def test_sft_presets_on_base_checkpoints_name_a_chat_template(name):
+    """Base checkpoints ship no chat template, so the preset must bring one for its chat messages."""
+    config = load_preset(name)
+    assert config.data.chat_template is not None
+    if config.model.name_or_path.endswith("-hf") and "Llama-2" in config.model.name_or_path:
+        assert config.data.chat_template == "llama-2"  # a Llama-2 base learns the Llama-2-chat format
+
+
+def test_rehearsal_stops_where_the_real_run_would_without_a_chat_template(tmp_path):
+    """--rehearse swaps in the tiny tokenizer, which has a template of its own; a preset that relies on a
+    template it does not set must still fail at data preparation, with the real run's error."""
+    from trainer.data import DataError, apply_chat_template, build_datasets, load_tokenizer
+    from trainer.train.rehearse import rehearsal_config
+
+    def prepare(overrides):
+        cfg, _ = rehearsal_config(load_preset("7b_8xa100", [f"train.output_dir={tmp_path / 'run'}"] + overrides), 2)
+        return cfg, build_datasets(cfg.data, apply_chat_template(load_tokenizer(cfg.model), cfg.data), cfg.train.seed)
+
+    cfg, data = prepare([])
+    assert cfg.data.source.endswith("chat.jsonl") and len(data.eval) >= cfg.train.micro_batch_size * 2
+    with pytest.raises(DataError, match="no chat_template .*set data.chat_template: chatml"):
+        prepare(["data.chat_template=null"])

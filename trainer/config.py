@@ -93,7 +93,11 @@ class DataConfig:
     text_field: str = doc("Column with raw text (pretrain).", "text")
     prompt_field: str = doc("Column with the prompt (sft, prompt/response records).", "prompt")
     response_field: str = doc("Column with the response (sft, prompt/response records).", "response")
-    messages_field: str = doc("Column with chat messages (sft, rendered with the tokenizer's chat template).", "messages")
+    messages_field: str = doc("Column with chat messages (sft, rendered with the chat template).", "messages")
+    chat_template: Optional[str] = doc(
+        "Chat template for messages: chatml, llama-2, zephyr (trainer/data/templates/) or a Jinja file (absolute or "
+        "relative to the repo root); replaces the tokenizer's own and is exported with it; None keeps the tokenizer's.",
+        None)
     num_workers: int = doc("Processes for tokenization when a source is prepared (datasets.map num_proc).", 1)
 
 

@@ -1,21 +1,22 @@
 """The data pipeline: tokenize once into token shards, memory-map them, batch by global sample index.
 
-    python -m trainer prepare-data --preset NAME             # once per source (automatic for small local ones)
+    python -m trainer prepare-data --preset NAME                           # once (automatic for small local data)
+    tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # data.chat_template, if set
     data = build_datasets(cfg.data, tokenizer, seed)         # PreparedData(train stream, eval streams, stats)
     loader = MicroBatchLoader(data.train, micro, dp_rank, dp_size, grad_accum)
 
 One module per stage: `records` (files and hub datasets, the eval split by document) -> `tokenize` (formats,
-labels) -> `prepare` (token shards on disk, `shards` is their format) -> `samples` (seq_len samples read from
-the memory-mapped shards) -> `order` (which sample comes next: a pure function of seed, epoch and the global
-sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what training calls. Every problem
-with the data is a `DataError` naming the file and line (or row) and a fix.
+labels, chat templates) -> `prepare` (token shards on disk, `shards` is their format) -> `samples` (seq_len
+samples read from the memory-mapped shards) -> `order` (which sample comes next: a pure function of seed,
+epoch and the global sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what
+training calls. Every problem with the data is a `DataError` naming the file and line (or row) and a fix.
 """
 from .build import PreparedData, build_datasets
 from .loader import MicroBatchLoader, Source, Stream
 from .records import IGNORE_INDEX, DataError, load_records, split_records
 from .samples import PretrainSamples, SftSamples, block_starts
-from .tokenize import chat_sample, load_tokenizer, record_format, tokenize_records
+from .tokenize import apply_chat_template, chat_sample, load_tokenizer, record_format, tokenize_records
 
 __all__ = ["IGNORE_INDEX", "DataError", "MicroBatchLoader", "PreparedData", "PretrainSamples", "SftSamples",
-           "Source", "Stream", "block_starts", "build_datasets", "chat_sample", "load_records", "load_tokenizer",
-           "record_format", "split_records", "tokenize_records"]
+           "Source", "Stream", "apply_chat_template", "block_starts", "build_datasets", "chat_sample",
+           "load_records", "load_tokenizer", "record_format", "split_records", "tokenize_records"]

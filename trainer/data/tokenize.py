@@ -2,10 +2,11 @@
 
   pretrain  each text + EOS; labels = input_ids.
   sft       prompt/response records (loss on response + EOS) or chat `messages` records rendered with the
-            tokenizer's chat template (loss on what each assistant message adds).
+            tokenizer's chat template, or data.chat_template's (loss on what each assistant message adds).
 """
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import datasets
 
 from ..config import DataConfig, ModelConfig
+from ..presets import REPO_ROOT
 from .records import IGNORE_INDEX, ORIGIN, DataError, looks_like_path, visible_columns
 
 
@@ -36,6 +38,49 @@ def load_tokenizer(model_cfg: ModelConfig):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+# ------------------------------------------------------------------------------------ chat template
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE_NAMES = ("chatml", "llama-2", "zephyr")  # TEMPLATE_DIR/<name>.jinja
+TEMPLATE_CHOICES = "chatml (or llama-2, zephyr, or a .jinja file)"
+
+
+def apply_chat_template(tokenizer, data_cfg: DataConfig):
+    """data.chat_template replaces the tokenizer's own template (None keeps it). The run exports this same
+    tokenizer object with the model (checkpoint.export_hf), so inference renders prompts as training did."""
+    if data_cfg.chat_template is not None:
+        tokenizer.chat_template = read_chat_template(data_cfg.chat_template)
+    return tokenizer
+
+
+def read_chat_template(value: str) -> str:
+    """The Jinja text of a shipped template name, or of a file (absolute, or relative to the repo root)."""
+    if value in TEMPLATE_NAMES:
+        return (TEMPLATE_DIR / f"{value}.jinja").read_text(encoding="utf-8")
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else REPO_ROOT / path
+    if not path.is_file():
+        raise DataError(f"data.chat_template {value!r} is neither a shipped template ({', '.join(TEMPLATE_NAMES)}) "
+                        f"nor a file (there is none at {path}); set data.chat_template to one of those names or to "
+                        f"a Jinja file, absolute or relative to the repo root")
+    return path.read_text(encoding="utf-8")
+
+
+def has_chat_template_on_disk(path: str | None) -> bool:
+    """Whether `path` is a local tokenizer directory with a chat template. A hub id is unknown until
+    downloaded, and base checkpoints ship none (transformers 4.43 dropped the class-level defaults)."""
+    directory = Path(path).expanduser() if path else None
+    if directory is None or not directory.is_dir():
+        return False
+    if (directory / "chat_template.jinja").is_file() or (directory / "chat_template.json").is_file():
+        return True
+    config = directory / "tokenizer_config.json"
+    try:
+        return bool(config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return False
 
 
 # ------------------------------------------------------------------------------------------ tokenize
@@ -64,8 +109,9 @@ def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, so
 def _check_chat_tokenizer(tokenizer, records: datasets.Dataset, source: str) -> None:
     where = f"{source}: records (first at {records[0][ORIGIN]}) are chat messages"
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError(f"{where}, but the tokenizer has no chat_template; use a tokenizer with one "
-                        f"(model.tokenizer) or convert the records to prompt/response fields")
+        raise DataError(f"{where}, but the tokenizer has no chat_template (base checkpoints ship none); set "
+                        f"data.chat_template: {TEMPLATE_CHOICES} to the format the model should learn, use a "
+                        f"tokenizer with one (model.tokenizer), or convert the records to prompt/response fields")
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"{where}, which needs a fast tokenizer (offset mapping) to find assistant tokens")
 

@@ -19,6 +19,7 @@ the exit status is 1 when there is an error, else 0.
 | 11| pipelined NVMe I/O                        | pipeline_read/write off                                     |
 | - | bucket sizes                              | outside the useful range; their memory                      |
 | - | contiguous gradients                      | off                                                         |
+| - | chat template                             | SFT, data.chat_template unset, tokenizer not known to have one |
 """
 from __future__ import annotations
 
@@ -228,9 +229,24 @@ def contiguous_gradients(r: Resolved) -> list[Finding]:
     return []
 
 
+def chat_template(r: Resolved) -> list[Finding]:
+    data, model = r.config.data, r.config.model
+    if data.task != "sft" or data.chat_template is not None:
+        return []
+    # Imported here: the data pipeline imports datasets (seconds), which no other check needs.
+    from ..data.tokenize import TEMPLATE_CHOICES, has_chat_template_on_disk
+    tokenizer = model.tokenizer or model.name_or_path
+    if has_chat_template_on_disk(tokenizer):
+        return []
+    return [Finding("warn", "chat template", f"SFT with data.chat_template unset on tokenizer {tokenizer!r}, not a "
+                    f"local directory with a chat template: the tokenizer may lack a chat template (base "
+                    f"checkpoints ship none), and chat messages records then stop at data preparation; set "
+                    f"data.chat_template: {TEMPLATE_CHOICES} (prompt/response records need none)")]
+
+
 CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overlap_comm, grad_accumulation,
                        activation_checkpointing, bind_cores, pin_memory, zeropp_multi_node, nvme_pipeline,
-                       bucket_sizes, contiguous_gradients]
+                       bucket_sizes, contiguous_gradients, chat_template]
 
 
 def lint_resolved(r: Resolved) -> list[Finding]:

@@ -5,13 +5,17 @@ checkpointing, optimizer, scheduler, checkpointing, export, the task (pretrain/S
 Changed, each with a one-line notice: the model shrinks to 2 layers of the same architecture
 (heads, GQA ratio, tied embeddings kept), pretrained weights are replaced by a random init of the
 shrunk model (saved to disk first when the preset fine-tunes, so the loading path runs too),
-data/tokenizer become the shipped tiny set of the same task when the preset's are not local,
+data/tokenizer become the shipped tiny set of the same task when the preset's are not local (SFT:
+chat messages, as the shipped SFT presets read; the tiny tokenizer loses its chat template when the
+preset's tokenizer may have none and data.chat_template is unset, so that mistake stops here too),
 bf16/fp16 -> fp32 and quantized weights off on CPU, flash-attn -> sdpa, the NVMe path -> a local
 directory, the world size -> the ranks present, a few steps with an eval and a save.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -23,7 +27,10 @@ from ..presets import REPO_ROOT
 
 
 TINY = REPO_ROOT / "data" / "tiny"
-TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "sft.jsonl"}
+# SFT rehearses chat messages: the shipped SFT presets read them, and they are the format that needs
+# the most of the tokenizer (a chat template, prefix-stable, a fast tokenizer). A preset with local
+# prompt/response data keeps its own (tiny_data).
+TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "chat.jsonl"}
 
 
 def rehearsal_config(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
@@ -32,6 +39,7 @@ def rehearsal_config(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
     notices = [f"rehearsal of {cfg.name}: model shrunk to 2 layers, {world_size} rank(s), 6 steps, "
                f"output in {run_dir}"]
     model = shrink_model(cfg, notices)
+    model = dataclasses.replace(model, tokenizer=tiny_tokenizer(cfg, run_dir, notices))
     data = tiny_data(cfg, notices)
     ds, ds_notices = dsc.rehearsal_changes(cfg.deepspeed, world_size, str(run_dir / "nvme"), on_cpu)
     notices += ds_notices
@@ -65,7 +73,7 @@ def shrink_model(cfg: Config, notices: list[str]):
         attention = "sdpa"
     if m.name_or_path:
         notices.append(f"pretrained weights {m.name_or_path} -> random init of the shrunk model")
-    return dataclasses.replace(m, name_or_path=None, tokenizer=str(TINY / "tokenizer"), hidden_size=hidden,
+    return dataclasses.replace(m, name_or_path=None, hidden_size=hidden,
                                num_layers=2, num_heads=heads, num_kv_heads=kv_heads,
                                intermediate_size=int(hidden * m.intermediate_size / m.hidden_size) // 8 * 8 or 8,
                                vocab_size=1024, max_position_embeddings=256, attn_implementation=attention)
@@ -75,9 +83,34 @@ def tiny_data(cfg: Config, notices: list[str]):
     d = cfg.data
     if Path(d.source).exists():
         return dataclasses.replace(d, seq_len=min(d.seq_len, 64))
-    notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data)")
+    kind = "chat messages" if d.task == "sft" else "text"
+    notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data: {kind})")
     return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=64, num_workers=1,
                                eval_fraction=0.05)
+
+
+def tiny_tokenizer(cfg: Config, run_dir: Path, notices: list[str]) -> str:
+    """The shipped tiny tokenizer, or a copy of it without its chat template (written to the rehearsal
+    directory) when the preset's own tokenizer may have none: the real run would then stop at data
+    preparation ("no chat_template; set data.chat_template"), and the rehearsal must stop there too
+    rather than pass on the tiny tokenizer's template. data.chat_template, when set, is applied to
+    either one later, as in the real run."""
+    from ..data.tokenize import has_chat_template_on_disk
+    tiny, preset_tokenizer = TINY / "tokenizer", cfg.model.tokenizer or cfg.model.name_or_path
+    if (cfg.data.task != "sft" or cfg.data.chat_template is not None or not preset_tokenizer
+            or has_chat_template_on_disk(preset_tokenizer)):
+        return str(tiny)
+    path = run_dir / "tokenizer_without_chat_template"
+    if ranks.rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        config = json.loads((tiny / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config.pop("chat_template", None)
+        (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        shutil.copyfile(tiny / "tokenizer.json", path / "tokenizer.json")
+    ranks.barrier()
+    notices.append(f"tokenizer {preset_tokenizer} -> the tiny tokenizer without its chat template ({path}): "
+                   f"{preset_tokenizer} may have none (base checkpoints ship none) and data.chat_template is unset")
+    return str(path)
 
 
 def with_saved_base_model(cfg: Config, path: Path, notices: list[str]) -> Config:

@@ -90,10 +90,10 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     """Tokenizer and data (checked before the run directory is written), then the model and the engine."""
     import deepspeed
 
-    from ..data import MicroBatchLoader, build_datasets, load_tokenizer
+    from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
     from ..model import build_model, count_parameters, kernels_in_use
     cfg, rank = resolved.config, ranks.rank()
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
     check_vocab(tokenizer, cfg)
     data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
     print0(f"data: {data.stats}", rank=rank)
