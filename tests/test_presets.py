@@ -189,6 +189,6 @@ def test_rehearsal_stops_where_the_real_run_would_without_a_chat_template(tmp_pa
         return cfg, build_datasets(cfg.data, apply_chat_template(load_tokenizer(cfg.model), cfg.data), cfg.train.seed)
 
     cfg, data = prepare([])
-    assert cfg.data.source.endswith("chat.jsonl") and len(data.eval) >= cfg.train.micro_batch_size * 2
+    assert cfg.data.source.endswith("chat.jsonl") and len(data.eval[0]) >= cfg.train.micro_batch_size * 2
     with pytest.raises(DataError, match="no chat_template .*set data.chat_template: chatml"):
         prepare(["data.chat_template=null"])
