@@ -21,7 +21,7 @@ COMMANDS = {
     "plan": ("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
     "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
     "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
-    "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into memory-mapped token shards"),
+    "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into token shards on disk"),
 }
 
 

@@ -83,7 +83,8 @@ class DataConfig:
     auto_prepare_max_gb: float = doc("Local sources up to this size are prepared on first use by rank 0; "
                                      "larger ones and hub datasets need `python -m trainer prepare-data`.", 1.0)
     split_seed: int = doc("Seed of the eval split (whole documents held out); part of the prepared data.", 0)
-    split: str = doc("Split of a hub dataset to read.", "train")
+    split: str = doc("Split of a hub dataset to read (slices work: 'train[:10%]').", "train")
+    subset: Optional[str] = doc("Configuration of a hub dataset (datasets.load_dataset's name, e.g. sample-10BT).", None)
     eval_source: Optional[str] = doc("Separate eval data; None carves eval_fraction out of `source`.", None)
     eval_split: Optional[str] = doc("Split of a hub eval_source to read; None = the same as `split`.", None)
     eval_fraction: float = doc("Share of records (documents) held out for eval when eval_source is None.", 0.05)

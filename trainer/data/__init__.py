@@ -1,4 +1,4 @@
-"""The data pipeline: tokenize once into token shards, memory-map them, batch by global sample index.
+"""The data pipeline: tokenize once into token shards on disk, read them on demand, batch by global sample index.
 
     python -m trainer prepare-data --preset NAME                           # once (automatic for small local data)
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # data.chat_template, if set
@@ -7,7 +7,7 @@
 
 One module per stage: `records` (files and hub datasets, the eval split by document) -> `tokenize` (formats,
 labels, chat templates) -> `prepare` (token shards on disk, `shards` is their format) -> `samples` (seq_len
-samples read from the memory-mapped shards) -> `order` (which sample comes next: a pure function of seed,
+samples read from the shards with positional reads) -> `order` (which sample comes next: a pure function of seed,
 epoch and the global sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what
 training calls. Every problem with the data is a `DataError` naming the file and line (or row) and a fix.
 """

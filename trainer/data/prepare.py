@@ -33,12 +33,12 @@ def is_prepared(path: str) -> bool:
     return (Path(path).expanduser() / shards.MANIFEST).is_file()
 
 
-def source_fingerprint(source: str, split: str) -> dict:
+def source_fingerprint(source: str, split: str, subset: str | None = None) -> dict:
     """What identifies a source's content without reading it: the files' names, sizes and mtimes for a local
     source, the name and split for a hub dataset."""
     path = Path(source).expanduser()
     if not path.exists():
-        return {"hub": source, "split": split}
+        return {"hub": source, "split": split, "subset": subset}
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return {"path": str(path.resolve()), "files": [[str(p.relative_to(path)) if path.is_dir() else p.name,
                                                    p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
@@ -49,7 +49,8 @@ def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
     eval_source = cfg.eval_source if source == cfg.source else None
     fields = {"pretrain": [cfg.text_field]}.get(cfg.task, [cfg.prompt_field, cfg.response_field,
                                                           cfg.messages_field, cfg.seq_len, cfg.truncate])
-    return {"format": shards.FORMAT, "task": cfg.task, "source": source_fingerprint(source, cfg.split),
+    subset = cfg.subset if source == cfg.source else None
+    return {"format": shards.FORMAT, "task": cfg.task, "source": source_fingerprint(source, cfg.split, subset),
             "eval_source": source_fingerprint(eval_source, cfg.eval_split or cfg.split) if eval_source else None,
             "eval_fraction": None if eval_source else cfg.eval_fraction, "split_seed": cfg.split_seed,
             "fields": fields, "tokenizer": shards.tokenizer_fingerprint(tokenizer),
@@ -82,7 +83,7 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
             progress: bool = False) -> dict:
     """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest."""
     check_output_dir(out, identity(cfg, source, tokenizer))
-    records = load_records(source, cfg.split)
+    records = load_records(source, cfg.split, cfg.subset if source == cfg.source else None)
     fmt = record_format(records, cfg, tokenizer, source)
     if cfg.eval_source and source == cfg.source:
         eval_records = load_records(cfg.eval_source, cfg.eval_split or cfg.split)
@@ -100,7 +101,10 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
         for index, start in enumerate(range(0, len(split_records_), records_per_shard)):
             entry = shards.finished_shard(out / name, index)
             if entry is None:
+                # flatten: a selection of a selection still references the whole table, which every
+                # tokenizer process would otherwise receive (pickled) for every shard
                 chunk = split_records_.select(range(start, min(start + records_per_shard, len(split_records_))))
+                chunk = chunk.flatten_indices()
                 entry = _tokenize_shard(chunk, fmt, cfg, tokenizer, dtype, out / name, index, num_proc)
             entries.append(entry)
             meter.update(entry["tokens"], f"{name} shard {index}")

@@ -38,7 +38,7 @@ class DataError(UserError, ValueError):
 # ------------------------------------------------------------------------------------------- loading
 
 
-def load_records(source: str, split: str = "train") -> datasets.Dataset:
+def load_records(source: str, split: str = "train", subset: str | None = None) -> datasets.Dataset:
     """Records from a local .jsonl/.json/.parquet/.txt file, a directory of them, or a hub dataset."""
     if not source:
         raise DataError("data.source is empty; set it to a .jsonl/.json/.parquet/.txt file, a directory "
@@ -49,7 +49,7 @@ def load_records(source: str, split: str = "train") -> datasets.Dataset:
     elif looks_like_path(source):
         raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")
     else:
-        records = _load_hub(source, split)
+        records = _load_hub(source, split, subset)
     if len(records) == 0:
         raise DataError(f"{source}: holds no records; point data.source at a non-empty dataset")
     return records
@@ -62,9 +62,9 @@ def looks_like_path(source: str) -> bool:
             or source.count("/") > 1 or ("/" in source and Path(source).parent.is_dir()))
 
 
-def _load_hub(name: str, split: str) -> datasets.Dataset:
+def _load_hub(name: str, split: str, subset: str | None = None) -> datasets.Dataset:
     try:
-        records = datasets.load_dataset(name, split=split)
+        records = datasets.load_dataset(name, subset, split=split)
     except Exception as e:  # the hub raises many types; all mean "cannot use this source"
         raise DataError(f"{name}: not a local path, and loading it as a hub dataset (split {split!r}) "
                         f"failed: {e}") from e

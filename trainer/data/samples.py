@@ -1,4 +1,4 @@
-"""Samples of a prepared split, read on demand from the memory-mapped shards.
+"""Samples of a prepared split, read on demand from the shards on disk.
 
   pretrain  sample i is tokens [i * seq_len, (i + 1) * seq_len) of the split's stream (every document + EOS,
             back to back); the model shifts labels itself, so labels are the same tensor as input_ids and

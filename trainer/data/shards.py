@@ -1,4 +1,4 @@
-"""Prepared data on disk: token shards written once, memory-mapped by every rank.
+"""Prepared data on disk: token shards written once, read on demand by every rank.
 
     <prepared>/manifest.json             format, task, tokenizer (name + fingerprint), vocab, dtype, source
     <prepared>/train/00000.tokens        the ids of every document of the shard, back to back (uint16/uint32)
@@ -9,15 +9,14 @@
     <prepared>/eval/...                  the same for the eval split
 
 Every file is written to a temporary name, fsynced and renamed, so a shard or manifest either exists whole
-or not at all. Ranks open the shards with np.memmap: the page cache is shared by the ranks of a node and a
-rank's memory does not grow with the corpus.
+or not at all. Ranks read windows with positional reads: the page cache is shared by the ranks of a node and
+a rank's memory does not grow with the corpus.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -104,45 +103,67 @@ def read_manifest(root: Path) -> dict:
 
 # --- reading ---------------------------------------------------------------------------------------
 
-@dataclass
 class Split:
-    """One split of prepared data as a single virtual token stream over its memory-mapped shards."""
-    tokens: list[np.ndarray]          # per shard, memmap
-    labels: Optional[list[np.ndarray]]
-    doc_ends: np.ndarray              # global end offset of every document (int64)
-    shard_starts: np.ndarray          # global offset of each shard's first token
+    """One split of prepared data as a single virtual token stream over its shards.
+
+    Windows are read with positional reads (os.pread), not a memory map: the bytes come through the page cache,
+    which the ranks of a node share, but nothing of the corpus is mapped into a rank, so its resident memory
+    does not grow with the corpus or with how much of it has been read. The document index (8 bytes a
+    document) is loaded only when asked for (SFT blocks need it; pretraining windows do not)."""
+
+    def __init__(self, shard_stems: list[Path], token_counts: list[int], dtype: np.dtype, has_labels: bool,
+                 documents: int):
+        self.stems, self.dtype, self.has_labels, self.documents = shard_stems, dtype, has_labels, documents
+        self.shard_starts = np.concatenate([[0], np.cumsum(token_counts)]).astype(np.int64)
+        self._files: dict[tuple[int, str], int] = {}
+        self._doc_ends: Optional[np.ndarray] = None
 
     @property
     def total_tokens(self) -> int:
-        return int(self.doc_ends[-1]) if len(self.doc_ends) else 0
+        return int(self.shard_starts[-1])
 
     @property
-    def documents(self) -> int:
-        return len(self.doc_ends)
+    def doc_ends(self) -> np.ndarray:
+        """Global end offset of every document (int64), read on first use."""
+        if self._doc_ends is None:
+            ends = [np.fromfile(stem.with_suffix(".docs"), dtype=np.int64) + start
+                    for stem, start in zip(self.stems, self.shard_starts)]
+            self._doc_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
+        return self._doc_ends
 
     def doc_lengths(self) -> np.ndarray:
         return np.diff(self.doc_ends, prepend=0)
 
     def read(self, start: int, length: int, labels: bool = False) -> np.ndarray:
         """Tokens (or the loss mask) [start, start + length) of the stream, across shard boundaries."""
-        arrays = self.labels if labels else self.tokens
+        suffix, dtype = (".labels", np.dtype(np.uint8)) if labels else (".tokens", self.dtype)
         out, position = [], start
         shard = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
         while position < start + length:
             local = position - int(self.shard_starts[shard])
-            take = min(start + length - position, len(arrays[shard]) - local)
-            out.append(arrays[shard][local:local + take])
+            take = min(start + length - position, int(self.shard_starts[shard + 1]) - position)
+            data = os.pread(self._fd(shard, suffix), take * dtype.itemsize, local * dtype.itemsize)
+            out.append(np.frombuffer(data, dtype=dtype))
             position += take
             shard += 1
         return out[0] if len(out) == 1 else np.concatenate(out)
 
+    def _fd(self, shard: int, suffix: str) -> int:
+        key = (shard, suffix)
+        if key not in self._files:
+            self._files[key] = os.open(self.stems[shard].with_suffix(suffix), os.O_RDONLY)
+        return self._files[key]
+
+    def __del__(self):
+        for fd in getattr(self, "_files", {}).values():
+            os.close(fd)
+
 
 def open_split(root: Path, split: str, manifest: dict) -> Split:
-    """Memory-map a split's shards after checking each against the manifest (size, so a truncated or missing
-    shard is named at start, not mid-run)."""
-    split_dir, dtype = root / split, np.dtype(manifest["dtype"])
+    """A split's shards, each checked against the manifest first (size, so a truncated or missing shard is
+    named at start, not mid-run)."""
+    split_dir = root / split
     entries = manifest["splits"][split]["shards"]
-    tokens, labels, ends, starts, offset = [], [], [], [], 0
     for index, entry in enumerate(entries):
         for suffix, info in entry["files"].items():
             path = split_dir / f"{index:05d}.{suffix}"
@@ -151,18 +172,6 @@ def open_split(root: Path, split: str, manifest: dict) -> Split:
                 state = "is missing" if size is None else f"has {size:,} bytes, the manifest says {info['bytes']:,}"
                 raise DataError(f"{path} {state}: the prepared data is damaged; prepare it again (`python -m "
                                 f"trainer prepare-data`, or delete {root} when it is the automatic cache)")
-        stem = split_dir / f"{index:05d}"
-        tokens.append(_memmap(stem.with_suffix(".tokens"), dtype))
-        if "labels" in entry["files"]:
-            labels.append(_memmap(stem.with_suffix(".labels"), np.dtype(np.uint8)))
-        ends.append(np.fromfile(stem.with_suffix(".docs"), dtype=np.int64) + offset)
-        starts.append(offset)
-        offset += entry["tokens"]
-    doc_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
-    return Split(tokens, labels or None, doc_ends, np.asarray(starts, dtype=np.int64))
-
-
-def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return Split([split_dir / f"{index:05d}" for index in range(len(entries))], [e["tokens"] for e in entries],
+                 np.dtype(manifest["dtype"]), any("labels" in e["files"] for e in entries),
+                 sum(e["documents"] for e in entries))
