@@ -87,13 +87,20 @@ def optimizer_state_tensors(opt) -> list[torch.Tensor]:
 
 
 def census_stage_1_2(opt) -> dict[str, int]:
-    grads = [opt.grads_in_partition] if getattr(opt, "grads_in_partition", None) is not None else []
-    grads += [g for group in (getattr(opt, "averaged_gradients", {}) or {}).values() if group for g in group]
+    """The gradient partition is `grads_in_partition` (contiguous gradients). DeepSpeed sizes it by the whole
+    parameters of the partition, so a parameter that straddles the partition boundary is held whole (up to one
+    parameter more than the partition, which DeepSpeed's estimator leaves out). Gradients of the last reduce
+    bucket that `averaged_gradients` still holds in storages of their own are bucket memory, counted with the
+    reduce buffers (the planner prices both as one reduce bucket)."""
+    partition = [opt.grads_in_partition] if getattr(opt, "grads_in_partition", None) is not None else []
+    averaged = [g for group in (getattr(opt, "averaged_gradients", {}) or {}).values() if group for g in group]
+    gradients = storage_bytes(partition) if partition else storage_bytes(averaged)
+    held_bucket = storage_bytes(partition + averaged) - gradients if partition else 0
     return {"params": storage_bytes(opt.bit16_groups_flat),
-            "gradients": storage_bytes(grads),
+            "gradients": gradients,
             "optimizer": storage_bytes(opt.single_partition_of_fp32_groups) + storage_bytes(
                 optimizer_state_tensors(opt)),
-            "buffers": storage_bytes(getattr(opt, "ipg_buffer", None) or [])}
+            "buffers": storage_bytes(getattr(opt, "ipg_buffer", None) or []) + held_bucket}
 
 
 def census_stage_3(opt, model) -> dict[str, int]:
@@ -155,9 +162,14 @@ def main() -> int:
                                        dsc.offload_param_device(ds) != "none", zero_init=True, precision="bf16")
     rows = [("params", planned.params), ("gradients", planned.gradients), ("optimizer", planned.optimizer),
             ("model states", planned.params + planned.gradients + planned.optimizer)]
+    buckets = mem.reduce_bucket_bytes(stage, int(dsc.zero_setting(ds, "reduce_bucket_size")), precision,
+                                      dsc.overlap_comm(ds))
     if rank == 0 and args.json:
         Path(args.json).write_text(json.dumps({"stage": stage, "precision": precision, "world": world,
-                                               "measured": measured, "planned": dict(rows)}))
+                                               "measured": measured, "planned": {**dict(rows), "buffers": buckets},
+                                               # stage 1/2 size the gradient buffer by whole parameters: the one
+                                               # straddling the partition boundary is held whole
+                                               "straddle_bytes": largest * (4 if precision == "fp32" else 2)}))
     if rank == 0:
         m = cfg.model
         print(f"\nmeasure_memory: {args.preset} shrunk to {m.num_layers} layers x {m.hidden_size} wide "
@@ -167,10 +179,9 @@ def main() -> int:
         for name, value in rows:
             got = measured[name]
             print(f"{name:<16}{got:>14,}{value:>14,}{got / value if value else float('nan'):>8.3f}")
-        buckets = mem.reduce_bucket_bytes(stage, int(dsc.zero_setting(ds, "reduce_bucket_size")), precision,
-                                          dsc.overlap_comm(ds))
         held = f"{measured['buffers']:,}" if measured["buffers"] else "released"
-        print(f"{'reduce buckets':<16}{held:>14}{buckets:>14,}   (allocated during backward, freed after it)")
+        print(f"{'reduce buckets':<16}{held:>14}{buckets:>14,}   (allocated during backward; the last bucket's "
+              f"gradients may still be held at the census)")
         if stage == 3:
             print(f"{'working (LL)':<16}{'-':>14}{planned.working:>14,}   (gathered per module during fwd/bwd; "
                   f"not resident at the census)")

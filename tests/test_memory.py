@@ -204,13 +204,19 @@ def test_activations_flash_never_store_the_score_matrix_and_checkpointing_shrink
 @pytest.mark.parametrize("stage", [2, 3])
 def test_fp32_accounting_is_what_deepspeed_allocates(stage, tmp_path):
     """scripts/measure_memory.py on tiny_cpu shrunk to 2 layers, 2 CPU ranks, fp32: the bytes the engine's ZeRO
-    optimizer holds (params, gradient partitions, fp32 master weights and Adam moments) are the planner's."""
+    optimizer holds (params, gradient partitions, fp32 master weights and Adam moments) are the planner's, and
+    what it holds of the reduce buckets is within the planner's bucket allowance."""
     report = tmp_path / "memory.json"
     launch(["scripts/measure_memory.py", "--preset", "tiny_cpu", "--stage", str(stage), "--json", str(report)])
     result = json.loads(report.read_text())
     assert (result["stage"], result["precision"], result["world"]) == (stage, "fp32", 2)
-    for part in ("params", "gradients", "optimizer"):
-        assert result["measured"][part] == result["planned"][part], (part, result)
+    measured, planned = result["measured"], result["planned"]
+    assert (measured["params"], measured["optimizer"]) == (planned["params"], planned["optimizer"]), result
+    # ZeRO-1/2 size the gradient buffer by whole parameters: the one straddling the partition boundary is held
+    # whole (DeepSpeed's estimator, and so the planner, count the exact partition)
+    straddle = result["straddle_bytes"] if stage < 3 else 0
+    assert planned["gradients"] <= measured["gradients"] <= planned["gradients"] + straddle, result
+    assert measured["buffers"] <= planned["buffers"], result  # what it holds of the reduce buckets
 
 
 def test_lora_states_keep_the_frozen_base_in_16_bit():
