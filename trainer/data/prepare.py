@@ -140,12 +140,16 @@ def check_output_dir(out: Path, wanted: dict) -> None:
 
 def _tokenize_shard(records: datasets.Dataset, fmt: str, cfg: DataConfig, tokenizer, dtype: np.dtype,
                     split_dir: Path, index: int, num_proc: int) -> dict:
+    stats = {"records": len(records), "first": records[0][ORIGIN] if len(records) else ""}
+    if fmt == "text":  # pretraining: the bulk of any corpus, tokenized without a round trip through Arrow
+        ids, lengths = encode_texts(text_column(records, cfg.text_field), tokenizer, num_proc)
+        return shards.write_shard(split_dir, index, ids.astype(dtype), np.cumsum(lengths), None, stats)
     worker_cfg = cfg if num_proc == cfg.num_workers else _with_workers(cfg, num_proc)
     samples = tokenize_records(records, fmt, worker_cfg, tokenizer)
     ids_column = samples.data.column("input_ids").combine_chunks()
     lengths = np.diff(ids_column.offsets.to_numpy())
     ids = ids_column.values.to_numpy(zero_copy_only=False)
-    mask, stats = None, {"records": len(records), "first": records[0][ORIGIN] if len(records) else ""}
+    mask = None
     if cfg.task == "sft":
         labels = samples.data.column("labels").combine_chunks().values.to_numpy(zero_copy_only=False)
         learnt = labels != -100
@@ -157,6 +161,53 @@ def _tokenize_shard(records: datasets.Dataset, fmt: str, cfg: DataConfig, tokeni
         cut = np.asarray(samples.data.column("_cut").to_pylist())
         stats.update(truncated_records=int((cut > 0).sum()), dropped_records=int((~keep).sum()))
     return shards.write_shard(split_dir, index, ids.astype(dtype), np.cumsum(lengths), mask, stats)
+
+
+def text_column(records: datasets.Dataset, field: str) -> list[str]:
+    """The texts of a shard; a record whose field is not a string is named by its line."""
+    texts = records.with_format("arrow")[:][field].to_pylist()
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise DataError(f"{records[i][ORIGIN]}: field '{field}' is {'missing' if text is None else type(text).__name__}"
+                            f", expected a string")
+    return texts
+
+
+_ENCODER = None  # the tokenizer the forked workers inherit (set just before the pool starts)
+
+
+def encode_texts(texts: list[str], tokenizer, num_proc: int) -> tuple[np.ndarray, np.ndarray]:
+    """(every text's ids + EOS back to back, the length of each), as `tokenizer(texts)` gives them, in
+    `num_proc` forked processes over contiguous parts (so the order, and the bytes, never depend on it)."""
+    global _ENCODER
+    _ENCODER = tokenizer
+    parts = _contiguous_parts(texts, num_proc)
+    if num_proc == 1 or len(texts) < 2 * num_proc:
+        results = [_encode_part(part) for part in parts]
+    else:
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(len(parts)) as pool:
+            results = pool.map(_encode_part, parts)
+    ids = np.concatenate([r[0] for r in results]) if results else np.zeros(0, dtype=np.int64)
+    return ids, np.concatenate([r[1] for r in results]) if results else np.zeros(0, dtype=np.int64)
+
+
+def _contiguous_parts(texts: list[str], n: int) -> list[list[str]]:
+    size = -(-len(texts) // max(n, 1))
+    return [texts[i:i + size] for i in range(0, len(texts), size)] or [[]]
+
+
+def _encode_part(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    tokenizer, eos = _ENCODER, _ENCODER.eos_token_id
+    encoded = tokenizer(texts, verbose=False)["input_ids"] if texts else []
+    lengths = np.fromiter((len(x) + (not x or x[-1] != eos) for x in encoded), dtype=np.int64, count=len(encoded))
+    ids = np.empty(int(lengths.sum()), dtype=np.int64)
+    position = 0
+    for x, length in zip(encoded, lengths.tolist()):  # never end a document on two EOS (some tokenizers add one)
+        ids[position:position + len(x)] = x
+        ids[position + length - 1] = eos
+        position += length
+    return ids, lengths
 
 
 def _with_workers(cfg: DataConfig, num_proc: int) -> DataConfig:
