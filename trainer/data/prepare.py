@@ -173,33 +173,36 @@ def text_column(records: datasets.Dataset, field: str) -> list[str]:
     return texts
 
 
-_ENCODER = None  # the tokenizer the forked workers inherit (set just before the pool starts)
+_ENCODER, _TEXTS = None, []  # what the forked workers inherit (set just before the pool starts): no pickling
 
 
 def encode_texts(texts: list[str], tokenizer, num_proc: int) -> tuple[np.ndarray, np.ndarray]:
     """(every text's ids + EOS back to back, the length of each), as `tokenizer(texts)` gives them, in
     `num_proc` forked processes over contiguous parts (so the order, and the bytes, never depend on it)."""
-    global _ENCODER
-    _ENCODER = tokenizer
-    parts = _contiguous_parts(texts, num_proc)
-    if num_proc == 1 or len(texts) < 2 * num_proc:
-        results = [_encode_part(part) for part in parts]
+    global _ENCODER, _TEXTS
+    _ENCODER, _TEXTS = tokenizer, texts
+    size = -(-len(texts) // max(num_proc, 1))
+    parts = [(start, min(start + size, len(texts))) for start in range(0, len(texts), size)] or [(0, 0)]
+    try:
+        if num_proc == 1 or len(parts) == 1:
+            results = [_encode_part(part) for part in parts]
+        else:
+            import multiprocessing
+            with multiprocessing.get_context("fork").Pool(len(parts)) as pool:
+                results = pool.map(_encode_part, parts)
+    finally:
+        _ENCODER, _TEXTS = None, []
+    return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+
+def _encode_part(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    texts, tokenizer = _TEXTS[part[0]:part[1]], _ENCODER
+    eos = tokenizer.eos_token_id
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # what a fast tokenizer's __call__ runs, minus
+    if backend is not None:                                   # building a BatchEncoding of Python lists
+        encoded = [e.ids for e in backend.encode_batch(texts, add_special_tokens=True)] if texts else []
     else:
-        import multiprocessing
-        with multiprocessing.get_context("fork").Pool(len(parts)) as pool:
-            results = pool.map(_encode_part, parts)
-    ids = np.concatenate([r[0] for r in results]) if results else np.zeros(0, dtype=np.int64)
-    return ids, np.concatenate([r[1] for r in results]) if results else np.zeros(0, dtype=np.int64)
-
-
-def _contiguous_parts(texts: list[str], n: int) -> list[list[str]]:
-    size = -(-len(texts) // max(n, 1))
-    return [texts[i:i + size] for i in range(0, len(texts), size)] or [[]]
-
-
-def _encode_part(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    tokenizer, eos = _ENCODER, _ENCODER.eos_token_id
-    encoded = tokenizer(texts, verbose=False)["input_ids"] if texts else []
+        encoded = tokenizer(texts, verbose=False)["input_ids"] if texts else []
     lengths = np.fromiter((len(x) + (not x or x[-1] != eos) for x in encoded), dtype=np.int64, count=len(encoded))
     ids = np.empty(int(lengths.sum()), dtype=np.int64)
     position = 0
