@@ -548,3 +548,17 @@ def test_error_tokenizer_not_configured_or_missing(tmp_path):
     assert "model.tokenizer" in error_message(load_tokenizer, ModelConfig())
     missing = str(tmp_path / "no_tokenizer")
     assert missing in error_message(load_tokenizer, ModelConfig(tokenizer=missing))
+
+
+def test_jsonl_reads_the_same_through_arrow_and_line_by_line(tmp_path):
+    """Well-formed JSON lines go through Arrow's fast reader; a file with blank lines through the line reader.
+    Both give the same records, each with its true line number, and text that looks like a date stays text."""
+    records = [{"text": "2020-01-01"}, {"text": "plain", "n": 3}, {"text": "12:00:00"}]
+    fast = write_jsonl(tmp_path / "fast.jsonl", records)
+    slow = tmp_path / "slow.jsonl"
+    slow.write_text("\n".join(json.dumps(r) for r in records[:1]) + "\n\n" +
+                    "\n".join(json.dumps(r) for r in records[1:]) + "\n")
+    a, b = load_records(fast), load_records(str(slow))
+    assert a["text"] == b["text"] == ["2020-01-01", "plain", "12:00:00"] and a["n"] == b["n"] == [None, 3, None]
+    assert a["_origin"] == [f"{fast} line {i}" for i in (1, 2, 3)]
+    assert b["_origin"] == [f"{slow} line {i}" for i in (1, 3, 4)]
