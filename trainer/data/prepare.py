@@ -93,7 +93,7 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
     else:
         train_records, eval_records = split_records(records, cfg.eval_fraction, cfg.split_seed, source)
     out.mkdir(parents=True, exist_ok=True)
-    (out / ".identity.json").write_text(json.dumps(identity(cfg, source, tokenizer), sort_keys=True))
+    shards.write_atomic(out / ".identity.json", json.dumps(identity(cfg, source, tokenizer), sort_keys=True).encode())
     dtype = shards.token_dtype(len(tokenizer))
     splits, meter = {}, Progress(progress)
     for name, split_records_ in (("train", train_records), ("eval", eval_records)):
