@@ -12,6 +12,7 @@ from .prepare import needs_explicit_preparation, prepare_into_cache, prepared_pa
 from .records import DataError
 from .samples import PretrainSamples, SftSamples
 
+
 RECORDS_PER_SHARD = 100_000  # about 100 M tokens of web text per shard
 
 
@@ -20,7 +21,6 @@ class PreparedData:
     train: Stream
     eval: list[Stream]                       # one per source, each evaluated on its own held-out documents
     stats: dict = field(default_factory=dict)  # {"train": {...}, "eval": {...}, "proportions": {...}}
-    paths: dict = field(default_factory=dict)  # source name -> prepared directory
 
 
 def sources_of(cfg: DataConfig) -> list[tuple[str, str, float]]:
@@ -31,7 +31,7 @@ def sources_of(cfg: DataConfig) -> list[tuple[str, str, float]]:
 
 
 def build_datasets(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
-    train_sources, eval_streams, stats, paths = [], [], {"train": {}, "eval": {}}, {}
+    train_sources, eval_streams, stats = [], [], {"train": {}, "eval": {}}
     for name, source, weight in sources_of(cfg):
         path = ensure_prepared(cfg, source, tokenizer)
         manifest = shards.read_manifest(path)
@@ -45,13 +45,12 @@ def build_datasets(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
             counted = {key: sum(e.get(key, 0) for e in entries) for key in ("truncated_records", "dropped_records")}
             stats[split][name] = {"records": manifest["splits"][split]["records"], **samples.stats(),
                                   **({} if cfg.task == "pretrain" else counted)}
-        paths[name] = str(path)
     if len(train_sources) == 1:  # one source: the stats as before, without a level of names
         stats = {split: next(iter(by_name.values())) for split, by_name in stats.items()}
     stream = Stream(train_sources, seed)
     if stream.mixture is not None:
         stats["proportions"] = stream.mixture.proportions(10_000)
-    return PreparedData(stream, eval_streams, stats, paths)
+    return PreparedData(stream, eval_streams, stats)
 
 
 def ensure_prepared(cfg: DataConfig, source: str, tokenizer) -> Path:

@@ -8,6 +8,7 @@ directory keyed by everything that decides the bytes (source fingerprint, tokeni
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -22,7 +23,8 @@ import numpy as np
 from ..config import DataConfig
 from . import shards
 from .records import ORIGIN, DataError, load_records, looks_like_path, split_records
-from .tokenize import record_format, tokenize_records
+from .tokenize import record_format, tokenize_records, with_eos
+
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepspeed-preset-trainer" / "prepared"
 
@@ -82,7 +84,8 @@ def needs_explicit_preparation(cfg: DataConfig, source: str) -> Optional[str]:
 def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shard: int, num_proc: int = 1,
             progress: bool = False) -> dict:
     """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest."""
-    check_output_dir(out, identity(cfg, source, tokenizer))
+    wanted = identity(cfg, source, tokenizer)
+    check_output_dir(out, wanted)
     records = load_records(source, cfg.split, cfg.subset if source == cfg.source else None)
     fmt = record_format(records, cfg, tokenizer, source)
     if cfg.eval_source and source == cfg.source:
@@ -93,7 +96,7 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
     else:
         train_records, eval_records = split_records(records, cfg.eval_fraction, cfg.split_seed, source)
     out.mkdir(parents=True, exist_ok=True)
-    shards.write_atomic(out / ".identity.json", json.dumps(identity(cfg, source, tokenizer), sort_keys=True).encode())
+    shards.write_atomic(out / ".identity.json", json.dumps(wanted, sort_keys=True).encode())
     dtype = shards.token_dtype(len(tokenizer))
     splits, meter = {}, Progress(progress)
     for name, split_records_ in (("train", train_records), ("eval", eval_records)):
@@ -120,7 +123,7 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
                               "fingerprint": shards.tokenizer_fingerprint(tokenizer)},
                 "chat_template": getattr(tokenizer, "chat_template", None) if fmt == "chat" else None,
                 "seq_len": cfg.seq_len if cfg.task == "sft" else None, "truncate": cfg.truncate,
-                "identity": identity(cfg, source, tokenizer), "splits": splits}
+                "identity": wanted, "splits": splits}
     shards.write_manifest(out, manifest)
     meter.done()
     return manifest
@@ -203,13 +206,9 @@ def _encode_part(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         encoded = [e.ids for e in backend.encode_batch(texts, add_special_tokens=True)] if texts else []
     else:
         encoded = tokenizer(texts, verbose=False)["input_ids"] if texts else []
-    lengths = np.fromiter((len(x) + (not x or x[-1] != eos) for x in encoded), dtype=np.int64, count=len(encoded))
-    ids = np.empty(int(lengths.sum()), dtype=np.int64)
-    position = 0
-    for x, length in zip(encoded, lengths.tolist()):  # never end a document on two EOS (some tokenizers add one)
-        ids[position:position + len(x)] = x
-        ids[position + length - 1] = eos
-        position += length
+    documents = [with_eos(x, eos) for x in encoded]
+    lengths = np.fromiter(map(len, documents), dtype=np.int64, count=len(documents))
+    ids = np.fromiter(itertools.chain.from_iterable(documents), dtype=np.int64, count=int(lengths.sum()))
     return ids, lengths
 
 

@@ -132,7 +132,7 @@ def tokenize_records(records: datasets.Dataset, fmt: str, data_cfg: DataConfig, 
 def _tokenize_texts(batch: dict, tokenizer, cfg: DataConfig) -> dict:
     texts, problems = _strings(batch[cfg.text_field], cfg.text_field)
     ids = tokenizer(texts, verbose=False)["input_ids"]
-    return {"input_ids": [_with_eos(x, tokenizer.eos_token_id) for x in ids], "_problem": problems}
+    return {"input_ids": [with_eos(x, tokenizer.eos_token_id) for x in ids], "_problem": problems}
 
 
 def _tokenize_pairs(batch: dict, tokenizer, cfg: DataConfig) -> dict:
@@ -143,7 +143,7 @@ def _tokenize_pairs(batch: dict, tokenizer, cfg: DataConfig) -> dict:
     out = {"input_ids": [], "labels": [], "_cut": [], "_problem": []}
     problems = [a or b for a, b in zip(prompt_problems, response_problems)]
     for p, r, problem in zip(prompt_ids, response_ids, problems):
-        r = _with_eos(r, tokenizer.eos_token_id)
+        r = with_eos(r, tokenizer.eos_token_id)
         _append_fitted(out, p + r, [IGNORE_INDEX] * len(p) + r, cfg, problem)
     return out
 
@@ -216,7 +216,7 @@ def _strings(values: list, name: str) -> tuple[list[str], list[str]]:
     return [v if isinstance(v, str) else "" for v in values], problems
 
 
-def _with_eos(ids: list[int], eos_id: int) -> list[int]:
+def with_eos(ids: list[int], eos_id: int) -> list[int]:
     # Some tokenizers append EOS themselves; never end a sample on two.
     return ids if ids and ids[-1] == eos_id else ids + [eos_id]
 
