@@ -12,9 +12,10 @@ TINY = [
     "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
     "model.intermediate_size=176", "model.max_position_embeddings=128", "data.seq_len=64",
     "train.micro_batch_size=2", "train.grad_accum=2", f"train.max_steps={STEPS}", "train.warmup_steps=2",
-    "train.lr=1e-3", "logging.log_every=1", "train.eval_every=3", "train.eval_batches=2", "train.save_every=3",
+    "train.lr=1e-3", "logging.log_every=1", "train.eval_every=3", "train.eval_sequences=8", "train.save_every=3",
     "train.export_hf=false",
 ]
+SAMPLE_PROMPTS = ["Once upon a time", "The little cat"]
 STAGES = {
     "z0": ["deepspeed.zero_optimization.stage=0"],
     "z1": ["deepspeed.zero_optimization.stage=1"],
@@ -79,6 +80,10 @@ def engine_runs(tmp_path_factory, pretrained_dir):
         add(f"halves_{stage}", STAGES[stage] + ["train.max_steps=8", "train.save_every=4", "train.resume=auto"])
     for stage in ("z2", "z3"):
         add(f"export_{stage}", STAGES[stage] + ["train.export_hf=true"])
+    add("samples_z3", STAGES["z3"] + [f"train.sample_prompts=[{', '.join(SAMPLE_PROMPTS)}]",
+                                      "train.sample_max_new_tokens=8"])
+    add("lora_z2", STAGES["z2"] + [f"model.name_or_path={pretrained_dir}", "model.lora.enabled=true",
+                                   "train.lr=1e-2", "train.export_hf=true", "train.export_merged=true"])
     add("wandb_offline", STAGES["z2"] + ["logging.wandb_mode=offline", "logging.wandb_project=tests"])
     _, report = run_many(runs, root)
     return dirs, report

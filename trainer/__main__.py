@@ -1,4 +1,5 @@
-"""`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint, prepare-data.
+"""`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint, prepare-data, generate,
+evaluate.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
@@ -22,11 +23,15 @@ COMMANDS = {
     "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
     "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
     "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into token shards on disk"),
+    "generate": ("trainer.infer.generate", "complete prompts with a trained model (deepspeed.init_inference, TP, ZeRO-Inference)"),
+    "evaluate": ("trainer.infer.evaluate", "loss and perplexity of a model on a dataset, or a run on its own eval set"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    # `deepspeed --module trainer <command>` puts --local_rank=N before the command
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():

@@ -8,7 +8,7 @@ The `deepspeed` section is DeepSpeed's own JSON, kept as a dict and owned by `tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 
 AUTO = "auto"
@@ -104,6 +104,9 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
+    RENAMED: ClassVar[dict] = {"eval_batches": "replaced by train.eval_sequences: the sequences of one evaluation, "
+                                               "independent of the world size; eval_batches x micro_batch_size x "
+                                               "data-parallel ranks gives the old set's size"}
     micro_batch_size: Union[int, str, None] = doc("Sequences per rank per forward (DeepSpeed train_micro_batch_size_per_gpu).", None)
     grad_accum: Union[int, str, None] = doc("Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps).", None)
     global_batch_size: Union[int, str, None] = doc("Sequences per optimizer step across data-parallel ranks.", None)
@@ -117,7 +120,11 @@ class TrainConfig:
     warmup_steps: int = doc("Linear warmup steps.", 100)
     max_steps: int = doc("Optimizer steps to train.", 1000)
     eval_every: int = doc("Evaluate every N optimizer steps (0 = only at the end).", 100)
-    eval_batches: int = doc("Micro-batches per rank per evaluation.", 20)
+    eval_sequences: int = doc("Sequences per evaluation: the first N of each eval split in a fixed order (all of it "
+                              "when shorter), the same set at every world size and micro-batch.", 256)
+    sample_prompts: list[str] = doc("Prompts completed greedily at every eval (metrics.jsonl `samples`, a wandb "
+                                    "table); every rank takes part, so it works under ZeRO-3 and AutoTP.", factory=list)
+    sample_max_new_tokens: int = doc("Tokens generated per sample prompt.", 32)
     save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500)
     keep_last: int = doc("Checkpoints of this run's history kept on disk (older ones are deleted; other histories are "
                          "set aside in checkpoints/abandoned/, never deleted).", 3)
@@ -130,6 +137,8 @@ class TrainConfig:
         "End this invocation after N optimizer steps (checkpoint saved) even before max_steps; resume later with "
         "--resume auto. For allocations shorter than the run.", None)
     export_hf: bool = doc("Write the final model in HF format (safetensors) to output_dir/hf.", True)
+    export_merged: bool = doc("LoRA runs: also write base + adapter merged into one HF model in output_dir/hf_merged "
+                              "(what serving engines load).", False)
     on_signal: Literal["checkpoint", "exit"] = doc(
         "On SIGTERM/SIGINT: finish the step, save and exit 0 ('checkpoint'), or finish the step and exit 0 without "
         "saving ('exit': when a save takes longer than the scheduler's grace period).", "checkpoint")

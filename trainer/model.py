@@ -155,6 +155,26 @@ def apply_lora(model, model_cfg: ModelConfig):
     return get_peft_model(model, peft_config)
 
 
+def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdpa", base: str | None = None):
+    """A LoRA adapter directory (PEFT's save_pretrained) merged into its base model: one plain transformers model,
+    what inference and serving engines want. The base is the adapter's own base_model_name_or_path unless given."""
+    import json
+    from pathlib import Path
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from .errors import UserError
+    base = base or json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UserError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path: cannot merge the adapter")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, attn_implementation=attention)
+    except (OSError, ValueError) as err:
+        raise UserError(f"LoRA adapter {adapter_dir}: cannot load its base model {base!r} ({err})") from None
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+
+
 def kernels_in_use(model: torch.nn.Module) -> str:
     """What the model as built really runs, for the start-up log: the attention implementation transformers
     dispatches to, and the Liger modules that replaced transformers' own (none when Liger fell back)."""

@@ -16,3 +16,9 @@ def world_size() -> int:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def launched_world_size() -> int:
+    """The ranks the launcher started (WORLD_SIZE), known before the process group exists; 1 without one."""
+    import os
+    return int(os.environ.get("WORLD_SIZE", "1"))

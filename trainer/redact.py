@@ -4,6 +4,7 @@ where `ps`, shell history, the launcher's log and wandb's recorded argv would sh
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import yaml
@@ -11,14 +12,16 @@ import yaml
 from .errors import UserError
 
 
-SECRET_WORDS = ("api_key", "token", "password", "secret")
+SECRET_WORDS = ("api_key", "apikey", "password", "passwd", "secret", "credential")
+SECRET_NAMES = ("token", "key", "auth")  # only as a whole word of the key: hf_token, wandb.key; not tokenizer
 ENV_PREFIX = "env:"
 REDACTED = "<redacted>"
 
 
 def looks_secret(key) -> bool:
     key = str(key).lower()
-    return any(word in key for word in SECRET_WORDS)
+    words = re.split(r"[^a-z0-9]+", key)
+    return any(word in key for word in SECRET_WORDS) or any(name in words for name in SECRET_NAMES)
 
 
 def redact(value):

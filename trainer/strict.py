@@ -24,10 +24,12 @@ def build(cls, data: Any, path: str, problems: list[str]):
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    renamed = getattr(cls, "RENAMED", {})
     for key in data:
         if key not in names:
             where = f"{path}.{key}" if path else key
-            problems.append(f"unknown key '{where}'{closest(str(key), names)}")
+            hint = f" ({renamed[key]})" if key in renamed else closest(str(key), names)
+            problems.append(f"unknown key '{where}'{hint}")
     values = {}
     for name in names:
         if name in data:

@@ -38,6 +38,7 @@ from .hooks import Hooks
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
+EXPORT_INFO = "trainer_export.json"  # in an HF export: the step it was written at
 
 
 @dataclass
@@ -379,9 +380,10 @@ def load(engine, path: Path, ckpt_dir: Path) -> TrainState:
 
 # --- HF export -----------------------------------------------------------------------------------
 
-def export_hf(engine, tokenizer, out_dir: Path) -> Optional[Path]:
+def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[Path] = None) -> Optional[Path]:
     """Write the trained model in HF format (safetensors) on rank 0; gathered from ZeRO-3 / AutoTP shards.
-    Must be called on every rank (the gather is collective). LoRA runs export the adapter."""
+    Must be called on every rank (the gather is collective). LoRA runs export the adapter, and with `merged_dir`
+    also base + adapter merged into one model. The export records its step (trainer_export.json)."""
     from ..model import unwrap
     rank = ranks.rank()
     state_dict = _full_state_dict(engine)
@@ -391,8 +393,22 @@ def export_hf(engine, tokenizer, out_dir: Path) -> Optional[Path]:
         model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
         verify_export(out_dir, state_dict)
+        _write_json_atomic(out_dir / EXPORT_INFO, {"step": step})
+        if merged_dir is not None and (out_dir / "adapter_config.json").is_file():
+            export_merged(out_dir, tokenizer, merged_dir, model)
     ranks.barrier()
     return out_dir if rank == 0 else None
+
+
+def export_merged(adapter_dir: Path, tokenizer, merged_dir: Path, peft_model) -> None:
+    """The LoRA export merged into its base (read back from disk, so the layout of training does not matter)."""
+    from ..model import load_lora_merged
+    dtype = next(peft_model.parameters()).dtype
+    base = getattr(peft_model, "peft_config", {}).get("default")
+    merged = load_lora_merged(str(adapter_dir), dtype, base=getattr(base, "base_model_name_or_path", None))
+    merged.save_pretrained(str(merged_dir))
+    tokenizer.save_pretrained(str(merged_dir))
+    verify_export(merged_dir, merged.state_dict())
 
 
 def verify_export(out_dir: Path, state_dict: dict) -> None:

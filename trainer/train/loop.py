@@ -4,7 +4,6 @@ ended; each step is forward/backward/step per micro-batch, guards, logging, eval
 from __future__ import annotations
 
 import enum
-import math
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from .. import hardware, ranks
 from ..resolve import Resolved
 from . import checkpoint
 from .checkpoint import TrainState
+from .evaluation import EvalSet, evaluate_engine
 from .guards import LossScaleWatch, StepGuard, StopSignal, any_rank
 from .hooks import Hooks
 from .metrics import MetricsLogger, peak_memory_gb, print0
@@ -38,8 +38,8 @@ class Outcome(enum.Enum):
         return self.value[1]
 
 
-def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
-        ckpt_dir: Path, resumed_from: str | None, hooks: Hooks | None = None) -> Outcome:
+def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
+        ckpt_dir: Path, resumed_from: str | None, hooks: Hooks | None = None, sampler=None) -> Outcome:
     """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended."""
     cfg = resolved.config
     train, accum = cfg.train, cfg.train.grad_accum
@@ -118,7 +118,9 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
         if stop_requested:
             ended = Outcome.SIGNALLED
         if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
-            metrics.log({"step": state.step, **evaluate(engine, eval_batches, train.eval_batches)})
+            metrics.log({"step": state.step, **evaluate_engine(engine, eval_set)})
+            if sampler is not None:  # train.sample_prompts: every rank generates (ZeRO-3 gathers in forward)
+                metrics.log_samples(state.step, sampler(engine))
 
         stopping = ended in (Outcome.SIGNALLED, Outcome.BAD_STEPS)
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
@@ -144,36 +146,6 @@ def fit(engine, train_batches, eval_batches, state: TrainState, resolved: Resolv
     stop.restore()
     return ended
 
-
-@torch.no_grad()
-def evaluate(engine, eval_batches: dict, max_batches: int) -> dict:
-    """Mean token-level loss over the same first eval micro-batches of every rank, every time: `eval_loss` over
-    all sources, and `eval_loss/<name>` for each when there are several (each on its own held-out documents)."""
-    engine.eval()
-    sums = []
-    for loader in eval_batches.values():
-        loader.load_state_dict({"samples": 0})
-        total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-        for index, batch in enumerate(loader):
-            if index >= min(max_batches, loader.batches_per_epoch()):
-                break
-            batch = to_device(batch, engine.device)
-            loss = engine(**batch).loss.double().cpu()
-            tokens = (batch["labels"][:, 1:] != -100).sum().cpu()  # the model shifts labels by one
-            total += loss * tokens
-            count += tokens
-        sums += [total, count]
-    engine.train()
-    pairs = torch.stack(sums).to(engine.device)
-    if dist.is_initialized():
-        dist.all_reduce(pairs)
-    pairs = pairs.view(-1, 2).cpu()
-    overall = float(pairs[:, 0].sum() / pairs[:, 1].sum().clamp(min=1))
-    out = {"eval_loss": overall, "eval_ppl": math.exp(min(overall, 50))}
-    if len(eval_batches) > 1:
-        out.update({f"eval_loss/{name}": float(total / max(float(count), 1.0))
-                    for name, (total, count) in zip(eval_batches, pairs)})
-    return out
 
 def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

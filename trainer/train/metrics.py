@@ -53,6 +53,7 @@ class MetricsLogger:
         self.file = open(run_dir / "metrics.jsonl", "a") if self.enabled else None
         self.wandb_run = self._start_wandb(run_dir, config_dict) if self.enabled else None
         self.bar = None
+        self.sample_rows: list[list] = []  # wandb tables are immutable: each eval logs the rows so far
 
     def _start_wandb(self, run_dir: Path, config_dict: dict):
         logging_cfg = self.config.logging
@@ -89,6 +90,21 @@ class MetricsLogger:
             self.bar.write(message)
         else:
             print(message, flush=True)
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        """Sample generations: one metrics.jsonl line {"step", "samples": [{"prompt", "completion"}]}, and a wandb
+        table (columns step, prompt, completion) that grows over the run."""
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"step": step, "samples": samples}) + "\n")
+        self.file.flush()
+        if self.wandb_run is not None:
+            import wandb
+            self.sample_rows += [[step, s["prompt"], s["completion"]] for s in samples]
+            table = wandb.Table(columns=["step", "prompt", "completion"], data=self.sample_rows)
+            self.wandb_run.log({"samples": table}, step=step)
+        for s in samples:
+            print(f"sample step={step} {s['prompt']!r} -> {s['completion']!r}", flush=True)
 
     def advance(self, steps: int = 1) -> None:
         if self.bar is not None:

@@ -50,7 +50,7 @@ def rehearsal_config(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
         precision = "fp32"
     train = dataclasses.replace(cfg.train, micro_batch_size=2, grad_accum=min(2, cfg.train.grad_accum or 1),
                                 global_batch_size=None, precision=precision, max_steps=6, warmup_steps=2,
-                                eval_every=3, eval_batches=2, save_every=3, keep_last=2, output_dir=str(run_dir))
+                                eval_every=3, eval_sequences=8, save_every=3, keep_last=2, output_dir=str(run_dir))
     hardware = dataclasses.replace(cfg.hardware, gpu="cpu" if on_cpu else cfg.hardware.gpu,
                                    gpus_per_node=world_size, nodes=1)
     logging = dataclasses.replace(cfg.logging, wandb_mode="disabled", log_every=1)

@@ -24,9 +24,11 @@ from ..redact import redact
 from ..resolve import Resolved, resolve
 from . import checkpoint
 from .checkpoint import TrainState
+from .evaluation import EvalSet
 from .hooks import Hooks
 from .loop import Outcome, fit
 from .metrics import MetricsLogger, print0
+from .samples import make_sampler
 
 
 @dataclass
@@ -35,8 +37,9 @@ class Job:
     engine: Any
     tokenizer: Any
     train_batches: Any
-    eval_batches: Any
+    eval_set: EvalSet
     total_params: int
+    sampler: Any = None  # train.sample_prompts' generator, or None
 
 
 def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None,
@@ -59,10 +62,11 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
 
     metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, resolved.record())
     try:
-        ended = fit(job.engine, job.train_batches, job.eval_batches, state, resolved, metrics, ckpt_dir,
-                    resumed_from, hooks)
+        ended = fit(job.engine, job.train_batches, job.eval_set, state, resolved, metrics, ckpt_dir,
+                    resumed_from, hooks, job.sampler)
         if cfg.train.export_hf and ended is Outcome.FINISHED:
-            out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf")
+            merged = run_dir / "hf_merged" if cfg.train.export_merged and cfg.model.lora.enabled else None
+            out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf", state.step, merged)
             if out:
                 print0(f"exported HF model to {out}", rank=rank)
     finally:
@@ -111,8 +115,11 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
 
     dp_rank, dp_size, micro = data_parallel_rank(engine), resolved.batch.data_parallel_size, cfg.train.micro_batch_size
     train_batches = MicroBatchLoader(data.train, micro, dp_rank, dp_size, cfg.train.grad_accum)
-    eval_batches = {source.sources[0].name: MicroBatchLoader(source, micro, dp_rank, dp_size) for source in data.eval}
-    return Job(engine, tokenizer, train_batches, eval_batches, total_params)
+    eval_set = EvalSet({stream.sources[0].name: stream for stream in data.eval}, cfg.train.eval_sequences, micro,
+                       dp_rank, dp_size)
+    sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
+    return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler)
+
 
 def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
     if rank == 0:
@@ -151,18 +158,18 @@ def check_world_size(resolved: Resolved) -> None:
 
 
 def check_enough_batches(data, resolved: Resolved) -> None:
-    """Each split gives every data-parallel rank at least one micro-batch (checked before the run directory
-    is written): a train stream shorter than one global batch would repeat samples within a step."""
+    """The train stream gives every data-parallel rank at least one micro-batch (checked before the run directory
+    is written): a stream shorter than one global batch would repeat samples within a step. Eval needs only one
+    sequence (the eval set is split over the ranks, whatever its size)."""
     from ..data import DataError
     cfg, dp = resolved.config, resolved.batch.data_parallel_size
     micro = cfg.train.micro_batch_size
-    for name, stream in [("train", data.train)] + [("eval", s) for s in data.eval]:
-        if len(stream) < micro * dp:
-            source = ", ".join(s.origin for s in stream.sources)
-            raise DataError(f"{source}: the {name} split has {len(stream)} sequence(s) of data.seq_len="
-                            f"{cfg.data.seq_len} tokens, fewer than one micro-batch (train.micro_batch_size={micro}) "
-                            f"for each of {dp} data-parallel rank(s); add data or lower train.micro_batch_size or "
-                            f"data.seq_len" + (" (or raise data.eval_fraction)" if name == "eval" else ""))
+    if len(data.train) < micro * dp:
+        source = ", ".join(s.origin for s in data.train.sources)
+        raise DataError(f"{source}: the train split has {len(data.train)} sequence(s) of data.seq_len="
+                        f"{cfg.data.seq_len} tokens, fewer than one micro-batch (train.micro_batch_size={micro}) "
+                        f"for each of {dp} data-parallel rank(s); add data or lower train.micro_batch_size or "
+                        f"data.seq_len")
 
 
 def check_vocab(tokenizer, cfg: Config) -> None:

@@ -1,0 +1,131 @@
+"""Bad input to `generate` and `evaluate`: each a named error on stderr, exit 2, no traceback, nothing written.
+
+In one process (no launcher): everything below is refused before a process group starts or a weight is read.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.__main__ import main
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """Two tiny HF model directories with the shipped tokenizer (without its chat template): 4 heads / 2 kv heads, and 3 heads / 3 kv heads."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = AutoTokenizer.from_pretrained("data/tiny/tokenizer")
+    tokenizer.chat_template = None  # the shipped one has a template; these models have none
+    made = {}
+    for name, heads, kv, hidden in (("gqa", 4, 2, 64), ("three_heads", 3, 3, 48)):
+        config = AutoConfig.for_model("llama", hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
+                                      num_key_value_heads=kv, intermediate_size=96, vocab_size=1024,
+                                      max_position_embeddings=64)
+        AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        made[name] = root / name
+    return made
+
+
+def refused(capsys, *argv) -> str:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err.split("error: ", 1)[1]
+
+
+def test_missing_model_path(capsys, tmp_path):
+    message = refused(capsys, "generate", "--model", str(tmp_path / "nope"), "--prompt", "Hi")
+    assert "no such file or directory" in message and "nope" in message
+
+
+def test_directory_that_is_neither_hf_nor_checkpoint(capsys, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    message = refused(capsys, "generate", "--model", str(tmp_path), "--prompt", "Hi")
+    assert "neither an HF model directory" in message and str(tmp_path) in message
+
+
+def test_a_file_as_model(capsys, tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"\0" * 8)
+    assert "a file, not a directory" in refused(capsys, "generate", "--model", str(tmp_path / "model.bin"),
+                                                "--prompt", "Hi")
+
+
+def test_tp_not_dividing_the_heads(capsys, tiny_models):
+    message = refused(capsys, "generate", "--model", str(tiny_models["three_heads"]), "--prompt", "Hi", "--tp", "2")
+    assert "--tp 2" in message and "3 attention heads" in message and "--tp 1" in message
+
+
+def test_tp_other_than_the_world_size(capsys, tiny_models):
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "--tp", "2")
+    assert "--tp 2" in message and "number of ranks launched (1)" in message
+
+
+def test_kernel_injection_on_cpu(capsys, tiny_models):
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "--kernel-inject")
+    assert "--kernel-inject" in message and "CUDA only" in message
+
+
+def test_fp16_on_cpu(capsys, tiny_models):
+    assert "--dtype fp16" in refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi",
+                                     "--dtype", "fp16")
+
+
+def test_beam_search(capsys, tiny_models):
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "--num-beams", "4")
+    assert "--num-beams 4" in message and "beam search" in message
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("{not json", "not valid JSON"),
+    ('["a list"]', "a JSON list"),
+    ('{"text": "no prompt key"}', "needs \"prompt\""),
+])
+def test_prompts_file_with_a_bad_line(capsys, tiny_models, tmp_path, line, expected):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "fine"}) + "\n\n" + line + "\n")
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompts", str(prompts))
+    assert message.startswith(f"{prompts}:3:") and expected in message
+
+
+def test_prompt_longer_than_the_context(capsys, tiny_models):
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "word " * 80,
+                      "--max-new-tokens", "8")
+    assert "--prompt" in message and "context of 64" in message
+
+
+def test_chat_without_a_template(capsys, tiny_models):
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "--chat")
+    assert "chat template" in message
+
+
+def test_output_into_a_missing_directory_writes_nothing(capsys, tiny_models, tmp_path):
+    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "-o",
+                      str(tmp_path / "missing" / "out.jsonl"))
+    assert "does not exist" in message and not (tmp_path / "missing").exists()
+
+
+def test_evaluate_a_plain_model_needs_data(capsys, tiny_models):
+    message = refused(capsys, "evaluate", "--model", str(tiny_models["gqa"]))
+    assert "--data" in message and "--preset" in message
+
+
+def test_generate_and_evaluate_a_plain_hf_model(capsys, tiny_models, tmp_path):
+    """The good path in one process, on a random model: a completion per prompt, and a perplexity from --data."""
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", str(tiny_models["gqa"]), "--prompt", "Once", "--prompt", "A cat",
+                 "--max-new-tokens", "5", "--format", "jsonl", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["Once", "A cat"] and all(0 < r["tokens"] <= 5 for r in rows)
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps({"text": f"The cat number {i} sat on the mat and looked at the dog."}) + "\n"
+                            for i in range(40)))
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tiny_models["gqa"]), "--data", str(data), "--seq-len", "32",
+                 "--set", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sequences"] > 0 and result["tokens"] == result["sequences"] * 31
+    assert 5.0 < result["eval_loss"] < 8.0  # a random model over 1024 tokens: about ln(1024) = 6.93

@@ -1,0 +1,96 @@
+"""`python -m trainer evaluate`: loss and perplexity of a model on a dataset, through training's own data path.
+
+    python -m trainer evaluate --model runs/tiny_cpu                     # the run's own eval set and settings
+    python -m trainer evaluate --model runs/tiny_cpu --data held_out.jsonl
+    deepspeed --num_gpus 2 --module trainer evaluate --model runs/tiny_cpu --preset tiny_cpu
+
+The eval set is training's (train/evaluation.py): the first train.eval_sequences sequences of each eval split, the
+same at every world size, so a run directory evaluates to the run's final eval_loss on any number of ranks.
+Prints one JSON object on stdout: eval_loss, eval_ppl, tokens, sequences (+ eval_loss/<source> per source).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from .. import ranks
+from ..config import Config
+from ..errors import UserError
+from ..files import check_target, write_text_atomic
+from ..presets import load_preset
+from ..train.evaluation import EvalSet, evaluate as evaluate_set
+from .session import add_model_arguments, check_arguments, open_session
+
+
+def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--preset", help="evaluate on this preset's eval data (default: the run's own config)")
+    data.add_argument("--data", metavar="SOURCE", help="evaluate on all of this file, directory or hub dataset")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the preset's (or run's) config, e.g. data.seq_len=512")
+    parser.add_argument("--task", choices=("pretrain", "sft"), help="with --data: how to read it")
+    parser.add_argument("--seq-len", type=int, help="with --data: tokens per sequence")
+    parser.add_argument("--eval-sequences", type=int, help="sequences to evaluate (default: train.eval_sequences)")
+    parser.add_argument("--batch-size", type=int, help="sequences per forward (default: train.micro_batch_size)")
+    parser.add_argument("-o", "--output", help="write the JSON here instead of stdout (rank 0)")
+
+
+def evaluate(args) -> int:
+    if args.output:
+        check_target(args.output)
+    request = check_arguments(args)
+    cfg = data_config(args, request.source.config, int(request.hf_config.max_position_embeddings))
+    with open_session(args, request) as session:
+        from ..data import build_datasets
+        from ..distributed import rank0_first
+        data = rank0_first(lambda: build_datasets(cfg.data, session.tokenizer, cfg.train.seed))
+        runner = session.runner
+        eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
+                           batch_size(args, cfg), runner.replica, runner.replicas)
+        result = evaluate_set(lambda batch: runner.module(**batch).loss, eval_set, runner.device)
+        sequences = sum(eval_set.size(s) for s in data.eval)
+        report = {"eval_loss": result["eval_loss"], "eval_ppl": result["eval_ppl"], "tokens": result["eval_tokens"],
+                  "sequences": sequences, **{k: v for k, v in result.items() if k.startswith("eval_loss/")},
+                  "model": session.source.described, "data": [s.sources[0].origin for s in data.eval]}
+        if ranks.rank() == 0:
+            if args.output:
+                write_text_atomic(args.output, json.dumps(report) + "\n")
+            else:
+                sys.stdout.write(json.dumps(report) + "\n")
+    return 0
+
+
+def data_config(args, saved: Config | None, context: int) -> Config:
+    """The config whose data section says what to evaluate: --preset's, else the run's or checkpoint's own;
+    --data replaces the data with all of SOURCE."""
+    if args.preset:
+        cfg = load_preset(args.preset, args.set)
+    elif saved is None and not args.data:
+        raise UserError(f"--model {args.model} carries no training config (a plain HF model): say what to evaluate "
+                        f"with --data SOURCE or --preset NAME")
+    else:
+        from ..presets import apply_overrides, config_from_dict
+        where = "the run's config" if saved is not None else "--set"
+        cfg = config_from_dict(apply_overrides(dataclasses.asdict(saved or Config()), args.set), source=where)
+    if args.data:
+        seq_len = args.seq_len or (cfg.data.seq_len if saved or args.preset else min(2048, context))
+        data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
+                                   task=args.task or cfg.data.task, seq_len=seq_len)
+        cfg = dataclasses.replace(cfg, data=data)
+    if cfg.data.seq_len > context:
+        raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than the model's context ({context}); pass "
+                        f"--seq-len {context} or less")
+    for flag, value in (("--eval-sequences", args.eval_sequences), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value} must be >= 1")
+    return cfg
+
+
+def batch_size(args, cfg: Config) -> int:
+    if args.batch_size:
+        return args.batch_size
+    micro = cfg.train.micro_batch_size
+    return micro if isinstance(micro, int) and micro >= 1 else 8

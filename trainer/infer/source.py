@@ -1,0 +1,225 @@
+"""What `--model SRC` names, and the model and tokenizer it loads.
+
+SRC may be
+  an HF model directory (config.json + weights)          loaded with transformers
+  a LoRA adapter directory (adapter_config.json)         its base + the adapter, merged
+  a run directory (config.resolved.yaml, checkpoints/)   its HF export `hf/`, or its newest complete
+                                                         checkpoint when that is newer than the export
+  a checkpoints/ directory or one checkpoint (COMPLETE)  DeepSpeed's files consolidated (consolidate.py);
+                                                         architecture and tokenizer from the saved config
+  a hub id (org/name)                                    transformers from the hub (needs the network)
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..config import Config
+from ..data.records import looks_like_path
+from ..errors import UserError
+from ..presets import REPO_ROOT, config_from_dict
+from ..train import checkpoint
+
+log = logging.getLogger(__name__)
+
+EXPORT_INFO = checkpoint.EXPORT_INFO
+
+
+@dataclass
+class ModelSource:
+    kind: str                       # "hf", "lora", "checkpoint" or "hub"
+    path: str                       # the directory (or hub id) that is loaded
+    described: str                  # one line for the log: what SRC was taken to be
+    config: Optional[Config] = None  # the training config saved with a run or checkpoint
+
+
+def resolve_source(src: str) -> ModelSource:
+    path = Path(src).expanduser()
+    if not path.exists():
+        if looks_like_path(src) or not src.strip():
+            raise UserError(f"--model {src!r}: no such file or directory; give an HF model directory, a run directory "
+                            f"(train.output_dir), a checkpoint directory or a hub id")
+        return ModelSource("hub", src, f"hub model {src}")
+    if not path.is_dir():
+        raise UserError(f"--model {src}: a file, not a directory; give the directory that holds config.json (an HF "
+                        f"model), a run directory, or a checkpoint directory")
+    if (path / "config.json").is_file():
+        return ModelSource("hf", str(path), f"HF model {path}")
+    if (path / "adapter_config.json").is_file():
+        return ModelSource("lora", str(path), f"LoRA adapter {path} (merged into its base)")
+    if (path / checkpoint.COMPLETE).is_file() and (path / checkpoint.STATE_FILE).is_file():
+        return checkpoint_source(path, f"checkpoint {path}")
+    if (path / "latest").is_file() or list(path.glob("step_*")):
+        found = checkpoint.find_resume("auto", path)
+        if found is None:
+            raise UserError(f"--model {src}: a checkpoints directory without a complete checkpoint (none has "
+                            f"{checkpoint.COMPLETE}); point --model at a finished run or an HF export")
+        return checkpoint_source(found, f"newest complete checkpoint {found}")
+    if (path / "config.resolved.yaml").is_file() or (path / "checkpoints").is_dir():
+        return run_source(path)
+    raise UserError(f"--model {src}: neither an HF model directory (config.json), a LoRA adapter "
+                    f"(adapter_config.json), a run directory (config.resolved.yaml, checkpoints/) nor a checkpoint "
+                    f"(COMPLETE, {checkpoint.STATE_FILE}); point --model at one of those")
+
+
+def run_source(run_dir: Path) -> ModelSource:
+    """A run's HF export, unless a complete checkpoint is newer than it (a run continued past its export)."""
+    export = run_dir / "hf"
+    newest = checkpoint.find_resume("auto", run_dir / "checkpoints")
+    exported = (export / "config.json").is_file() or (export / "adapter_config.json").is_file()
+    if exported and (newest is None or export_step(export) >= checkpoint.read_trainer_state(newest)[0].step):
+        source = resolve_source(str(export))
+        source.described = f"run {run_dir}: its HF export {export}"
+        source.config = run_config(run_dir)
+        return source
+    if newest is None:
+        raise UserError(f"--model {run_dir}: the run has no HF export (hf/) and no complete checkpoint yet; "
+                        f"train it to its end, or to its first save (train.save_every)")
+    return checkpoint_source(newest, f"run {run_dir}: its newest complete checkpoint {newest.name}")
+
+
+def run_config(run_dir: Path) -> Optional[Config]:
+    """The run's resolved config (config.resolved.yaml), for evaluating it with its own data settings."""
+    import yaml
+    path = run_dir / "config.resolved.yaml"
+    if not path.is_file():
+        return None
+    raw = yaml.safe_load(path.read_text())
+    return _saved_config(raw, path)
+
+
+def _saved_config(raw: dict, where: Path) -> Config:
+    """A run's saved config; one from before train.eval_sequences evaluated eval_batches micro-batches per rank."""
+    train = raw.get("train") or {}
+    if "eval_batches" in train:
+        derived = raw.get("derived") or {}
+        dp = derived.get("data_parallel_size") if isinstance(derived.get("data_parallel_size"), int) else 1
+        micro = train.get("micro_batch_size") if isinstance(train.get("micro_batch_size"), int) else 1
+        train["eval_sequences"] = train.pop("eval_batches") * micro * dp
+    try:
+        return config_from_dict({k: v for k, v in raw.items() if k != "derived"}, source=str(where))
+    except UserError as err:
+        raise UserError(f"--model {where}: its saved config cannot be read by this version ({err})") from None
+
+
+def export_step(export: Path) -> int:
+    """The step an HF export was written at (exports from before the record count as the newest)."""
+    try:
+        return int(json.loads((export / EXPORT_INFO).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1 << 62
+
+
+def checkpoint_source(path: Path, described: str) -> ModelSource:
+    _, saved = checkpoint.read_trainer_state(path)
+    return ModelSource("checkpoint", str(path), described, _saved_config(saved, path))
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+def load_tokenizer_for(source: ModelSource):
+    """The tokenizer the model was trained with; pad falls back to EOS (left padding is set by the caller)."""
+    from transformers import AutoTokenizer
+    if source.kind != "checkpoint":
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.path)
+        except (OSError, ValueError) as err:
+            raise UserError(f"--model {source.path}: cannot load its tokenizer ({err})") from None
+    else:
+        tokenizer = _checkpoint_tokenizer(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _checkpoint_tokenizer(source: ModelSource):
+    """The saved config's tokenizer (relative paths as training saw them, or under the repo root), with
+    data.chat_template applied as training did; a run's own export when it has one."""
+    from ..data import apply_chat_template, load_tokenizer
+    cfg = source.config
+    run_export = Path(source.path).parent.parent / "hf"
+    if (run_export / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(str(run_export))
+    model_cfg = cfg.model
+    path = model_cfg.tokenizer or model_cfg.name_or_path
+    if path and not Path(path).expanduser().is_absolute() and not Path(path).exists() and (REPO_ROOT / path).exists():
+        import dataclasses
+        model_cfg = dataclasses.replace(model_cfg, tokenizer=str(REPO_ROOT / path))
+    return apply_chat_template(load_tokenizer(model_cfg), cfg.data)
+
+
+def load_model(source: ModelSource, dtype: torch.dtype, attention: str = "sdpa"):
+    """The causal LM on CPU in `dtype`, in eval mode, every parameter complete."""
+    from transformers import AutoModelForCausalLM
+    if source.kind in ("hf", "hub"):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=attention)
+        except (OSError, ValueError) as err:
+            raise UserError(f"--model {source.path}: cannot load it with transformers ({err})") from None
+    elif source.kind == "lora":
+        from ..model import load_lora_merged
+        model = load_lora_merged(source.path, dtype, attention)
+    else:
+        model = model_from_checkpoint(source, dtype, attention)
+    model.config.use_cache = True
+    return model.eval()
+
+
+def model_from_checkpoint(source: ModelSource, dtype: torch.dtype, attention: str):
+    """The saved architecture, filled with the checkpoint's consolidated weights (LoRA: merged)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..model import apply_lora, hf_config
+    from .consolidate import consolidated_state_dict
+    cfg = source.config
+    if cfg.model.name_or_path:
+        hf = AutoConfig.from_pretrained(cfg.model.name_or_path, attn_implementation=attention)
+    else:
+        hf = hf_config(cfg.model, attention)
+    with torch.device("meta"):
+        shapes = AutoModelForCausalLM.from_config(hf)
+        if cfg.model.lora.enabled:
+            shapes = apply_lora(shapes, cfg.model)
+    expected = {name: tuple(t.shape) for name, t in shapes.state_dict().items()}
+    state = consolidated_state_dict(Path(source.path), cfg.deepspeed, expected)
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32)
+    if cfg.model.lora.enabled:
+        model = apply_lora(model, cfg.model)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not _tied(k, model)]
+    if missing or unexpected:
+        raise UserError(f"--model {source.path}: the checkpoint does not match its saved architecture (missing "
+                        f"{missing[:3]}, unexpected {unexpected[:3]}); was it written by another trainer version?")
+    if cfg.model.lora.enabled:
+        model = model.merge_and_unload()
+    return model.to(dtype)
+
+
+def _tied(name: str, model) -> bool:
+    """A tied LM head is not saved separately."""
+    return name.endswith("lm_head.weight") and bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+def architecture(source: ModelSource):
+    """The transformers config of the model SRC names, read before any weight (for the checks and the planner)."""
+    from transformers import AutoConfig
+    if source.kind == "checkpoint":
+        from ..model import hf_config
+        cfg = source.config
+        if cfg.model.name_or_path:
+            return AutoConfig.from_pretrained(cfg.model.name_or_path)
+        return hf_config(cfg.model, "sdpa")
+    path = source.path
+    if source.kind == "lora":
+        path = json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path") or path
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"--model {source.path}: cannot read its config ({err})") from None

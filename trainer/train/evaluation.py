@@ -1,0 +1,80 @@
+"""Evaluation: mean token-level loss and perplexity over a fixed set of eval sequences.
+
+The eval set is the first `train.eval_sequences` samples of each eval stream (streams are unshuffled, so
+that is a fixed list of sequences), split over the data-parallel ranks in rounds of micro x dp. The set,
+and so the loss, does not depend on the world size or the micro-batch: runs on 1 and 8 ranks report
+comparable eval losses, and `python -m trainer evaluate` reproduces a run's own. Every rank runs the same
+number of forwards (a rank past the end of the set runs a zero-weight batch), because under ZeRO-3 every
+forward is a collective.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..data import Stream
+
+
+@dataclass
+class EvalSet:
+    streams: dict[str, Stream]   # name -> eval stream (one per data source)
+    sequences: int               # train.eval_sequences: the first N samples of each stream
+    micro: int                   # sequences per forward per rank
+    dp_rank: int
+    dp_size: int
+
+    def size(self, stream: Stream) -> int:
+        return min(self.sequences, len(stream))
+
+    def batches(self, stream: Stream) -> Iterator[tuple[dict, bool]]:
+        """(batch, counts) for this rank; `counts` is False for a filler batch past the end of the set."""
+        n, per_round = self.size(stream), self.micro * self.dp_size
+        for first in range(0, n, per_round):
+            start = first + self.dp_rank * self.micro
+            ids = np.arange(start, min(start + self.micro, n), dtype=np.int64)
+            counts = len(ids) > 0
+            rows = stream.rows(ids if counts else np.zeros(1, dtype=np.int64))
+            yield {key: torch.from_numpy(value) for key, value in rows.items()}, counts
+
+
+@torch.no_grad()
+def evaluate(forward: Callable[[dict], torch.Tensor], eval_set: EvalSet, device) -> dict:
+    """`eval_loss` (and `eval_ppl`) over every source's eval sequences, `eval_loss/<name>` per source when there
+    are several, and `eval_tokens` (the predicted tokens the loss averages). `forward(batch)` returns the
+    model's mean loss over the batch's predicted tokens; it is called on every rank the same number of times."""
+    sums = []
+    for stream in eval_set.streams.values():
+        total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+        for batch, counts in eval_set.batches(stream):
+            loss = forward({k: v.to(device) for k, v in batch.items()}).double().cpu()
+            if counts:
+                tokens = (batch["labels"][:, 1:] != -100).sum()  # the model shifts labels by one
+                total += loss * tokens
+                count += tokens
+        sums += [total, count]
+    pairs = torch.stack(sums).to(device)
+    if dist.is_initialized():
+        dist.all_reduce(pairs)
+    pairs = pairs.view(-1, 2).cpu()
+    overall = float(pairs[:, 0].sum() / pairs[:, 1].sum().clamp(min=1))
+    copies = dist.get_world_size() // eval_set.dp_size if dist.is_initialized() else 1  # tensor-parallel peers
+    out = {"eval_loss": overall, "eval_ppl": math.exp(min(overall, 50)),
+           "eval_tokens": int(pairs[:, 1].sum()) // copies}
+    if len(eval_set.streams) > 1:
+        out.update({f"eval_loss/{name}": float(total / max(float(count), 1.0))
+                    for name, (total, count) in zip(eval_set.streams, pairs)})
+    return out
+
+
+def evaluate_engine(engine, eval_set: EvalSet) -> dict:
+    """`evaluate` on a DeepSpeed training engine, back in train mode afterwards."""
+    engine.eval()
+    try:
+        return evaluate(lambda batch: engine(**batch).loss, eval_set, engine.device)
+    finally:
+        engine.train()
