@@ -7,7 +7,8 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 - `build`: configs and `--set` overrides written from intent (planner, doctor, lint, rehearsal);
 - `batch`: the batch triad (micro x accumulation x data-parallel = global), solved once;
 - `auto`: "auto" filled from the trainer's sections, as the HF Trainer fills it;
-- `check`: the keys the installed DeepSpeed reads, learned from that DeepSpeed.
+- `check`: the keys the installed DeepSpeed reads, learned from that DeepSpeed;
+- `inference`: the ZeRO-Inference config (stage 3, parameters offloaded, no optimizer).
 """
 from .auto import fill_auto, find_auto
 from .batch import Batch, accumulation, solve_batch
@@ -17,6 +18,9 @@ from .build import (
     with_zeropp, zero_block, zero_overrides,
 )
 from .check import REMOVED_OPTIMIZERS, check_keys
+from .inference import (
+    PARAM_BUFFER_COUNT, PERSISTENCE_THRESHOLD, init_inference_config, nvme_buffer_size, zero_inference_config,
+)
 from .keys import (
     aio_block, autotp_size, bf16_enabled, contiguous_gradients, forces_ds_cpu_optimizer, fp16_enabled,
     fp16_min_loss_scale, gather_16bit_on_save, has_activation_checkpointing, hpz_partition_size, micro_batch_size,
@@ -26,13 +30,15 @@ from .keys import (
 )
 
 __all__ = [
-    "Batch", "REMOVED_OPTIMIZERS", "accumulation", "activation_checkpointing_overrides", "aio_block",
-    "aio_defaults", "autotp_size", "base_config", "bf16_enabled", "check_keys", "contiguous_gradients",
-    "fill_auto", "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled", "fp16_min_loss_scale",
-    "gather_16bit_on_save", "gather_on_save_override", "has_activation_checkpointing", "hpz_partition_size",
-    "micro_batch_size", "min_loss_scale_override", "nvme_offloads", "nvme_pipelined", "offload_block",
-    "offload_optimizer_device", "offload_param_device", "offload_pin_memory", "overlap_comm", "precision",
-    "precision_overrides", "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type",
-    "set_override", "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "with_zeropp",
-    "without_tensor_parallel", "zero", "zero_block", "zero_key", "zero_overrides", "zero_setting", "zero_stage",
+    "Batch", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS", "accumulation",
+    "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autotp_size", "base_config", "bf16_enabled",
+    "check_keys", "contiguous_gradients", "fill_auto", "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled",
+    "fp16_min_loss_scale", "gather_16bit_on_save", "gather_on_save_override", "has_activation_checkpointing",
+    "hpz_partition_size", "init_inference_config", "micro_batch_size", "min_loss_scale_override",
+    "nvme_buffer_size", "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device",
+    "offload_param_device", "offload_pin_memory", "overlap_comm", "precision", "precision_overrides",
+    "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override",
+    "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "with_zeropp",
+    "without_tensor_parallel", "zero", "zero_block", "zero_inference_config", "zero_key", "zero_overrides",
+    "zero_setting", "zero_stage",
 ]
