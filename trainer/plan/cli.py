@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 from .. import ds as dsc
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..hardware import GPUS
 from .decide import make_plan
+from .inference_inputs import inference_inputs_from_args, misplaced_flags
+from .inference_plan import make_inference_plan
 from .inputs import inputs_from_args
 from .models import NAMED_MODELS
-from .report import plan_to_json, print_plan
+from .report import inference_to_json, plan_to_json, print_inference, print_plan
 
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +37,20 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
     parser.add_argument("-o", "--output", help="write the chosen DeepSpeed config (JSON) here")
+    inference = parser.add_argument_group("inference (--inference): weights + KV cache on the GPU, or ZeRO-Inference")
+    inference.add_argument("--inference", action="store_true", help="plan generation instead of training")
+    inference.add_argument("--batch", type=int, help="sequences generated together (default 1)")
+    inference.add_argument("--context", type=int, help="tokens per sequence in the KV cache: prompt + generated")
+    inference.add_argument("--tp", type=int, help="AutoTP tensor-parallel GPUs per model copy (default 1)")
+    inference.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16; fp16 on V100)")
 
 
 def plan(args) -> int:
+    misplaced = misplaced_flags(args)
+    if misplaced:
+        raise ConfigError(misplaced, "the command line")
+    if args.inference:
+        return plan_inference(args)
     # DeepSpeed logs to stdout on import (config validation below imports it): keep stdout for the plan.
     with contextlib.redirect_stdout(sys.stderr):
         inputs = inputs_from_args(args)
@@ -49,6 +62,16 @@ def plan(args) -> int:
     else:
         print_plan(result)
     return 0 if result.choice is not None else 1
+
+
+def plan_inference(args) -> int:
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import-time log stays off stdout
+        result = make_inference_plan(inference_inputs_from_args(args))
+    if args.json:
+        print(json.dumps(inference_to_json(result), indent=2))
+    else:
+        print_inference(result)
+    return 0 if result.placement.mode != "none" else 1
 
 
 def write_config(ds: dict, output: str) -> None:

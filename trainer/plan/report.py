@@ -121,3 +121,49 @@ def print_choice(plan: Plan) -> None:
         print(f"hostfile ({inputs.nodes} lines): node1 slots={inputs.gpus_per_node} ... "
               f"node{inputs.nodes} slots={inputs.gpus_per_node}")
     print(f"Launch: {plan.launch}")
+
+
+# --- inference (`plan --inference`) ------------------------------------------------------------
+
+
+def inference_to_json(plan) -> dict:
+    """The inference plan as one JSON object: inputs, the per-GPU breakdown, the placement and its config."""
+    inputs, need, place = plan.inputs, plan.need, plan.placement
+    return {
+        "model": {"label": inputs.model.label, "hidden_size": inputs.model.config.hidden_size,
+                  "num_layers": inputs.model.config.num_layers, "vocab_size": inputs.model.config.vocab_size},
+        "model_weights_bytes": need.model_weights, "largest_layer_params": need.largest_layer,
+        "hardware": {"gpu": inputs.gpu.name, "gpu_memory_bytes": inputs.gpu.memory_bytes,
+                     "gpus_per_node": inputs.gpus_per_node, "nodes": inputs.nodes, "cpu_ram_gb": inputs.cpu_ram_gb,
+                     "nvme_gb": inputs.nvme_gb},
+        "batch": inputs.batch, "context": inputs.context, "tp": inputs.tp, "dtype": inputs.dtype,
+        "per_gpu_bytes": {"weights": need.weights, "kv_cache": need.kv_cache, "logits": need.logits,
+                          "activations": need.activations, "total": need.total},
+        "zero_inference_gpu_bytes": need.zero_gpu,
+        "placement": {"mode": place.mode, "reason": place.reason, "gpu_bytes": place.gpu_bytes,
+                      "cpu_bytes_per_node": place.cpu_bytes, "nvme_bytes_per_node": place.nvme_bytes},
+        "fits": place.mode != "none",
+        "hints": plan.hints,
+        "deepspeed_config": plan.deepspeed,
+    }
+
+
+def print_inference(plan) -> None:
+    inputs, need, place = plan.inputs, plan.need, plan.placement
+    print(f"Inference plan: {inputs.model.label}, batch {inputs.batch} x context {inputs.context}, {inputs.dtype}, "
+          f"--tp {inputs.tp} on {inputs.gpu.description} ({gb(inputs.gpu.memory_bytes)} GB; GB = 1e9 bytes)")
+    budget = int(inputs.gpu.memory_bytes * (1 - GPU_HEADROOM))
+    print(f"  per GPU: weights {gb(need.weights)} + KV cache {gb(need.kv_cache)} + logits {gb(need.logits)} + "
+          f"activations {gb(need.activations)} = {gb(need.total)} GB (budget {gb(budget)} GB)")
+    if inputs.tp == 1:
+        print(f"  ZeRO-Inference per GPU: parameters in flight {gb(need.zero_working)} + KV cache, logits and "
+              f"activations = {gb(need.zero_gpu)} GB")
+    print(f"Placement: {place.mode}: {place.reason}")
+    for line in plan.hints:
+        print(f"  - {line}")
+    if plan.deepspeed is None and place.mode == "gpu":
+        print("DeepSpeed: not needed (the model runs as it is on one GPU)")
+    elif plan.deepspeed is not None:
+        what = "deepspeed.init_inference config" if place.mode == "gpu" else "DeepSpeed config (ZeRO-Inference)"
+        print(f"{what}:")
+        print(json.dumps(plan.deepspeed, indent=2))
