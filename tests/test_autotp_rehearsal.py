@@ -22,7 +22,7 @@ def autotp_runs(tmp_path_factory, pretrained_dir, engine_runs):
         for source, extra in (("scratch", []), ("pretrained", [f"model.name_or_path={pretrained_dir}"])):
             name = f"{source}_tp2_{stage}"
             runs.append({"name": name, "preset": "tiny_cpu", "overrides": TINY + STAGES[stage] + extra + [
-                "deepspeed.tensor_parallel={autotp_size: 2}", "train.micro_batch_size=4",
+                "deepspeed.tensor_parallel={autotp_size: 2}", "train.micro_batch_size=4", "train.export_hf=true",
                 f"train.output_dir={root / name}"]})
     run_many(runs, root)
     return root, engine_runs[0]
@@ -33,6 +33,32 @@ def autotp_runs(tmp_path_factory, pretrained_dir, engine_runs):
 def test_autotp_matches_data_parallel(autotp_runs, source, stage):
     root, dirs = autotp_runs
     assert losses(root / f"{source}_tp2_{stage}") == pytest.approx(losses(dirs[f"{source}_z0"]), abs=2e-5)
+
+
+@pytest.mark.parametrize("source", ["scratch", "pretrained"])
+def test_autotp_zero1_checkpoint_consolidates_to_the_export(autotp_runs, source):
+    """`generate/evaluate --model <checkpoint>` of an AutoTP run: the slices of both TP ranks put back together
+    equal, tensor for tensor, what the engine itself gathered into the HF export."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trainer.infer.source import load_model, resolve_source
+    run = autotp_runs[0] / f"{source}_tp2_z1"
+    model = load_model(resolve_source(str(run / "checkpoints" / "step_00000006")), torch.float32)
+    exported = load_file(run / "hf" / "model.safetensors")
+    state = model.state_dict()
+    assert set(exported) <= set(state)
+    for name, tensor in exported.items():
+        assert torch.equal(state[name], tensor), name
+
+
+def test_autotp_zero3_checkpoint_is_refused_with_the_way_out(autotp_runs):
+    from trainer.errors import UserError
+    from trainer.infer.source import load_model, resolve_source
+    import torch
+    with pytest.raises(UserError, match="AutoTP x ZeRO-3.*hf/"):
+        load_model(resolve_source(str(autotp_runs[0] / "scratch_tp2_z3" / "checkpoints" / "step_00000006")),
+                   torch.float32)
 
 
 @pytest.fixture(scope="module")

@@ -129,3 +129,27 @@ def test_generate_and_evaluate_a_plain_hf_model(capsys, tiny_models, tmp_path):
     result = json.loads(capsys.readouterr().out)
     assert result["sequences"] > 0 and result["tokens"] == result["sequences"] * 31
     assert 5.0 < result["eval_loss"] < 8.0  # a random model over 1024 tokens: about ln(1024) = 6.93
+
+
+@pytest.mark.parametrize("size, ram_gb, expected", [("7b", 64, "off"), ("70b", 1024, "cpu"), ("70b", 64, None)])
+def test_zero_inference_auto_follows_the_planner(monkeypatch, size, ram_gb, expected):
+    """--zero-inference auto on an 80 GB GPU (mocked: there is none here): 7B fits, 70B goes to host RAM when
+    the pinned weights fit there, and is a named error when nothing fits."""
+    from transformers import AutoConfig
+
+    import trainer.infer.session as session
+    from trainer.errors import UserError
+    from trainer.plan.models import NAMED_MODELS
+    m = NAMED_MODELS[size][1]
+    config = AutoConfig.for_model("llama", hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                                  num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+                                  intermediate_size=m.intermediate_size, vocab_size=m.vocab_size,
+                                  max_position_embeddings=m.max_position_embeddings)
+    monkeypatch.setattr(session, "device_name", lambda: "cuda")
+    monkeypatch.setattr("torch.cuda.mem_get_info", lambda: (80 * 10**9, 80 * 10**9))
+    monkeypatch.setattr(session, "available_host_ram", lambda: ram_gb * 10**9)
+    if expected is None:
+        with pytest.raises(UserError, match="does not fit.*plan --inference"):
+            session.planned_zero_mode(config, 1, "bf16", 1)
+    else:
+        assert session.planned_zero_mode(config, 1, "bf16", 1) == expected

@@ -2,9 +2,10 @@
 
   ZeRO-1/2/3            DeepSpeed's own `zero_to_fp32` (the fp32 master weights, merged over the ranks)
   ZeRO-0                the module weights in mp_rank_00_model_states.pt
-  AutoTP (tp ranks)     each tensor-parallel rank's slice (from its model states, or from zero_to_fp32 run on
-                        that rank's files under ZeRO-3), concatenated along the dimension AutoTP split; which
-                        dimension is read off the shapes: the slice is the full shape but along one axis
+  AutoTP x ZeRO-0/1/2   each tensor-parallel rank's slice (its model states, or zero_to_fp32 on that rank's files),
+                        concatenated along the dimension AutoTP split; which dimension is read off the shapes:
+                        the slice is the full shape but along one axis
+  AutoTP x ZeRO-3       refused with the way out (the HF export): ZeRO-3 partitions the slices again
 
 The checkpoint is verified first (train/integrity.py: manifest, no pickled code) on every rank, because
 DeepSpeed's loaders use torch.load(weights_only=False).
@@ -31,6 +32,11 @@ def consolidated_state_dict(path: Path, ds: dict, expected: dict[str, tuple]) ->
     tp = max(_tp_ranks(path), 1)
     if tp == 1:
         return _one_slice(path, dsc.zero_stage(ds))
+    if dsc.zero_stage(ds) == 3:
+        # ZeRO-3 partitions AutoTP's slices again, over every rank, and zero_to_fp32 (0.19.8) cannot undo both
+        raise UserError(f"--model {path}: an AutoTP x ZeRO-3 checkpoint, which DeepSpeed 0.19.8's zero_to_fp32 "
+                        f"cannot consolidate; use the run's HF export (its hf/ directory, gathered by the engine "
+                        f"itself at the end of training), or resume the checkpoint on its own layout and export")
     root = Path(tempfile.mkdtemp(prefix="tp_views_"))
     try:
         slices = [_one_slice(view, dsc.zero_stage(ds)) for view in _tp_views(path, tp, root)]

@@ -111,10 +111,30 @@ def deepspeed_modules(module) -> str:
     return ", ".join(f"{name} x{count}" for name, count in sorted(found.items()))
 
 
+def available_host_ram() -> int:
+    import os
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def planned_zero_mode(hf_config, batch_size: int, dtype: str, tp: int) -> str:
-    """'off' when the weights, KV cache and working memory fit the device, else the planner's ZeRO-Inference
-    placement. CPU ranks use host memory either way: nothing to offload to."""
+    """'off' when the weights, KV cache and working memory fit the device (the planner's `plan --inference`
+    numbers, for the batch at the model's full context), else its ZeRO-Inference placement. CPU ranks use host
+    memory either way: nothing to offload to."""
     if device_name() == "cpu":
         return "off"
-    from ..plan.inference import placement_for
-    return placement_for(hf_config, batch_size, int(hf_config.max_position_embeddings), dtype, tp)
+    import os
+
+    import torch
+
+    from ..plan.inference import choose_placement, inference_memory
+    from ..plan.models import model_from_hf_fields
+    model = model_from_hf_fields(hf_config.to_dict(), "--model")
+    need = inference_memory(model, batch_size, model.max_position_embeddings, dtype, tp)
+    placement = choose_placement(need, torch.cuda.mem_get_info()[1], available_host_ram(), None,
+                                 int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    print(f"placement (--zero-inference auto): {placement.mode}: {placement.reason}", file=sys.stderr)
+    if placement.mode == "none":
+        raise UserError(f"the model does not fit on these GPUs or in host RAM: {placement.reason}; see "
+                        f"`python -m trainer plan --inference` for what would fit, or give --zero-inference nvme "
+                        f"--nvme-path DIR")
+    return {"gpu": "off", "zero-cpu": "cpu", "zero-nvme": "nvme"}[placement.mode]

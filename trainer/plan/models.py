@@ -111,6 +111,11 @@ def model_from_hf_config(path: Path, where: str) -> ModelConfig:
                            "vocab_size") if k not in raw]
     if missing:
         raise UserError(f"{where}: {path} lacks {', '.join(missing)}")
+    return model_from_hf_fields(raw, where)
+
+
+def model_from_hf_fields(raw: dict, where: str) -> ModelConfig:
+    """The planner's ModelConfig from a transformers config's fields (config.json, or PretrainedConfig.to_dict())."""
     fields = {ours: raw[theirs] for theirs, ours in HF_FIELDS.items() if raw.get(theirs) is not None}
     return _checked_model(ModelConfig(**fields), where)
 
