@@ -28,6 +28,10 @@ def start_distributed(timeout_s: int = 1800) -> int:
                           MASTER_PORT=str(_free_port()))
     if get_accelerator().device_name() != "cpu":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        # DeepSpeed's CPU shared-memory all-reduce sets itself up only when LOCAL_SIZE (its launcher's name) equals
+        # the world size, yet AutoTP's layers call it regardless: under torchrun (LOCAL_WORLD_SIZE) it segfaults
+        os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
     remove_shm_buffer()  # a stale one of a crashed job on this port would be read by the peers before reset
     timeout = datetime.timedelta(seconds=timeout_s)
     # DeepSpeed builds its data/model-parallel groups with new_group(timeout=None), which takes torch's
