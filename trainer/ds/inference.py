@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from .build import aio_defaults
 
+
 # Parameters with at most this many elements stay on the GPU (DeepSpeed's default, written explicitly
 # so the planner's "persistent" term and the run agree): the RMSNorm weights and q/k/v biases.
 PERSISTENCE_THRESHOLD = 100_000

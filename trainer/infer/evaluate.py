@@ -20,7 +20,8 @@ from ..config import Config
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
 from ..presets import load_preset
-from ..train.evaluation import EvalSet, evaluate as evaluate_set
+from ..train.evaluation import EvalSet
+from ..train.evaluation import evaluate as evaluate_set
 from .session import add_model_arguments, check_arguments, open_session
 
 

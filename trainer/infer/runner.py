@@ -24,6 +24,7 @@ from .. import ds as dsc
 from .. import ranks
 from ..errors import UserError
 
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

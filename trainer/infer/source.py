@@ -25,6 +25,7 @@ from ..errors import UserError
 from ..presets import REPO_ROOT, config_from_dict
 from ..train import checkpoint
 
+
 log = logging.getLogger(__name__)
 
 EXPORT_INFO = checkpoint.EXPORT_INFO

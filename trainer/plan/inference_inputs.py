@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..errors import ConfigError, UserError, closest
+from ..errors import ConfigError, closest
 from ..hardware import GPUS, Gpu, gpu_named
-from .inputs import _size_gb
+from .inputs import _size_gb, collecting
 from .models import ModelSpec, model_from_spec, positive_int
 
 
@@ -60,13 +60,7 @@ def build_inference_inputs(values: dict) -> InferenceInputs:
     """Validated InferenceInputs from flag values (keys as the flags, with underscores)."""
     problems: list[str] = []
 
-    def check(make, *args, **kwargs):
-        """make(*args), or None with its UserError's message kept."""
-        try:
-            return make(*args, **kwargs)
-        except UserError as err:
-            problems.append(str(err))
-            return None
+    check = collecting(problems)
 
     if values.get("gpu") is None:
         problems.append(f"--gpu is required: one of {', '.join(g for g in GPUS if g != 'cpu')}")

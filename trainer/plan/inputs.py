@@ -72,6 +72,18 @@ def inputs_from_args(args) -> PlanInputs:
     return build_inputs(values, source)
 
 
+def collecting(problems: list[str]):
+    """check(make, *args) -> make(*args), or None with its UserError's message added to `problems`: every
+    problem of the inputs is reported together."""
+    def check(make, *args, **kwargs):
+        try:
+            return make(*args, **kwargs)
+        except UserError as err:
+            problems.append(str(err))
+            return None
+    return check
+
+
 def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
     """Validated PlanInputs from a dict of scenario keys. Every problem names the flag (or the key, in a
     file) and a fix, and all of them are reported together in one ConfigError."""
@@ -80,13 +92,7 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
 
     problems: list[str] = []
 
-    def check(make, *args, **kwargs):
-        """make(*args), or None with its UserError's message kept."""
-        try:
-            return make(*args, **kwargs)
-        except UserError as err:
-            problems.append(str(err))
-            return None
+    check = collecting(problems)
 
     known = ", ".join(g for g in GPUS if g != "cpu")
     if values.get("gpu") is None:
