@@ -84,7 +84,8 @@ def engine_runs(tmp_path_factory, pretrained_dir):
                                       "train.sample_max_new_tokens=8"])
     add("lora_z2", STAGES["z2"] + [f"model.name_or_path={pretrained_dir}", "model.lora.enabled=true",
                                    "train.lr=1e-2", "train.export_hf=true", "train.export_merged=true"])
-    add("wandb_offline", STAGES["z2"] + ["logging.wandb_mode=offline", "logging.wandb_project=tests"])
+    add("wandb_offline", STAGES["z2"] + ["logging.wandb_mode=offline", "logging.wandb_project=tests",
+                                         f"train.sample_prompts=[{SAMPLE_PROMPTS[0]}]"])
     _, report = run_many(runs, root)
     return dirs, report
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import STAGES, STEPS, TINY
+from conftest import SAMPLE_PROMPTS, STAGES, STEPS, TINY
 from distributed import eval_losses, losses, read_metrics
 
 pytestmark = pytest.mark.multirank
@@ -103,3 +103,11 @@ def test_wandb_disabled_imports_nothing_and_offline_writes_the_run(engine_runs):
     log = next(runs[0].glob("run-*.wandb")).read_bytes()
     for key in (b"loss", b"eval_loss", b"grad_norm", b"tokens_per_s", b"tiny_cpu"):
         assert key in log, key
+    # train.sample_prompts: a wandb table per eval, with the rows logged so far (the last: both evals)
+    tables = sorted((runs[0] / "files" / "media" / "table").glob("samples_*.table.json"))
+    assert len(tables) == 2, tables
+    import json
+    logged = sorted((json.loads(p.read_text()) for p in tables), key=lambda table: len(table["data"]))
+    assert all(table["columns"] == ["step", "prompt", "completion"] for table in logged)
+    assert [[row[:2] for row in table["data"]] for table in logged] == [
+        [[3, SAMPLE_PROMPTS[0]]], [[3, SAMPLE_PROMPTS[0]], [6, SAMPLE_PROMPTS[0]]]]

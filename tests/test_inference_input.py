@@ -13,18 +13,19 @@ from trainer.__main__ import main
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    """Two tiny HF model directories with the shipped tokenizer (without its chat template): 4 heads / 2 kv heads, and 3 heads / 3 kv heads."""
+    """Tiny HF model directories with the shipped tokenizer (its chat template only in "chat"): 4 heads / 2 kv heads, and 3 heads / 3 kv heads."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     root = tmp_path_factory.mktemp("models")
     tokenizer = AutoTokenizer.from_pretrained("data/tiny/tokenizer")
     tokenizer.chat_template = None  # the shipped one has a template; these models have none
     made = {}
-    for name, heads, kv, hidden in (("gqa", 4, 2, 64), ("three_heads", 3, 3, 48)):
+    with_template = AutoTokenizer.from_pretrained("data/tiny/tokenizer")
+    for name, heads, kv, hidden in (("gqa", 4, 2, 64), ("three_heads", 3, 3, 48), ("chat", 4, 2, 64)):
         config = AutoConfig.for_model("llama", hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
                                       num_key_value_heads=kv, intermediate_size=96, vocab_size=1024,
                                       max_position_embeddings=64)
         AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
+        (with_template if name == "chat" else tokenizer).save_pretrained(root / name)
         made[name] = root / name
     return made
 
@@ -153,3 +154,24 @@ def test_zero_inference_auto_follows_the_planner(monkeypatch, size, ram_gb, expe
             session.planned_zero_mode(config, 1, "bf16", 1)
     else:
         assert session.planned_zero_mode(config, 1, "bf16", 1) == expected
+
+
+def test_chat_prompts_are_rendered_with_the_template(capsys, tiny_models, tmp_path):
+    """--chat wraps a plain prompt in the template; a `messages` line is rendered with it anyway. The model sees
+    the template's text: the prompt tokens of a chat prompt are more than the bare text's."""
+    from transformers import AutoTokenizer
+
+    from trainer.data.prompts import Prompt, read_prompts, render
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["chat"])
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi there"}]}) + "\n")
+    [chat_line] = read_prompts(str(prompts))
+    rendered = render(tokenizer, chat_line, chat=False)
+    assert rendered == tokenizer.apply_chat_template([{"role": "user", "content": "Hi there"}], tokenize=False,
+                                                     add_generation_prompt=True)
+    assert render(tokenizer, Prompt("Hi there", "--prompt"), chat=True) == rendered
+    assert len(tokenizer(rendered)["input_ids"]) > len(tokenizer("Hi there")["input_ids"])
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", str(tiny_models["chat"]), "--prompts", str(prompts), "--max-new-tokens", "3",
+                 "--format", "jsonl", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["prompt"] == chat_line.text

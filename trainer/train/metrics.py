@@ -101,7 +101,7 @@ class MetricsLogger:
         if self.wandb_run is not None:
             import wandb
             self.sample_rows += [[step, s["prompt"], s["completion"]] for s in samples]
-            table = wandb.Table(columns=["step", "prompt", "completion"], data=self.sample_rows)
+            table = wandb.Table(columns=["step", "prompt", "completion"], data=list(self.sample_rows))
             self.wandb_run.log({"samples": table}, step=step)
         for s in samples:
             print(f"sample step={step} {s['prompt']!r} -> {s['completion']!r}", flush=True)
