@@ -1,0 +1,83 @@
+"""What the doctor finds: a diagnosis, the changes it proposes, and what each handler is given."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..errors import UserError
+from ..plan.estimate import plan_for_resolved
+from ..resolve import Resolved
+from .logtext import Log, bounded
+
+Reresolve = Callable[[list[str]], Resolved]  # the same preset with extra --set overrides, resolved
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One next change: `--set` overrides the trainer accepts, or (overrides empty) a step outside the config
+    - a command to run first, a package to install. `env` prefixes the rerun line (NCCL_DEBUG=INFO ...)."""
+    step: str
+    overrides: list[str]
+    reason: str
+    env: tuple[tuple[str, str], ...] = ()
+
+    def as_json(self) -> dict:
+        return {"step": self.step, "overrides": list(self.overrides), "reason": self.reason}
+
+
+@dataclass
+class Diagnosis:
+    failure: str
+    title: str
+    evidence: str
+    proposal: Optional[Proposal] = None
+    then: list[Proposal] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    launcher: str = "deepspeed"  # how the rerun line starts the ranks (torchrun when the failed run used it)
+
+    def __post_init__(self):
+        self.evidence = bounded(self.evidence)
+
+    @property
+    def recognised(self) -> bool:
+        return self.failure != "unrecognised"
+
+
+@dataclass(frozen=True)
+class Found:
+    """A recogniser's hit: the log, the evidence line's index and its regex match, and the config it is
+    judged against (`reresolve` re-resolves the preset with more overrides, when the caller can)."""
+    resolved: Resolved
+    log: Log
+    index: int
+    match: Optional[re.Match]
+    reresolve: Optional[Reresolve] = None
+
+    @property
+    def line(self) -> str:
+        return self.log.line(self.index)
+
+    def resolves(self, overrides: list[str]) -> Optional[Resolved]:
+        """The preset with `overrides`, or None when it does not resolve on this machine (or cannot be checked)."""
+        if self.reresolve is None:
+            return None
+        try:
+            return self.reresolve(overrides)
+        except UserError:
+            return None
+
+
+def planned(resolved: Optional[Resolved]):
+    """The planner's estimate for a resolved config, or None (CPU ranks, a model the planner cannot size)."""
+    if resolved is None or resolved.config.hardware.gpu == "cpu":
+        return None
+    try:
+        return plan_for_resolved(resolved)
+    except UserError:
+        return None
+
+
+def first_error_line(err: Exception) -> str:
+    lines = [line.strip(" -") for line in str(err).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]

@@ -1,0 +1,88 @@
+"""A pasted log as the recognisers read it: line endings normalised, lines searchable, tracebacks found.
+
+What users paste is rarely a clean file: Windows line endings, progress bars redrawn with carriage returns
+(tqdm's "| 4/8 [02:10<02:22]Killed" when the shell's "Killed" lands on the bar's line), `[rankN]:` prefixes,
+rich-formatted tracebacks and exception messages wrapped over several lines.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import UserError
+
+EVIDENCE_CHARS = 300  # an evidence line longer than this is cut (a 2 kB CUDA OOM message, a launcher argv)
+
+# The exception line of a traceback: `RuntimeError: ...`, `torch.OutOfMemoryError: ...`, `[rank3]: Foo: ...`
+EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
+ERROR_WORDS = re.compile(r"(Error|Exception|error:|FAILED|fatal|Killed)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Log:
+    lines: tuple[str, ...]
+
+    @classmethod
+    def of(cls, raw: str) -> "Log":
+        # \r\n (Windows), then a bare \r (a redrawn progress bar): each redraw is a line of its own
+        return cls(tuple(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def first(self, pattern: re.Pattern, start: int = 0) -> Optional[int]:
+        return next((i for i in range(start, len(self.lines)) if pattern.search(self.lines[i])), None)
+
+    def last(self, pattern: re.Pattern) -> Optional[int]:
+        return next((i for i in reversed(range(len(self.lines))) if pattern.search(self.lines[i])), None)
+
+    def all(self, pattern: re.Pattern) -> list[re.Match]:
+        return [m for line in self.lines for m in pattern.finditer(line)]
+
+    def has(self, pattern: re.Pattern) -> bool:
+        return self.first(pattern) is not None
+
+    def line(self, index: int) -> str:
+        return self.lines[index].strip()
+
+    def joined(self, index: int, following: int = 3) -> str:
+        """A line with the next ones joined: exception messages that a terminal or rich wrapped."""
+        return " ".join(line.strip() for line in self.lines[index:index + 1 + following])
+
+    def before(self, index: int, count: int = 40) -> str:
+        return "\n".join(self.lines[max(0, index - count):index + 1])
+
+    def traceback_of(self, index: int) -> str:
+        """From the last 'Traceback' at or before `index` (a few lines earlier: the progress bars of a load)
+        up to `index`; the 40 lines before it when there is no traceback."""
+        start = next((i for i in reversed(range(index + 1)) if "Traceback" in self.lines[i]), None)
+        return self.before(index) if start is None else "\n".join(self.lines[max(0, start - 5):index + 1])
+
+    def last_exception(self) -> Optional[str]:
+        index = self.last(EXCEPTION)
+        return None if index is None else self.line(index)
+
+    def summary_line(self) -> str:
+        """What an unrecognised log is about: its last exception, else its last error-looking line, else its
+        last line."""
+        found = self.last_exception()
+        if found:
+            return found
+        index = self.last(ERROR_WORDS)
+        if index is not None:
+            return self.line(index)
+        return next((line.strip() for line in reversed(self.lines) if line.strip()), "")
+
+
+def bounded(line: str, limit: int = EVIDENCE_CHARS) -> str:
+    return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
+
+
+def read_log(path: str) -> Log:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"log file {path!r} not found: give the failed run's log or traceback file")
+    return Log.of(file.read_text(errors="replace"))
