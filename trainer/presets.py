@@ -101,18 +101,18 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     raw = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise UserError(f"--set {item!r}: expected section.key=value, e.g. --set train.lr=1e-4")
+            raise UserError(f"--set {clip(item, 100)!r}: expected section.key=value, e.g. --set train.lr=1e-4")
         dotted, text = item.split("=", 1)
         keys = dotted.strip().split(".")
         if not all(keys):
-            raise UserError(f"--set {item!r}: empty key in {dotted!r}")
+            raise UserError(f"--set {clip(item, 100)!r}: empty key in {clip(dotted, 100)!r}")
         node = raw
         for key in keys[:-1]:
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
-                raise UserError(f"--set {item!r}: {key!r} holds a value, not a section")
+                raise UserError(f"--set {clip(item, 100)!r}: {key!r} holds a value, not a section")
             node = child
-        node[keys[-1]] = parse_yaml(text, f"--set {item}")
+        node[keys[-1]] = parse_yaml(text, f"--set {clip(item, 100)}")
     return raw
 
 
@@ -131,6 +131,11 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
             raw["deepspeed"] = deep_merge(load_template(template), section or {})
             raw["deepspeed_template"] = template_source(template)
         return config_from_dict(raw, source=str(path))
+
+
+def set_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys the `--set` items name (`train.max_steps`), for code that must not replace them."""
+    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
 
 
 # a problem's first words name its key: "unknown key 'train.x'", "train.lr: ...", "train.lr=-1 must be ..."

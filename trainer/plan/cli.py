@@ -52,7 +52,7 @@ def plan(args) -> int:
     if args.inference:
         return plan_inference(args)
     # DeepSpeed logs to stdout on import (config validation below imports it): keep stdout for the plan.
-    if args.output:
+    if args.output is not None:  # '' too
         check_target(args.output)  # a bad -o is refused before the plan is made
     with contextlib.redirect_stdout(sys.stderr):
         inputs = inputs_from_args(args)
