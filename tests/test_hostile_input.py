@@ -392,3 +392,72 @@ def test_missing_scenario_suggests_one_that_exists(capsys):
                       "(did you mean 'seed1_7b_8xa100.yaml'?)")
     suggested = message.split("`python -m trainer plan ")[1].split("`")[0]
     assert (ROOT / suggested).is_file()
+
+
+# ============================================================ training-time inputs (train.py, one rank)
+
+TINY_RUN = ["--world-size", "1", "--set", "model.num_layers=2", "--set", "model.hidden_size=64",
+            "--set", "model.intermediate_size=176", "--set", "data.seq_len=64", "--set", "train.max_steps=2",
+            "--set", "train.warmup_steps=1", "--set", "logging.progress_bar=false"]
+
+
+def broken_tokenizer(tmp_path: Path) -> Path:
+    """The tiny tokenizer with a tokenizer.json that is valid JSON of the wrong shape (KeyError in `tokenizers`)."""
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    for file in (ROOT / "data" / "tiny" / "tokenizer").iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    (directory / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": 5}}')
+    return directory
+
+
+def test_a_broken_tokenizer_is_a_data_error(tmp_path):
+    from trainer.config import ModelConfig
+    from trainer.data import DataError, load_tokenizer
+    with pytest.raises(DataError, match=r"cannot load a tokenizer from .*tok' \(KeyError: .*model.tokenizer"):
+        load_tokenizer(ModelConfig(tokenizer=str(broken_tokenizer(tmp_path))))
+
+
+def test_a_fifo_as_data_file_is_refused_not_read_forever(tmp_path):
+    from trainer.data.records import DataError, _read_file
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="data.jsonl: not a regular file"):
+        _read_file(fifo)
+
+
+def test_an_unreadable_data_file_is_named(tmp_path, monkeypatch):
+    from trainer.data import records
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "x"}\n')
+
+    def eio(path):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    monkeypatch.setattr(records.Path, "read_bytes", eio)
+    with pytest.raises(records.DataError, match=r"data.jsonl: cannot read it \(Input/output error\)"):
+        records._read_file(data)
+
+
+def run_train(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return subprocess.run([sys.executable, "train.py", "--preset", "tiny_cpu", *TINY_RUN, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("case", ["tokenizer", "data", "set"])
+def test_train_py_refuses_bad_inputs_with_exit_2(case, tmp_path):
+    out = tmp_path / "run"
+    args = {"tokenizer": ["--set", f"model.tokenizer={broken_tokenizer(tmp_path)}"],
+            "data": ["--set", f"data.source={tmp_path / 'fifo.jsonl'}"],
+            "set": ["--set", "train.learning_rate=1e-3"]}[case]
+    if case == "data":
+        os.mkfifo(tmp_path / "fifo.jsonl")
+    result = run_train([*args, "--set", f"train.output_dir={out}"])
+    says = {"tokenizer": "cannot load a tokenizer from", "data": "fifo.jsonl: not a regular file",
+            "set": "unknown key 'train.learning_rate' (did you mean 'lr'?) (from --set train.learning_rate=1e-3)"}
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: " in result.stderr and says[case] in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
