@@ -461,3 +461,14 @@ def test_train_py_refuses_bad_inputs_with_exit_2(case, tmp_path):
     assert "error: " in result.stderr and says[case] in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_rehearse_keeps_the_train_values_given_with_set(tmp_path):
+    from trainer.presets import load_preset, set_keys
+    from trainer.train.rehearse import rehearsal_config
+    overrides = [f"train.output_dir={tmp_path / 'mine'}", "train.max_steps=3", "train.save_every=1"]
+    rehearsed, notices = rehearsal_config(load_preset("7b_8xa100", overrides), 2, set_keys(overrides))
+    train = rehearsed.train
+    assert (train.output_dir, train.max_steps, train.save_every) == (str(tmp_path / "mine"), 3, 1)
+    assert (train.eval_every, train.keep_last, train.warmup_steps) == (3, 2, 2)  # not given: the rehearsal's
+    assert any("kept from --set: train.max_steps=3" in n for n in notices)

@@ -163,7 +163,8 @@ def check_values(cfg: Config) -> list[str]:
     ]
     problems = [message for ok, message in checks if not ok]
     if h.gpu in GPUS and t.precision == "bf16" and not GPUS[h.gpu].bf16:  # before the DeepSpeed bf16 block's view
-        problems.append(f"train.precision=bf16: {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) has no bf16; use "
+        problems.append(f"train.precision=bf16: bf16 is enabled but {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) "
+                        f"has no bf16; use "
                         f"train.precision=fp16 with an fp16 block (dynamic loss scaling), as in preset 7b_2xv100")
     for key in ("micro_batch_size", "grad_accum", "global_batch_size"):
         value = getattr(t, key)

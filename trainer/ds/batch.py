@@ -73,6 +73,12 @@ def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[B
                 f"of {max(per_step, total // per_step * per_step)}, or another {given_key}")
             return None
         micro, accum = (total // per_step, accum) if micro is None else (micro, total // per_step)
+    if min(micro, accum, total) < 1 or micro * accum * dp != total:
+        problems.append(
+            f"batch triad inconsistent: global_batch_size {total} != micro_batch_size {micro} x grad_accum {accum} "
+            f"x data-parallel size {dp} (world size {world_size}, autotp_size {tp}); "
+            f"give two of the three and the third is solved, or make them agree")
+        return None
     return Batch(micro, accum, total, world_size, dp)
 
 
