@@ -150,7 +150,8 @@ def _check_pydantic_blocks(ds: dict, strict: bool) -> list[str]:
         else:
             problems += _unknown_model_keys_flat(block, model, key)
         try:
-            model(strict=strict, **block)  # DeepSpeedConfigModel: strict=False drops "auto" values
+            # deprecated keys are reported above; left in, DeepSpeed would also log its own warning
+            model(strict=strict, **{k: v for k, v in block.items() if k not in _deprecated_names(model)})
         except pydantic.ValidationError as err:
             for e in err.errors():
                 loc = ".".join(str(p) for p in e["loc"])
@@ -179,18 +180,21 @@ def _deprecated_keys(block: dict, model, path: str) -> list[str]:
     )
     problems = []
     nested = {"offload_optimizer": DeepSpeedZeroOffloadOptimizerConfig, "offload_param": DeepSpeedZeroOffloadParamConfig}
-    for name, info in model.model_fields.items():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        if extra.get("deprecated") and name in block:
-            new = extra.get("new_param", "its replacement")
-            problems.append(f"deepspeed.{path}.{name}: deprecated; DeepSpeed 0.19.8 still honours it with only a "
-                            f"warning, and the trainer's checks read {new}: write {new} instead"
-                            + (" (e.g. offload_optimizer: {device: cpu})" if name == "cpu_offload" else "")
-                            + (" (e.g. offload_param: {device: cpu})" if name == "cpu_offload_param" else ""))
+    for name in sorted(_deprecated_names(model) & set(block)):
+        new = model.model_fields[name].json_schema_extra.get("new_param", "its replacement")
+        example = {"cpu_offload": " (e.g. offload_optimizer: {device: cpu})",
+                   "cpu_offload_param": " (e.g. offload_param: {device: cpu})"}.get(name, "")
+        problems.append(f"deepspeed.{path}.{name}: deprecated; DeepSpeed 0.19.8 still honours it with only a "
+                        f"warning, and the trainer's checks read {new}: write {new} instead{example}")
     for sub, sub_model in nested.items():
         if path == "zero_optimization" and isinstance(block.get(sub), dict):
             problems += _deprecated_keys(block[sub], sub_model, f"{path}.{sub}")
     return problems
+
+
+def _deprecated_names(model) -> set[str]:
+    return {name for name, info in model.model_fields.items()
+            if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("deprecated")}
 
 
 def _message(error: dict) -> str:
