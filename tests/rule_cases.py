@@ -83,4 +83,25 @@ CASES = {
         ["model.lora.enabled=true"],
         ["model.lora.enabled needs pretrained weights", "model.name_or_path"],
         None, where="resolve.check_values"),
+    "autotp_shards_heads": Case(
+        ["deepspeed.tensor_parallel={autotp_size: 2}", "model.num_kv_heads=1"],
+        ["deepspeed.tensor_parallel.autotp_size=2 cannot shard model.num_heads=4 and num_kv_heads=1",
+         "use one of [1]"],
+        ["model.num_kv_heads=2"]),
+    "lora_targets_exist": Case(
+        ["model.lora.enabled=true", "model.name_or_path=/models/llama", "model.lora.target_modules=[q_proj, qproj]"],
+        ["model.lora.target_modules: 'qproj' names no module", "did you mean 'q_proj'?"],
+        ["model.lora.target_modules=[q_proj, v_proj]"]),
+    "legacy_cpu_offload_key": Case(
+        [f"{ZERO}.cpu_offload=true"],
+        [f"{ZERO}.cpu_offload: deprecated", "honours it", "offload_optimizer: {device: cpu}"],
+        [f"{ZERO}.cpu_offload=null", f"{ZERO}.offload_optimizer={{device: cpu}}"], where="ds.check"),
+    "legacy_cpu_offload_param_key": Case(
+        [f"{ZERO}.stage=3", f"{ZERO}.cpu_offload_param=true"],
+        [f"{ZERO}.cpu_offload_param: deprecated", "offload_param: {device: cpu}"],
+        [f"{ZERO}.cpu_offload_param=null"], where="ds.check"),
+    "non_finite_deepspeed_value": Case(
+        ["deepspeed.gradient_clipping=.inf"],
+        ["deepspeed.gradient_clipping: inf is not a finite number", "JSON has no inf/nan"],
+        ["deepspeed.gradient_clipping=1.0"], where="ds.check"),
 }

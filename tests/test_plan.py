@@ -211,7 +211,7 @@ def test_model_specs(tmp_path):
     (["--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "8", "--global-batch", "12"],
      "not a multiple of the 8 data-parallel ranks"),
     (["--model", "7b", "--gpu", "cpu"], "'cpu' ranks have no GPU memory"),
-    (["scenarios/nope.yaml"], "scenario file 'scenarios/nope.yaml' not found"),
+    (["scenarios/nope.yaml"], "scenario file 'scenarios/nope.yaml' does not exist"),
 ])
 def test_bad_input_is_a_clear_error_with_non_zero_exit(args, message):
     result = run_cli("plan", *args)

@@ -229,7 +229,7 @@ def test_wrong_types_in_trainer_sections(override, fragments):
 
 @pytest.mark.parametrize("override,fragments", [
     ("deepspeed.zero_optimization.stage=three", ["deepspeed.zero_optimization.stage", "'three'"]),
-    ("deepspeed.zero_optimization.stage=5", ["deepspeed.zero_optimization.stage", "0, 1, 2, 3", "got 5"]),
+    ("deepspeed.zero_optimization.stage=5", ["deepspeed.zero_optimization.stage", "Input should be 0, 1, 2 or 3 (got 5)"]),
     ("deepspeed.zero_optimization.reduce_bucket_size=-1",
      ["deepspeed.zero_optimization.reduce_bucket_size", "greater than 0", "-1"]),
     ("deepspeed.zero_optimization.allgather_bucket_size=-5e8",

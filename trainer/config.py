@@ -30,6 +30,10 @@ class HardwareConfig:
     nvme_gb: Optional[float] = doc("Local NVMe per node in GB (planner: ZeRO-Infinity budget).", None)
 
 
+# The linear layers of the Llama-style decoders the trainer builds (llama, mistral, qwen2): what LoRA can target.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass
 class LoraConfig:
     enabled: bool = doc("Train LoRA adapters (PEFT) instead of all weights.", False)

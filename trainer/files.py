@@ -1,11 +1,224 @@
-"""Writing output files so that a failure never leaves a half-written or truncated one behind."""
+"""Every input file read safely and every output file written atomically: the one place where the trainer
+touches a user-named file.
+
+Reading: the path must be a regular file (not a directory, a device or a FIFO, which would hang or read
+forever) under a size limit, decoded as UTF-8 (`read_log` alone tolerates bad bytes), and of the top-level type
+the caller expects (a JSON object, a YAML mapping). YAML refuses duplicate keys (PyYAML keeps the last one
+silently) and documents whose aliases expand past a limit ("billion laughs"). Every `OSError` becomes a
+`UserError` that names what the file is for and the path.
+
+Writing: to a temporary file beside the target, then renamed over it, so that a full disk, a file-size limit
+or a crash leaves the old file (or none), never part of the new one.
+"""
 from __future__ import annotations
 
+import json
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from .errors import UserError
+import yaml
+
+from .errors import UserError, short
+
+
+MAX_CONFIG_BYTES = 4 << 20     # a preset, a template, a scenario or a config.json is a few KB
+MAX_LOG_BYTES = 20 << 20       # doctor reads the last 20 MB of a log: the failure is at the end
+MAX_LOG_LINE = 2000            # longer log lines are cut (a progress bar without newlines, a binary blob)
+MAX_YAML_NODES = 100_000       # nodes after alias expansion; a preset has a few hundred
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def regular_file(path: str | Path, what: str) -> Path:
+    """`path` as an existing regular file, or a UserError saying what it is instead."""
+    file = Path(path).expanduser()
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        raise UserError(f"{what} {str(path)!r} does not exist") from None
+    except OSError as err:
+        raise UserError(f"{what} {path}: cannot read it ({err.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{what} {path} is a directory: give a file")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{what} {path} is not a regular file (a device, a FIFO or a socket): give a file")
+    return file
+
+
+def read_bytes(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, tail: bool = False) -> bytes:
+    """The file's bytes; over `max_bytes` it is refused, or with tail=True only its last `max_bytes` are read."""
+    file = regular_file(path, what)
+    try:
+        with open(file, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes and not tail:
+                raise UserError(f"{what} {path} is {size:,} bytes, over the {max_bytes:,} a {what} may have: "
+                                f"is it the right file?")
+            if size > max_bytes:
+                handle.seek(size - max_bytes)
+            return handle.read(max_bytes + 1)[:max_bytes]  # a file that grows while read is cut, not read on
+    except OSError as err:
+        raise UserError(f"{what} {path}: cannot read it ({err.strerror})") from None
+
+
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, allow_empty: bool = False) -> str:
+    """A UTF-8 text file (a config a person wrote): binary content, bad UTF-8 and (unless allowed) an empty or
+    blank file are refused, each naming `what` and the path."""
+    data = read_bytes(path, what, max_bytes)
+    if b"\0" in data:
+        raise UserError(f"{what} {path} is a binary file (it holds NUL bytes), not text: is it the right file?")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise UserError(f"{what} {path} line {line}: not UTF-8 text (byte {data[err.start]:#04x} at offset "
+                        f"{err.start}); save it as UTF-8") from None
+    if not text.strip() and not allow_empty:
+        raise UserError(f"{what} {path} is empty")
+    return text
+
+
+def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict:
+    """A JSON file whose top level is an object; NaN/Infinity (not JSON, though Python writes them) refused."""
+    text = read_text(path, what, max_bytes)
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{what} {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") from None
+    except ValueError as err:
+        raise UserError(f"{what} {path}: {err}") from None
+    except RecursionError:
+        raise UserError(f"{what} {path}: nested too deeply to be a config") from None
+    return _expect_mapping(value, what, path, "a JSON object ({...})")
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number; write a finite number")
+
+
+def read_yaml_mapping(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, hint: str = "") -> dict:
+    """A YAML file whose top level is a mapping (`key: value` lines), read with `parse_yaml`'s checks."""
+    value = parse_yaml(read_text(path, what, max_bytes), f"{what} {path}")
+    return _expect_mapping(value, what, path, hint or "a mapping of `key: value` lines")
+
+
+def _expect_mapping(value: Any, what: str, path, expected: str) -> dict:
+    if not isinstance(value, dict):
+        raise UserError(f"{what} {path}: the top level is {_kind(value)} {short(value, 60)}, but a {what} is "
+                        f"{expected}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            type(None): "empty"}.get(type(value), type(value).__name__)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def read_log(path: str | Path, max_bytes: int = MAX_LOG_BYTES) -> str:
+    """A run's log for `doctor`: the last `max_bytes` (the failure is at the end), bad bytes replaced, control
+    characters dropped, lines over MAX_LOG_LINE cut; an empty log and a binary file are named as such."""
+    data = read_bytes(path, "log file", max_bytes, tail=True)
+    if not data.strip():
+        raise UserError(f"log file {path} is empty: give the failed run's log (stdout and stderr of every rank)")
+    head = data[:8192]
+    if head.count(b"\0") > len(head) // 10:
+        raise UserError(f"log file {path} is a binary file, not a log: give the failed run's text log")
+    text = _CONTROL.sub("", data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n"))
+    return "\n".join(_cut(line) for line in text.split("\n"))
+
+
+def _cut(line: str) -> str:
+    if len(line) <= MAX_LOG_LINE:
+        return line
+    return f"{line[:MAX_LOG_LINE]} ... [{len(line) - MAX_LOG_LINE:,} more characters cut]"
+
+
+# --- YAML ----------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads 5e8 and 1e-4 as floats (YAML 1.1 wants a dot), as JSON and DeepSpeed users write
+    them; refuses duplicate keys and documents that expand past MAX_YAML_NODES through aliases."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node)
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        _refuse_duplicate_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+class _YamlProblem(Exception):
+    """A document PyYAML would accept but we refuse; the message is completed with the source."""
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *base` merges may be overridden; complex keys are rare and compared by PyYAML
+        key = key_node.value
+        if key in seen:
+            raise _YamlProblem(f"line {key_node.start_mark.line + 1}: duplicate key {short(key, 60)} (first at "
+                               f"line {seen[key] + 1}); YAML would silently keep only the last one: merge them")
+        seen[key] = key_node.start_mark.line
+
+
+def _expanded_size(root) -> int:
+    """Nodes of the document with every alias expanded (what a deep copy or a message would build), counted
+    once per distinct node; a recursive alias or more than MAX_YAML_NODES is refused."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in active:
+            raise _YamlProblem(f"line {node.start_mark.line + 1}: an alias refers to itself (a recursive structure)")
+        active.add(id(node))
+        children = node.value if isinstance(node, yaml.SequenceNode) else (
+            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        total = 1 + sum(size(child) for child in children)
+        active.discard(id(node))
+        if total > MAX_YAML_NODES:
+            raise _YamlProblem(f"its aliases expand to more than {MAX_YAML_NODES:,} values (an alias bomb?); "
+                               f"write the values out")
+        sizes[id(node)] = total
+        return total
+
+    return size(root) if root is not None else 0
+
+
+def parse_yaml(text: str, source: str = "<text>") -> Any:
+    """YAML text as data, or a UserError naming `source` (a file, a `--set` item) and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except _YamlProblem as err:
+        raise UserError(f"{source}: {err}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{source}: not valid YAML: {short(str(err), 400)}") from None
+    except RecursionError:
+        raise UserError(f"{source}: nested too deeply to be a config") from None
+
+
+# --- writing -------------------------------------------------------------------------------------
 
 
 def check_target(target: str, flag: str = "-o") -> Path:
@@ -15,6 +228,11 @@ def check_target(target: str, flag: str = "-o") -> Path:
         raise UserError(f"{flag} {target!r}: " + ("a directory" if target else "empty") + "; give a file path")
     if not path.parent.is_dir():
         raise UserError(f"{flag} {target}: directory {path.parent} does not exist")
+    if path.exists() and not path.is_file():  # /dev/full, a FIFO: the rename would replace the device node
+        raise UserError(f"{flag} {target}: not a regular file (a device or a FIFO); give a file path, or '-' "
+                        f"where the command prints to stdout")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"{flag} {target}: directory {path.parent} is not writable")
     return path
 
 
@@ -29,6 +247,7 @@ def write_text_atomic(target: str, text: str, flag: str = "-o") -> Path:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())
+            os.chmod(tmp, _mode_for(path))  # mkstemp makes 0600; a replaced file keeps its mode
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
@@ -36,3 +255,21 @@ def write_text_atomic(target: str, text: str, flag: str = "-o") -> Path:
     except OSError as err:
         raise UserError(f"{flag} {target}: cannot write it ({err.strerror}); nothing was written") from None
     return path
+
+
+def _mode_for(path: Path) -> int:
+    if path.exists():
+        return stat.S_IMODE(path.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def finite_json(value: Any, flag: str = "-o") -> str:
+    """JSON text of `value`, refusing NaN/Infinity (Python's json writes them; no JSON reader accepts them)."""
+    try:
+        return json.dumps(value, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise UserError(f"{flag}: the config holds a non-finite number (inf or nan), which JSON cannot hold") \
+            from None
+

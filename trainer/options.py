@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import sys
 
-from .presets import load_preset
+from .presets import blamed, load_preset, preset_path
 from .resolve import Resolved, resolve
 
 
@@ -26,7 +26,8 @@ def load_and_resolve(args) -> Resolved:
     # YAML/JSON that `show` and `export -o -` print, so it can be piped into a file.
     with contextlib.redirect_stdout(sys.stderr):
         config = load_preset(args.preset, args.overrides)
-        return resolve(config, args.world_size)
+        with blamed(str(preset_path(args.preset)), args.overrides):
+            return resolve(config, args.world_size)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,17 +11,15 @@ checked against the installed DeepSpeed by `trainer.ds` during resolution.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 import re
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from . import strict
 from .config import Config
-from .errors import UserError, closest
+from .errors import ConfigError, UserError, clip, closest
+from .files import parse_yaml, read_json_object, read_yaml_mapping
 from .redact import resolve_env_refs
 
 
@@ -30,41 +28,26 @@ PRESET_DIR = REPO_ROOT / "presets"
 TEMPLATE_DIR = PRESET_DIR / "deepspeed"
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads 5e8 and 1e-4 as floats (YAML 1.1 wants a dot), as JSON and DeepSpeed users write them."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def parse_yaml(text: str, source: str = "<text>") -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
-        raise UserError(f"{source}: not valid YAML: {err}") from None
-
-
 def list_presets() -> list[tuple[str, str]]:
     """(name, description) of every shipped preset, sorted by name."""
     rows = []
     for path in sorted(PRESET_DIR.glob("*.yaml")):
-        raw = parse_yaml(path.read_text(), str(path)) or {}
+        raw = read_yaml_mapping(path, "preset")
         rows.append((path.stem, str(raw.get("description", ""))))
     return rows
 
 
 def preset_path(name_or_path: str) -> Path:
     """A shipped preset name (`70b_8xa100`) or a path to a YAML file."""
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path
     shipped = PRESET_DIR / f"{name_or_path}.yaml"
-    if shipped.exists():
+    if "/" not in name_or_path and shipped.is_file():
         return shipped
+    if path.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        raise UserError(f"preset file {name_or_path!r} does not exist; `python -m trainer presets` lists the "
+                        f"shipped ones")
     names = [p.stem for p in PRESET_DIR.glob("*.yaml")]
     raise UserError(
         f"unknown preset {name_or_path!r}{closest(name_or_path, names)}; "
@@ -72,15 +55,31 @@ def preset_path(name_or_path: str) -> Path:
 
 
 def load_template(name: str) -> dict:
-    """A shared DeepSpeed JSON template from presets/deepspeed/ (by file name)."""
-    path = TEMPLATE_DIR / name
-    if not path.exists():
-        known = [p.name for p in TEMPLATE_DIR.glob("*.json")]
-        raise UserError(f"deepspeed_template {name!r} not found in {TEMPLATE_DIR}{closest(name, known)}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON: {err}") from None
+    """A shared DeepSpeed JSON template: a file name in presets/deepspeed/, or a path to a .json file."""
+    return read_json_object(template_path(name), "deepspeed_template")
+
+
+def template_path(name: str) -> Path:
+    """A bare file name is looked up in presets/deepspeed/ only (`../` cannot climb out of it); anything with a
+    directory part is a path the user wrote on purpose (relative to the current directory) and must be .json."""
+    if "/" not in name and name not in ("", ".", ".."):
+        path = TEMPLATE_DIR / name
+        if not path.is_file():
+            known = [p.name for p in TEMPLATE_DIR.glob("*.json")]
+            raise UserError(f"deepspeed_template {name!r} not found in {TEMPLATE_DIR}{closest(name, known)}; "
+                            f"known: {', '.join(sorted(known))} (or give a path to a .json file)")
+        return path
+    path = Path(name).expanduser()
+    if path.suffix != ".json":
+        raise UserError(f"deepspeed_template {name!r}: a path must name a DeepSpeed .json file (or give a file name "
+                        f"from {TEMPLATE_DIR})")
+    return path
+
+
+def template_source(name: str) -> str:
+    """What `deepspeed_template` records after loading: the shipped name, or the absolute path that was read."""
+    path = template_path(name)
+    return name if path.parent == TEMPLATE_DIR else str(path.resolve())
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -102,35 +101,76 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     raw = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise UserError(f"--set {item!r}: expected section.key=value, e.g. --set train.lr=1e-4")
+            raise UserError(f"--set {clip(item, 100)!r}: expected section.key=value, e.g. --set train.lr=1e-4")
         dotted, text = item.split("=", 1)
         keys = dotted.strip().split(".")
         if not all(keys):
-            raise UserError(f"--set {item!r}: empty key in {dotted!r}")
+            raise UserError(f"--set {clip(item, 100)!r}: empty key in {clip(dotted, 100)!r}")
         node = raw
         for key in keys[:-1]:
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
-                raise UserError(f"--set {item!r}: {key!r} holds a value, not a section")
+                raise UserError(f"--set {clip(item, 100)!r}: {key!r} holds a value, not a section")
             node = child
-        node[keys[-1]] = parse_yaml(text, f"--set {item}")
+        node[keys[-1]] = parse_yaml(text, f"--set {clip(item, 100)}")
     return raw
 
 
 def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config:
     """Read a preset (plus its template and `--set` overrides) into a typed, not yet resolved Config."""
     path = preset_path(name_or_path)
-    raw = parse_yaml(path.read_text(), str(path)) or {}
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: a preset is a mapping of sections (hardware, model, data, train, deepspeed, logging)")
+    raw = read_yaml_mapping(path, "preset", hint="a mapping of sections (hardware, model, data, train, deepspeed, "
+                                                 "logging)")
     raw = apply_overrides(raw, overrides or [])
     resolve_env_refs(raw)
     raw.setdefault("name", path.stem)
     template = raw.get("deepspeed_template")
     section = raw.get("deepspeed")
-    if isinstance(template, str) and (section is None or isinstance(section, dict)):  # else reported below
-        raw["deepspeed"] = deep_merge(load_template(template), section or {})
-    return config_from_dict(raw, source=str(path))
+    with blamed(str(path), overrides or []):
+        if isinstance(template, str) and (section is None or isinstance(section, dict)):  # else reported below
+            raw["deepspeed"] = deep_merge(load_template(template), section or {})
+            raw["deepspeed_template"] = template_source(template)
+        return config_from_dict(raw, source=str(path))
+
+
+def set_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys the `--set` items name (`train.max_steps`), for code that must not replace them."""
+    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+
+
+# a problem's first words name its key: "unknown key 'train.x'", "train.lr: ...", "train.lr=-1 must be ..."
+_PROBLEM_KEY = re.compile(r"^(?:unknown key ')?([A-Za-z_][\w.\[\]]*)")
+
+
+def blame_overrides(problem: str, overrides: list[str]) -> str:
+    """`problem` with the `--set` item that wrote its key appended (the last one wins, as in apply_overrides)."""
+    match = _PROBLEM_KEY.match(problem)
+    key = match.group(1).split("[")[0] if match else ""
+    for item in reversed(overrides):
+        dotted = item.split("=", 1)[0].strip()
+        if key and (key == dotted or key.startswith(dotted + ".")):
+            return f"{problem} (from --set {clip(item.strip(), 100)})"
+    return problem
+
+
+@contextlib.contextmanager
+def blamed(path: str, overrides: list[str]):
+    """Problems of a preset read with `--set` items say which came from which item, and the source names the
+    preset file only for the rest: a `--set` mistake is not blamed on the file."""
+    try:
+        yield
+    except ConfigError as err:
+        problems = [blame_overrides(p, overrides) for p in err.problems]
+        from_set = sum("(from --set " in p or p.startswith("--") for p in problems)  # --world-size too
+        source = "the command line" if from_set == len(problems) else path + (" and the command line" if from_set
+                                                                              else "")
+        raise ConfigError(problems, source) from None
+    except UserError as err:
+        text = str(err)
+        if text.startswith("deepspeed_template"):
+            text = blame_overrides(text, overrides)
+            raise UserError(text if "(from --set" in text else f"{path}: {text}") from None
+        raise
 
 
 def config_from_dict(raw: dict, source: str = "<dict>") -> Config:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import ds as dsc
 from .config import AUTO, Config
-from .errors import ConfigError
+from .errors import ConfigError, closest
 from .hardware import GPUS
 from .redact import redact
 from .rules import check_rules, notices
@@ -79,10 +79,13 @@ def launcher_world_size() -> int | None:
 
 
 def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Resolved:
-    world = world_size or declared_world_size(cfg)
+    cfg = _canonical_gpu_name(cfg)
+    world = declared_world_size(cfg) if world_size is None else world_size  # an explicit 0 is an error, not "unset"
     problems = check_values(cfg)
     if world < 1:
-        problems.append(f"world size {world} must be >= 1")
+        problems.append(f"--world-size {world}: the world size must be >= 1 (or leave the flag out: "
+                        f"hardware.nodes x hardware.gpus_per_node)" if world_size is not None else
+                        f"world size {world} must be >= 1")
     problems += dsc.check_keys(cfg.deepspeed, typed=False)
     if problems:  # the steps below assume well-typed input
         raise ConfigError(problems, source or cfg.name)
@@ -99,11 +102,20 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
     return Resolved(resolved, world, batch, notices(resolved, ds, world))
 
 
+def _canonical_gpu_name(cfg: Config) -> Config:
+    """hardware.gpu as the planner reads it: case does not matter (`A100-80G` is `a100-80g`)."""
+    name = cfg.hardware.gpu
+    if isinstance(name, str) and name not in GPUS and name.lower() in GPUS:
+        return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, gpu=name.lower()))
+    return cfg
+
+
 def check_values(cfg: Config) -> list[str]:
     """Impossible values in the trainer's own sections (types were checked when the preset was read)."""
     m, d, t, h = cfg.model, cfg.data, cfg.train, cfg.hardware
     checks = [
-        (h.gpu in GPUS, f"hardware.gpu: unknown GPU type {h.gpu!r}; known: {', '.join(GPUS)}"),
+        (h.gpu in GPUS, f"hardware.gpu: unknown GPU type {h.gpu!r}{closest(str(h.gpu).lower(), GPUS)}; "
+                        f"known: {', '.join(GPUS)}"),
         (h.gpus_per_node >= 1, f"hardware.gpus_per_node={h.gpus_per_node} must be >= 1"),
         (h.nodes >= 1, f"hardware.nodes={h.nodes} must be >= 1"),
         (m.hidden_size > 0 and m.num_layers > 0 and m.num_heads > 0 and m.intermediate_size > 0 and m.vocab_size > 0,
@@ -150,6 +162,10 @@ def check_values(cfg: Config) -> list[str]:
          "model.lora.enabled needs pretrained weights: set model.name_or_path (LoRA on a random model learns nothing)"),
     ]
     problems = [message for ok, message in checks if not ok]
+    if h.gpu in GPUS and t.precision == "bf16" and not GPUS[h.gpu].bf16:  # before the DeepSpeed bf16 block's view
+        problems.append(f"train.precision=bf16: bf16 is enabled but {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) "
+                        f"has no bf16; use "
+                        f"train.precision=fp16 with an fp16 block (dynamic loss scaling), as in preset 7b_2xv100")
     for key in ("micro_batch_size", "grad_accum", "global_batch_size"):
         value = getattr(t, key)
         if isinstance(value, str) and value != AUTO:

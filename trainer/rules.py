@@ -23,6 +23,9 @@ says what it would do, which is why each is an error here.
 | activation_checkpointing block needs model.gradient_checkpointing | the block does nothing alone |
 | train.min_lr > 0 needs WarmupCosineLR | WarmupDecayLR decays to 0 regardless |
 | gradient checkpointing turns the model's use_cache off | transformers warns every step (a notice here) |
+| AutoTP size divides the attention and KV heads | shards unevenly or fails at engine start |
+| LoRA target_modules name modules of the model | PEFT fails at model build, after data preparation |
+| legacy zero_optimization.cpu_offload / cpu_offload_param | honoured with a warning (checked in ds.check_keys) |
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from typing import Callable
 
 from . import ds as dsc
 from . import hardware
-from .config import Config
+from .config import LORA_TARGETS, Config
+from .errors import closest
 
 
 Rule = Callable[[Config, dict, int], list[str]]
@@ -134,11 +138,31 @@ def min_lr_needs_cosine(cfg: Config, ds: dict, world: int) -> list[str]:
     return []
 
 
+def autotp_shards_heads(cfg: Config, ds: dict, world: int) -> list[str]:
+    tp, m = dsc.autotp_size(ds), cfg.model
+    kv = m.num_kv_heads or m.num_heads
+    if tp > 1 and (m.num_heads % tp or kv % tp):
+        fits = [d for d in range(1, kv + 1) if kv % d == 0 and m.num_heads % d == 0 and world % d == 0]
+        return [f"deepspeed.tensor_parallel.autotp_size={tp} cannot shard model.num_heads={m.num_heads} and "
+                f"num_kv_heads={kv} evenly (AutoTP gives every rank whole heads): use one of {fits}"]
+    return []
+
+
+def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return []
+    if not lora.target_modules:
+        return [f"model.lora.target_modules is empty: LoRA would train nothing; name some of {', '.join(LORA_TARGETS)}"]
+    return [f"model.lora.target_modules: {name!r} names no module of the model{closest(name, LORA_TARGETS)}; "
+            f"its linear layers are {', '.join(LORA_TARGETS)}" for name in lora.target_modules if name not in LORA_TARGETS]
+
+
 RULES: list[Rule] = [
     offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, bf16_needs_hardware,
     cpu_ranks_precision, round_robin_needs_stage_1_2,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, ds_checkpointing_needs_model_flag,
-    min_lr_needs_cosine,
+    min_lr_needs_cosine, autotp_shards_heads, lora_targets_exist,
 ]
 
 
@@ -149,6 +173,8 @@ def check_rules(cfg: Config, ds: dict, world: int) -> list[str]:
 def notices(cfg: Config, ds: dict, world: int) -> list[str]:
     """Things the user should know that are not errors."""
     out = []
+    if cfg.deepspeed_template and "/" in cfg.deepspeed_template:  # presets.template_source: read from a path
+        out.append(f"deepspeed_template read from {cfg.deepspeed_template} (not presets/deepspeed/)")
     if cfg.model.gradient_checkpointing:
         out.append("gradient checkpointing is on: the model's use_cache is turned off for training")
     if cfg.model.trust_remote_code:

@@ -4,11 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import yaml
 
-from .errors import UserError
+from .files import check_target, finite_json, write_text_atomic
 from .options import add_preset_arguments, load_and_resolve
 from .presets import list_presets
 
@@ -55,15 +54,14 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def export(args) -> int:
+    if args.output != "-":
+        check_target(args.output)  # before the work: a bad -o is reported first, and alone
     resolved = load_and_resolve(args)
-    text = json.dumps(resolved.ds, indent=2) + "\n"
+    text = finite_json(resolved.ds)
     if args.output == "-":
         sys.stdout.write(text)
         return 0
-    out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise UserError(f"-o {args.output}: directory {out.parent} does not exist")
-    out.write_text(text)
+    out = write_text_atomic(args.output, text)
     print(f"wrote {out} (world size {resolved.world_size}, ZeRO stage {resolved.summary()['zero_stage']})",
           file=sys.stderr)
     return 0

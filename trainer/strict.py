@@ -3,10 +3,11 @@ every problem collected, none raised half-way. Presets and the planner's scenari
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any
 
-from .errors import ConfigError, closest
+from .errors import ConfigError, closest, short
 
 
 def from_dict(cls, raw: Any, source: str = "<dict>"):
@@ -20,7 +21,7 @@ def from_dict(cls, raw: Any, source: str = "<dict>"):
 
 def build(cls, data: Any, path: str, problems: list[str]):
     if not isinstance(data, dict):
-        problems.append(f"{path or 'top level'}: expected a mapping, got {type(data).__name__} {data!r}")
+        problems.append(f"{path or 'top level'}: expected a mapping, got {type(data).__name__} {short(data)}")
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -28,7 +29,7 @@ def build(cls, data: Any, path: str, problems: list[str]):
     for key in data:
         if key not in names:
             where = f"{path}.{key}" if path else key
-            hint = f" ({renamed[key]})" if key in renamed else closest(str(key), names)
+            hint = f" ({renamed[key]})" if key in renamed else _suggestion(str(key), names)
             problems.append(f"unknown key '{where}'{hint}")
     values = {}
     for name in names:
@@ -39,6 +40,24 @@ def build(cls, data: Any, path: str, problems: list[str]):
     except TypeError as err:  # only reachable if a conversion above let a bad value through
         problems.append(f"{path}: {err}")
         return cls()
+
+
+# Names other tools use for our keys (HF Trainer, DeepSpeed): too far apart for a spelling match.
+OTHER_NAMES = {"learning_rate": "lr", "gradient_accumulation_steps": "grad_accum",
+               "gradient_accumulation": "grad_accum", "train_micro_batch_size_per_gpu": "micro_batch_size",
+               "per_device_train_batch_size": "micro_batch_size", "batch_size": "micro_batch_size",
+               "train_batch_size": "global_batch_size", "gradient_clipping": "grad_clip", "max_grad_norm": "grad_clip",
+               "warmup": "warmup_steps", "num_steps": "max_steps", "steps": "max_steps", "adam_epsilon": "eps",
+               "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+               "num_key_value_heads": "num_kv_heads", "model_type": "family", "model_name_or_path": "name_or_path",
+               "max_seq_length": "seq_len", "max_length": "seq_len", "dataset": "source", "seed_value": "seed"}
+
+
+def _suggestion(key: str, names: list[str]) -> str:
+    other = OTHER_NAMES.get(key.lower())
+    if other in names:
+        return f" (did you mean '{other}'?)"
+    return closest(key, names)
 
 
 def convert(tp, value: Any, path: str, problems: list[str]):
@@ -56,18 +75,18 @@ def convert(tp, value: Any, path: str, problems: list[str]):
             converted = convert(option, value, path, trial)
             if not trial:
                 return converted
-        problems.append(f"{path}: {value!r} is not {_type_name(tp)}")
+        problems.append(f"{path}: {short(value)} is not {_type_name(tp)}")
         return value
     if origin is typing.Literal:
         if value not in args:
-            problems.append(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
+            problems.append(f"{path}: {short(value)} is not one of {', '.join(map(repr, args))}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            problems.append(f"{path}: expected a list, got {value!r}")
+            problems.append(f"{path}: expected a list, got {short(value)}")
             return value
         if origin is tuple and len(value) != len(args):
-            problems.append(f"{path}: expected {len(args)} values, got {len(value)}: {value!r}")
+            problems.append(f"{path}: expected {len(args)} values, got {len(value)}: {short(value)}")
             return value
         items = args if origin is tuple else [args[0]] * len(value)
         converted = [convert(t, v, f"{path}[{i}]", problems) for i, (t, v) in enumerate(zip(items, value))]
@@ -78,30 +97,32 @@ def convert(tp, value: Any, path: str, problems: list[str]):
 def _convert_scalar(tp, value: Any, path: str, problems: list[str]):
     if tp is type(None):
         if value is not None:
-            problems.append(f"{path}: expected null, got {value!r}")
+            problems.append(f"{path}: expected null, got {short(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            problems.append(f"{path}: expected true/false, got {value!r}")
+            problems.append(f"{path}: expected true/false, got {short(value)}")
         return value
     if tp is int:
         if isinstance(value, float) and value.is_integer():
             return int(value)  # 5e8 written in YAML/JSON
         if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{path}: expected an integer, got {value!r}")
+            problems.append(f"{path}: expected an integer, got {short(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{path}: expected a number, got {value!r}")
+            problems.append(f"{path}: expected a number, got {short(value)}")
             return value
+        if not math.isfinite(value):  # .inf / .nan in YAML: no DeepSpeed JSON or schedule can hold it
+            problems.append(f"{path}: {value} is not a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            problems.append(f"{path}: expected a string, got {value!r}")
+            problems.append(f"{path}: expected a string, got {short(value)}")
         return value
     if tp is dict:
         if not isinstance(value, dict):
-            problems.append(f"{path}: expected a mapping, got {value!r}")
+            problems.append(f"{path}: expected a mapping, got {short(value)}")
         return value
     problems.append(f"{path}: unsupported type {tp}")  # a schema bug, not a user error
     return value

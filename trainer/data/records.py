@@ -93,7 +93,13 @@ def _read_file(path: Path) -> datasets.Dataset:
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_txt, ".parquet": _read_parquet}
     if path.suffix not in readers:
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; use {', '.join(FILE_FORMATS)}")
-    return readers[path.suffix](path)
+    if not path.is_file():  # a FIFO or a device would block or never end
+        raise DataError(f"{path}: not a regular file (a FIFO, a device or a socket); give a data file")
+    try:
+        return readers[path.suffix](path)
+    except OSError as e:  # unreadable (permissions, an I/O error, a file removed while read)
+        raise DataError(f"{path}: cannot read it ({e.strerror or e}); check data.source and its permissions") \
+            from None
 
 
 def _read_jsonl(path: Path) -> datasets.Dataset:

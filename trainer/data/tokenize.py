@@ -13,6 +13,7 @@ from typing import Any
 
 import datasets
 
+from ..errors import clip
 from ..config import DataConfig, ModelConfig
 from ..presets import REPO_ROOT
 from .records import IGNORE_INDEX, ORIGIN, DataError, looks_like_path, visible_columns
@@ -30,9 +31,9 @@ def load_tokenizer(model_cfg: ModelConfig):
         raise DataError(f"tokenizer {path!r}: no such directory; fix model.tokenizer / model.name_or_path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot load a tokenizer from {path!r}: {e}; check model.tokenizer / "
-                        f"model.name_or_path") from e
+    except Exception as e:  # noqa: BLE001 - a broken tokenizer.json fails in Rust with a bare Exception or KeyError
+        raise DataError(f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {clip(str(e), 300)}); check "
+                        f"model.tokenizer / model.name_or_path point at a complete tokenizer directory") from e
     if tokenizer.eos_token is None:
         raise DataError(f"tokenizer {path!r} has no eos_token; samples need one to end on")
     if tokenizer.pad_token is None:

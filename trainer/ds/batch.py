@@ -62,10 +62,17 @@ def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[B
         micro = 1
     if total is None:
         total = micro * accum * dp
-    elif micro is None:
-        micro = total // (accum * dp)
-    elif accum is None:
-        accum = total // (micro * dp)
+    elif micro is None or accum is None:
+        given, given_key = (accum, "grad_accum") if micro is None else (micro, "micro_batch_size")
+        per_step = given * dp
+        if total % per_step:  # the solved value would be a fraction (or 0): say so rather than show it
+            problems.append(
+                f"batch triad: global_batch_size {total} is not a multiple of {given_key} {given} x data-parallel "
+                f"size {dp} = {per_step} (world size {world_size}, autotp_size {tp}), so "
+                f"{'micro_batch_size' if micro is None else 'grad_accum'} cannot be solved: use a global_batch_size "
+                f"of {max(per_step, total // per_step * per_step)}, or another {given_key}")
+            return None
+        micro, accum = (total // per_step, accum) if micro is None else (micro, total // per_step)
     if min(micro, accum, total) < 1 or micro * accum * dp != total:
         problems.append(
             f"batch triad inconsistent: global_batch_size {total} != micro_batch_size {micro} x grad_accum {accum} "

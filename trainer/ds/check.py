@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import re
 
-from ..errors import closest
+from ..errors import closest, short
 from .keys import zero
 
 
@@ -119,6 +121,7 @@ def check_keys(ds: dict, typed: bool = True) -> list[str]:
     for sub, message in _REMOVED_ZERO_CONFIG_KEYS.items():
         if isinstance(ds.get("zero_optimization"), dict) and sub in zero(ds):
             problems.append(f"deepspeed.zero_optimization.{sub}: {message}")
+    problems += _non_finite(ds, "deepspeed")
     problems += _check_pydantic_blocks(ds, strict=typed)
     problems += _check_optimizer(ds)
     problems += _check_scheduler(ds)
@@ -141,19 +144,66 @@ def _check_pydantic_blocks(ds: dict, strict: bool) -> list[str]:
         if not isinstance(block, dict):
             problems.append(f"deepspeed.{key}: expected a mapping, got {block!r}")
             continue
+        problems += _deprecated_keys(block, model, key)
         if key == "zero_optimization":
             problems += _unknown_model_keys(block, model, "zero_optimization")
         else:
             problems += _unknown_model_keys_flat(block, model, key)
         try:
-            model(strict=strict, **block)  # DeepSpeedConfigModel: strict=False drops "auto" values
+            # deprecated keys are reported above; left in, DeepSpeed would also log its own warning
+            model(strict=strict, **{k: v for k, v in block.items() if k not in _deprecated_names(model)})
         except pydantic.ValidationError as err:
             for e in err.errors():
                 loc = ".".join(str(p) for p in e["loc"])
-                problems.append(f"deepspeed.{key}.{loc}: {e['msg']} (got {e.get('input')!r})")
+                problems.append(f"deepspeed.{key}.{loc}: {_message(e)} (got {short(e.get('input'))})")
         except (TypeError, ValueError, AssertionError) as err:
             problems.append(f"deepspeed.{key}: {err}")
     return _dedupe(problems)
+
+
+def _non_finite(value, path: str) -> list[str]:
+    """inf/nan anywhere: DeepSpeed's JSON (and the exported file) cannot hold them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{path}: {value} is not a finite number (JSON has no inf/nan); write a number"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{path}[{i}]")]
+    return []
+
+
+def _deprecated_keys(block: dict, model, path: str) -> list[str]:
+    """Keys DeepSpeed still honours with only a deprecation warning (zero_optimization.cpu_offload, ...): the
+    trainer's offload rules, the planner and the linter read the new keys, so the old ones are refused."""
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig
+    )
+    problems = []
+    nested = {"offload_optimizer": DeepSpeedZeroOffloadOptimizerConfig, "offload_param": DeepSpeedZeroOffloadParamConfig}
+    for name in sorted(_deprecated_names(model) & set(block)):
+        new = model.model_fields[name].json_schema_extra.get("new_param", "its replacement")
+        example = {"cpu_offload": " (e.g. offload_optimizer: {device: cpu})",
+                   "cpu_offload_param": " (e.g. offload_param: {device: cpu})"}.get(name, "")
+        problems.append(f"deepspeed.{path}.{name}: deprecated; DeepSpeed 0.19.8 still honours it with only a "
+                        f"warning, and the trainer's checks read {new}: write {new} instead{example}")
+    for sub, sub_model in nested.items():
+        if path == "zero_optimization" and isinstance(block.get(sub), dict):
+            problems += _deprecated_keys(block[sub], sub_model, f"{path}.{sub}")
+    return problems
+
+
+def _deprecated_names(model) -> set[str]:
+    return {name for name, info in model.model_fields.items()
+            if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("deprecated")}
+
+
+def _message(error: dict) -> str:
+    """pydantic's message, with an enum's repeated values said once ("0, 1, 2, 3 or 3": an alias member)."""
+    expected = (error.get("ctx") or {}).get("expected")
+    if error.get("type") == "enum" and isinstance(expected, str):
+        values = list(dict.fromkeys(v.strip() for v in re.split(r",| or ", expected) if v.strip()))
+        return f"Input should be {', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else error["msg"]
+    return error["msg"]
 
 
 def _unknown_model_keys(block: dict, model, path: str) -> list[str]:

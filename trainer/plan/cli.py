@@ -5,10 +5,10 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 from .. import ds as dsc
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError
+from ..files import check_target, finite_json, write_text_atomic
 from ..hardware import GPUS
 from .decide import make_plan
 from .inference_inputs import inference_inputs_from_args, misplaced_flags
@@ -52,6 +52,8 @@ def plan(args) -> int:
     if args.inference:
         return plan_inference(args)
     # DeepSpeed logs to stdout on import (config validation below imports it): keep stdout for the plan.
+    if args.output is not None:  # '' too
+        check_target(args.output)  # a bad -o is refused before the plan is made
     with contextlib.redirect_stdout(sys.stderr):
         inputs = inputs_from_args(args)
         result = make_plan(inputs, args.output)
@@ -78,8 +80,5 @@ def write_config(ds: dict, output: str) -> None:
     problems = dsc.check_keys(ds)
     if problems:  # a planner bug: the builders produced something DeepSpeed would reject
         raise RuntimeError(f"planned DeepSpeed config has problems: {problems}")
-    out = Path(output)
-    if not out.parent.exists():
-        raise UserError(f"-o {output}: directory {out.parent} does not exist")
-    out.write_text(json.dumps(ds, indent=2) + "\n")
+    out = write_text_atomic(output, finite_json(ds))
     print(f"wrote {out}", file=sys.stderr)

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import ds as dsc
-from ..config import LoraConfig
-from ..errors import ConfigError, UserError, closest
+from ..config import LORA_TARGETS, LoraConfig
+from ..errors import ConfigError, UserError, closest, short
 from ..hardware import GPUS, Gpu, gpu_named
 from ..presets import config_from_dict
 from . import memory as mem
@@ -152,4 +152,10 @@ def _lora_config(value: Any, where: str) -> LoraConfig:
         return LoraConfig()
     if not isinstance(value, dict):
         raise UserError(f"{where}: expected a mapping of model.lora settings (r, alpha, target_modules)")
-    return config_from_dict({"model": {"lora": value}}, source=where).model.lora
+    lora = config_from_dict({"model": {"lora": value}}, source=where).model.lora
+    unknown = [name for name in lora.target_modules if name not in LORA_TARGETS]
+    if unknown or not lora.target_modules:
+        raise UserError(f"{where}.target_modules: {short(unknown or lora.target_modules)} name no module of a "
+                        f"Llama-style model{closest(str(unknown[0]), LORA_TARGETS) if unknown else ''}; its linear "
+                        f"layers are {', '.join(LORA_TARGETS)}")
+    return lora

@@ -2,13 +2,13 @@
 parameter count (a Llama-shaped stand-in with the exact count)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from ..config import ModelConfig
-from ..errors import UserError, closest
+from ..errors import UserError, closest, short
+from ..files import read_json_object
 from ..presets import PRESET_DIR, config_from_dict, list_presets, load_preset
 
 
@@ -97,15 +97,10 @@ SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2")
 
 def model_from_hf_config(path: Path, where: str) -> ModelConfig:
     """A transformers config.json of a Llama-style decoder (llama, mistral, qwen2)."""
-    if not path.is_file():
-        raise UserError(f"{where}: {path} does not exist")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{where}: {path} is not valid JSON: {err}") from None
+    raw = read_json_object(path, f"{where} config.json")
     family = raw.get("model_type")
     if family not in SUPPORTED_FAMILIES:
-        raise UserError(f"{where}: {path} has model_type {family!r}; the planner counts Llama-style decoders "
+        raise UserError(f"{where}: {path} has model_type {short(family)}; the planner counts Llama-style decoders "
                         f"({', '.join(SUPPORTED_FAMILIES)}); give a parameter count with --hidden-size and --num-layers")
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                            "vocab_size") if k not in raw]
@@ -117,7 +112,7 @@ def model_from_hf_config(path: Path, where: str) -> ModelConfig:
 def model_from_hf_fields(raw: dict, where: str) -> ModelConfig:
     """The planner's ModelConfig from a transformers config's fields (config.json, or PretrainedConfig.to_dict())."""
     fields = {ours: raw[theirs] for theirs, ours in HF_FIELDS.items() if raw.get(theirs) is not None}
-    return _checked_model(ModelConfig(**fields), where)
+    return _checked_model(config_from_dict({"model": fields}, source=where).model, where)  # types checked
 
 
 def raw_count_model(count: float, hidden_size: Any, num_layers: Any, flag) -> ModelSpec:

@@ -11,8 +11,12 @@ from typing import Literal, Optional, Union
 
 from .. import strict
 from ..config import LoraConfig, doc
-from ..errors import UserError
-from ..presets import parse_yaml
+from ..errors import UserError, closest
+from ..files import read_yaml_mapping
+from ..presets import REPO_ROOT
+
+
+SCENARIO_DIR = REPO_ROOT / "scenarios"
 
 
 @dataclass
@@ -54,12 +58,13 @@ class Scenario:
 
 def read_scenario(path: str) -> dict:
     """The scenario file's values as a dict, after the strict check (every problem at once, naming the file)."""
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"scenario file {path!r} not found; the shipped ones are in scenarios/ "
-                        f"(e.g. `python -m trainer plan scenarios/seed1_7b_8xa100.yaml`)")
-    raw = parse_yaml(file.read_text(), str(file))
-    if raw is None:
-        raise UserError(f"{file} is empty: a scenario is a mapping of inputs (model, gpu, gpus_per_node, ...)")
+    file = Path(path).expanduser()
+    if not file.exists():
+        shipped = sorted(p.name for p in SCENARIO_DIR.glob("*.yaml"))
+        hint = closest(file.name, shipped)
+        example = f"scenarios/{hint.split(chr(39))[1]}" if hint else f"scenarios/{shipped[0]}" if shipped else ""
+        raise UserError(f"scenario file {path!r} does not exist{hint}; the shipped ones are in {SCENARIO_DIR}"
+                        + (f" (e.g. `python -m trainer plan {example}`)" if example else ""))
+    raw = read_yaml_mapping(file, "scenario file", hint="a mapping of inputs (model, gpu, gpus_per_node, ...)")
     strict.from_dict(Scenario, raw, str(file))
     return raw

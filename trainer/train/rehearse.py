@@ -33,9 +33,12 @@ TINY = REPO_ROOT / "data" / "tiny"
 TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "chat.jsonl"}
 
 
-def rehearsal_config(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
+def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozenset()) -> tuple[Config, list[str]]:
+    """The rehearsal of `cfg`; train settings the user gave with `--set` (`explicit`: dotted keys) are kept, as
+    `--set` outranks everything else (README precedence), the rehearsal's own choices included."""
     on_cpu = not torch.cuda.is_available()
-    run_dir = Path(cfg.train.output_dir).parent / f"rehearse_{cfg.name}"
+    run_dir = Path(cfg.train.output_dir if "train.output_dir" in explicit
+                   else Path(cfg.train.output_dir).parent / f"rehearse_{cfg.name}")
     notices = [f"rehearsal of {cfg.name}: model shrunk to 2 layers, {world_size} rank(s), 6 steps, "
                f"output in {run_dir}"]
     model = shrink_model(cfg, notices)
@@ -48,9 +51,14 @@ def rehearsal_config(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
     if on_cpu and precision != "fp32":
         notices.append(f"{precision} -> fp32 (CPU ranks)")
         precision = "fp32"
-    train = dataclasses.replace(cfg.train, micro_batch_size=2, grad_accum=min(2, cfg.train.grad_accum or 1),
-                                global_batch_size=None, precision=precision, max_steps=6, warmup_steps=2,
-                                eval_every=3, eval_sequences=8, save_every=3, keep_last=2, output_dir=str(run_dir))
+    shrunk = dict(micro_batch_size=2, grad_accum=min(2, cfg.train.grad_accum or 1), global_batch_size=None,
+                  precision=precision, max_steps=6, warmup_steps=2 if "train.max_steps" not in explicit
+                  else min(2, cfg.train.max_steps), eval_every=3, eval_sequences=8, save_every=3,
+                  keep_last=2, output_dir=str(run_dir))
+    kept = sorted(key for key in shrunk if f"train.{key}" in explicit)
+    if kept:
+        notices.append(f"kept from --set: {', '.join(f'train.{k}={getattr(cfg.train, k)}' for k in kept)}")
+    train = dataclasses.replace(cfg.train, **{k: v for k, v in shrunk.items() if k not in kept})
     hardware = dataclasses.replace(cfg.hardware, gpu="cpu" if on_cpu else cfg.hardware.gpu,
                                    gpus_per_node=world_size, nodes=1)
     logging = dataclasses.replace(cfg.logging, wandb_mode="disabled", log_every=1)

@@ -19,7 +19,7 @@ from .. import ranks
 from ..config import Config
 from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
 from ..errors import UserError
-from ..presets import load_preset
+from ..presets import blamed, load_preset, preset_path, set_keys
 from ..redact import redact
 from ..resolve import Resolved, resolve
 from . import checkpoint
@@ -81,8 +81,9 @@ def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | N
     rehearsal_notices: list[str] = []
     if rehearse:
         from .rehearse import rehearsal_config
-        config, rehearsal_notices = rehearsal_config(config, dist.get_world_size())
-    resolved = resolve(config, world_size)
+        config, rehearsal_notices = rehearsal_config(config, dist.get_world_size(), set_keys(overrides))
+    with blamed(str(preset_path(preset)), overrides):
+        resolved = resolve(config, world_size)
     check_world_size(resolved)
     seed_everything(resolved.config.train.seed, rank)
     for notice in rehearsal_notices + resolved.notices:
