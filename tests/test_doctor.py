@@ -236,7 +236,9 @@ def test_cli_text_json_and_exit_codes():
     unknown = run_cli("doctor", "7b_8xa100", "tests/logs/unrecognised.log")
     assert unknown.returncode == 1 and "NOT RECOGNISED" in unknown.stdout and "FileNotFoundError" in unknown.stdout
     missing = run_cli("doctor", "7b_8xa100", "tests/logs/nope.log")
-    assert missing.returncode == 2 and "log file 'tests/logs/nope.log' not found" in missing.stderr
+    assert missing.returncode == 2 and "log file 'tests/logs/nope.log' does not exist" in missing.stderr
+    empty = run_cli("doctor", "7b_8xa100", "/dev/null")
+    assert empty.returncode == 2 and "error:" in empty.stderr and "Traceback" not in empty.stderr
 
 
 def test_the_rerun_command_carries_the_world_size_and_the_launcher():

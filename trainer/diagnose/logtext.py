@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
-from ..errors import UserError
+from .. import files
 
 EVIDENCE_CHARS = 300  # an evidence line longer than this is cut (a 2 kB CUDA OOM message, a launcher argv)
 
@@ -82,7 +81,6 @@ def bounded(line: str, limit: int = EVIDENCE_CHARS) -> str:
 
 
 def read_log(path: str) -> Log:
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"log file {path!r} not found: give the failed run's log or traceback file")
-    return Log.of(file.read_text(errors="replace"))
+    """The log through the one safe reader (a regular text file, its last 20 MB, long lines cut; empty, binary,
+    missing or unreadable logs are named errors)."""
+    return Log.of(files.read_log(path))
