@@ -359,10 +359,10 @@ def refused_cases(root: Path, run_dir: Path) -> dict:
         "chat_without_chat_template": (
             sets("data.task=sft", f"data.source={chat}", f"model.tokenizer={no_template}"),
             [f"{chat}: records (first at {chat} line ", "no chat_template", "model.tokenizer"]),
-        "too_few_sequences_for_a_micro_batch": (  # the eval split holds < 200 sequences of 64 tokens
-            sets("train.micro_batch_size=200"),
-            ["data/tiny/pretrain.jsonl: the eval split has", "train.micro_batch_size=200",
-             "raise data.eval_fraction"]),
+        "too_few_sequences_for_a_micro_batch": (  # the train split holds < 100000 sequences of 64 tokens (eval
+            sets("train.micro_batch_size=100000"),  # needs only one: its set is split over the ranks, any size)
+            ["data/tiny/pretrain.jsonl: the train split has", "train.micro_batch_size=100000",
+             "lower train.micro_batch_size"]),
         "unknown_preset": (
             ["--preset", "tiny_cpux"], ["unknown preset 'tiny_cpux' (did you mean 'tiny_cpu'?)"]),
         "more_ranks_declared_than_running": (  # tiny_cpu declares 2 ranks; a plain `python train.py` runs 1

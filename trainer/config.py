@@ -30,8 +30,11 @@ class HardwareConfig:
     nvme_gb: Optional[float] = doc("Local NVMe per node in GB (planner: ZeRO-Infinity budget).", None)
 
 
-# The linear layers of the Llama-style decoders the trainer builds (llama, mistral, qwen2): what LoRA can target.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# What LoRA can target in the Llama-style decoders (llama, mistral, qwen2): their linear layers, the two ends, and
+# PEFT's "all-linear". Other architectures (a pretrained model of another model_type) are not checked.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
+                "embed_tokens", "all-linear")
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
 
 
 @dataclass

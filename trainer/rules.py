@@ -35,7 +35,7 @@ from typing import Callable
 
 from . import ds as dsc
 from . import hardware
-from .config import LORA_TARGETS, Config
+from .config import LLAMA_LIKE, LORA_TARGETS, Config
 from .errors import closest
 
 
@@ -150,12 +150,27 @@ def autotp_shards_heads(cfg: Config, ds: dict, world: int) -> list[str]:
 
 def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
     lora = cfg.model.lora
-    if not lora.enabled:
+    if not lora.enabled or _model_type(cfg) not in LLAMA_LIKE:
         return []
     if not lora.target_modules:
         return [f"model.lora.target_modules is empty: LoRA would train nothing; name some of {', '.join(LORA_TARGETS)}"]
     return [f"model.lora.target_modules: {name!r} names no module of the model{closest(name, LORA_TARGETS)}; "
-            f"its linear layers are {', '.join(LORA_TARGETS)}" for name in lora.target_modules if name not in LORA_TARGETS]
+            f"targets are {', '.join(LORA_TARGETS)}" for name in lora.target_modules if name not in LORA_TARGETS]
+
+
+def _model_type(cfg: Config) -> str:
+    """The pretrained model's model_type when its config.json is on disk, else model.family (a hub id is assumed
+    to be what the preset says)."""
+    import json
+    from pathlib import Path
+    path = cfg.model.name_or_path
+    config = Path(path).expanduser() / "config.json" if path else None
+    if config is not None and config.is_file():
+        try:
+            return str(json.loads(config.read_text()).get("model_type", cfg.model.family))
+        except (OSError, ValueError, AttributeError):
+            return cfg.model.family
+    return cfg.model.family
 
 
 RULES: list[Rule] = [

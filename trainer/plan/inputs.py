@@ -14,6 +14,9 @@ from .models import ModelSpec, model_from_spec, positive_int
 from .scenario import read_scenario
 
 
+LORA_PROJECTIONS = LORA_TARGETS[:7]  # what plan.memory.lora_params can count (not lm_head, embeddings, all-linear)
+
+
 TASKS = ("pretrain", "full", "lora")
 
 
@@ -153,9 +156,9 @@ def _lora_config(value: Any, where: str) -> LoraConfig:
     if not isinstance(value, dict):
         raise UserError(f"{where}: expected a mapping of model.lora settings (r, alpha, target_modules)")
     lora = config_from_dict({"model": {"lora": value}}, source=where).model.lora
-    unknown = [name for name in lora.target_modules if name not in LORA_TARGETS]
+    unknown = [name for name in lora.target_modules if name not in LORA_PROJECTIONS]
     if unknown or not lora.target_modules:
-        raise UserError(f"{where}.target_modules: {short(unknown or lora.target_modules)} name no module of a "
-                        f"Llama-style model{closest(str(unknown[0]), LORA_TARGETS) if unknown else ''}; its linear "
-                        f"layers are {', '.join(LORA_TARGETS)}")
+        raise UserError(f"{where}.target_modules: {short(unknown or lora.target_modules)} name no module the planner "
+                        f"counts adapters on{closest(str(unknown[0]), LORA_PROJECTIONS) if unknown else ''}: the "
+                        f"projections of a Llama-style layer, {', '.join(LORA_PROJECTIONS)}")
     return lora
