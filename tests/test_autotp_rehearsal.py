@@ -86,7 +86,7 @@ def rehearsals(tmp_path_factory):
 @pytest.mark.parametrize("preset", SHIPPED)
 def test_every_preset_rehearses_saves_and_resumes(rehearsals, preset):
     root, output = rehearsals
-    run = root / preset / f"rehearse_{preset}"
+    run = root / preset / "run"  # train.output_dir given with --set: the rehearsal keeps it (--set outranks it)
     rows, evals = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # 3 steps, stop, resume, 3 more
     assert evals and all(e["eval_loss"] > 0 for e in evals)
