@@ -155,9 +155,9 @@ def apply_lora(model, model_cfg: ModelConfig):
     return get_peft_model(model, peft_config)
 
 
-def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdpa", base: str | None = None):
+def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdpa"):
     """A LoRA adapter directory (PEFT's save_pretrained) merged into its base model: one plain transformers model,
-    what inference and serving engines want. The base is the adapter's own base_model_name_or_path unless given."""
+    what inference and serving engines want. The base is the adapter's own base_model_name_or_path."""
     import json
     from pathlib import Path
 
@@ -165,7 +165,7 @@ def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdp
     from transformers import AutoModelForCausalLM
 
     from .errors import UserError
-    base = base or json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base:
         raise UserError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path: cannot merge the adapter")
     try:

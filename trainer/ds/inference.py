@@ -56,7 +56,7 @@ def nvme_buffer_size(largest_layer: int) -> int:
     return max(MIN_PARAM_BUFFER_SIZE, largest_layer)
 
 
-def init_inference_config(tp: int, dtype: str) -> dict:
-    """The config for `deepspeed.init_inference(model, config=...)`: AutoTP over tp GPUs, no kernel
-    injection (AutoTP's sharding is what the planner prices; kernels would replace the layers)."""
-    return {"tensor_parallel": {"tp_size": tp}, "dtype": dtype, "replace_with_kernel_inject": False}
+def init_inference_config(tp: int, dtype: str, kernel_inject: bool = False) -> dict:
+    """The config for `deepspeed.init_inference(model, config=...)`: AutoTP over tp GPUs; kernel injection only
+    when asked (AutoTP's sharding is what the planner prices; kernels would replace the layers)."""
+    return {"tensor_parallel": {"tp_size": tp}, "dtype": dtype, "replace_with_kernel_inject": kernel_inject}

@@ -21,7 +21,7 @@ from .. import ranks
 from ..data.prompts import Prompt, completion_ids, encode_left_padded, read_prompts, render
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
-from .runner import DTYPES, ZERO_MODES, Runner
+from .runner import Runner
 from .session import add_model_arguments, check_arguments, open_session
 
 
@@ -194,6 +194,3 @@ def write_results(results: list[Result], fmt: str, output: str | None) -> None:
     total = sum(r.tokens for r in results)
     print(f"generated {total} tokens for {len(results)} prompt(s)" + (f"; wrote {output}" if output else ""),
           file=sys.stderr)
-
-
-__all__ = ["DTYPES", "ZERO_MODES", "generate", "generate_arguments", "generate_all"]

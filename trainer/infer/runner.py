@@ -18,17 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from .. import ds as dsc
 from .. import ranks
 from ..errors import UserError
 
 
-log = logging.getLogger(__name__)
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-ZERO_MODES = ("off", "cpu", "nvme")
 
 
 @dataclass
@@ -83,9 +79,10 @@ def check_request(hf_config, tp: int, dtype: str, kernel_inject: bool, zero: str
 
 
 def largest_layer(hf_config) -> int:
-    """The most parameters one module owns (embedding, LM head or an MLP matrix): ZeRO-3's prefetch unit."""
-    h, inter, vocab = hf_config.hidden_size, hf_config.intermediate_size, hf_config.vocab_size
-    return max(vocab * h, h * inter)
+    """The most parameters one module owns (the planner's count): ZeRO-3's prefetch unit."""
+    from ..plan.memory import largest_layer_params
+    from ..plan.models import model_from_hf_fields
+    return largest_layer_params(model_from_hf_fields(hf_config.to_dict(), "--model"))
 
 
 def start_runner(load, hf_config, tp: int, dtype: str, kernel_inject: bool, zero: str,
@@ -107,8 +104,7 @@ def start_runner(load, hf_config, tp: int, dtype: str, kernel_inject: bool, zero
             engine.module.eval()
             return Runner(engine.module, engine.device, f"zero-{zero}", 1, rank, world, engine)
         model = load()
-        engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": tp}, dtype=DTYPES[dtype],
-                                          replace_with_kernel_inject=kernel_inject)
+        engine = deepspeed.init_inference(model, config=dsc.init_inference_config(tp, dtype, kernel_inject))
     device = next(engine.module.parameters()).device
     if tp > 1:
         return Runner(engine.module, device, "tp", tp, 0, 1, engine)
@@ -135,13 +131,3 @@ class _CurrentStderr:
 
     def flush(self) -> None:
         sys.stderr.flush()
-
-
-def all_ranks_agree(flag: bool) -> bool:
-    """True on every rank when `flag` is true on every rank (one tiny all-reduce)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
-    from ..distributed import comm_device
-    value = torch.tensor([0 if flag else 1], device=comm_device())
-    dist.all_reduce(value)
-    return int(value.item()) == 0

@@ -20,8 +20,6 @@ class Session:
     runner: Runner
     tokenizer: Any
     source: ModelSource
-    context: int       # the model's max_position_embeddings
-    dtype: str
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +96,7 @@ def make_session(args, request: Request) -> Session:
     print(f"inference: {runner.mode}, tp {runner.tp}, {runner.replicas} replica(s), {request.dtype}, on "
           f"{runner.device}; deepspeed modules in the model: {deepspeed_modules(runner.module) or 'none'}",
           file=sys.stderr)
-    return Session(runner, request.tokenizer, source, int(request.hf_config.max_position_embeddings), request.dtype)
+    return Session(runner, request.tokenizer, source)
 
 
 def deepspeed_modules(module) -> str:

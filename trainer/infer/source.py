@@ -12,7 +12,6 @@ SRC may be
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -24,11 +23,6 @@ from ..data.records import looks_like_path
 from ..errors import UserError
 from ..presets import REPO_ROOT, config_from_dict
 from ..train import checkpoint
-
-
-log = logging.getLogger(__name__)
-
-EXPORT_INFO = checkpoint.EXPORT_INFO
 
 
 @dataclass
@@ -111,7 +105,7 @@ def _saved_config(raw: dict, where: Path) -> Config:
 def export_step(export: Path) -> int:
     """The step an HF export was written at (exports from before the record count as the newest)."""
     try:
-        return int(json.loads((export / EXPORT_INFO).read_text())["step"])
+        return int(json.loads((export / checkpoint.EXPORT_INFO).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return 1 << 62
 

@@ -403,9 +403,7 @@ def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[
 def export_merged(adapter_dir: Path, tokenizer, merged_dir: Path, peft_model) -> None:
     """The LoRA export merged into its base (read back from disk, so the layout of training does not matter)."""
     from ..model import load_lora_merged
-    dtype = next(peft_model.parameters()).dtype
-    base = getattr(peft_model, "peft_config", {}).get("default")
-    merged = load_lora_merged(str(adapter_dir), dtype, base=getattr(base, "base_model_name_or_path", None))
+    merged = load_lora_merged(str(adapter_dir), next(peft_model.parameters()).dtype)  # base named in the adapter
     merged.save_pretrained(str(merged_dir))
     tokenizer.save_pretrained(str(merged_dir))
     verify_export(merged_dir, merged.state_dict())
