@@ -233,3 +233,21 @@ def test_nvme_and_hpz_bytes():
     assert mem.nvme_offload_bytes(10**9, 1, optimizer=True, params=False) == int(16 * 10**9 * 1.5)
     assert mem.hpz_secondary_bytes(68_976_648_192, 8, "bf16") == int(2 * 68_976_648_192 / 8)
     assert mem.hpz_secondary_bytes(10**9, 1, "bf16") == 0
+
+
+def test_fp32_offload_puts_the_optimizer_states_in_host_ram():
+    """fp32 + CPU offload (e.g. a V100 preset in fp32): what leaves the GPU is counted on the host, per node,
+    with DeepSpeed's 1.5x host factor: 16 bytes per parameter of each rank's partition (gradient partition,
+    fp32 master, Adam moments), +4 with parameters offloaded at stage 3. It used to count nothing there."""
+    P, LL, per_node, nodes = 7_000_000_000, 262_000_000, 2, 2
+    gpus = per_node * nodes
+    zero2 = mem.model_states(P, LL, 2, per_node, nodes, offload_optimizer=True, precision="fp32")
+    assert zero2.gpu_bytes == 4 * P                                     # only the fp32 params stay
+    assert zero2.cpu_bytes == int(16 * P / gpus * per_node * 1.5)
+    zero3 = mem.model_states(P, LL, 3, per_node, nodes, offload_optimizer=True, offload_param=True, precision="fp32")
+    assert zero3.cpu_bytes == int(20 * P / gpus * per_node * 1.5)
+    assert zero3.gpu_bytes == 8 * LL                                    # one gathered module
+    # without offload the host holds what each rank loads before partitioning (one layer under zero.Init)
+    plain = mem.model_states(P, LL, 2, per_node, nodes, precision="fp32")
+    assert plain.cpu_bytes == int(4 * P * per_node * 1.5)
+    assert mem.model_states(P, LL, 3, per_node, nodes, precision="fp32").cpu_bytes == int(4 * LL * per_node * 1.5)

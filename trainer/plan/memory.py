@@ -193,8 +193,8 @@ def model_states(total_params: int, largest_layer: int, stage: int, gpus_per_nod
                  precision: str = "bf16") -> ModelStates:
     """Model-state bytes for one candidate. 16-bit: DeepSpeed's accounting; fp32: `fp32_model_states`."""
     if precision == "fp32":
-        return fp32_model_states(total_params, largest_layer, stage, gpus_per_node * nodes,
-                                 offload_optimizer, offload_param)
+        return fp32_model_states(total_params, largest_layer, stage, gpus_per_node, nodes,
+                                 offload_optimizer, offload_param, zero_init)
     gpus = gpus_per_node * nodes
     if stage == 3:
         cpu, gpu, working = zero3_model_states(total_params, largest_layer, gpus_per_node, nodes,
@@ -219,9 +219,10 @@ def model_states(total_params: int, largest_layer: int, stage: int, gpus_per_nod
     return ModelStates(2 * total_params + gradients + optimizer, cpu, 2 * total_params, gradients, optimizer, 0)
 
 
-def fp32_model_states(total_params: int, largest_layer: int, stage: int, gpus: int,
-                      offload_optimizer: bool, offload_param: bool) -> ModelStates:
-    """fp32 training (CPU ranks): the tensors DeepSpeed 0.19.8 allocates, read in its optimizers.
+def fp32_model_states(total_params: int, largest_layer: int, stage: int, gpus_per_node: int, nodes: int,
+                      offload_optimizer: bool, offload_param: bool, zero_init: bool = True,
+                      additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """fp32 training (CPU ranks, or fp32 on GPUs): the tensors DeepSpeed 0.19.8 allocates, read in its optimizers.
 
     Stage 1/2 (stage_1_and_2.py): the flat fp32 params (4P, whole), the gradient partition
     `grads_in_partition` (4P/G; the fp32 'conversion' in step is the same tensor), the fp32 master
@@ -229,24 +230,35 @@ def fp32_model_states(total_params: int, largest_layer: int, stage: int, gpus: i
     (8P/G). Stage 1 also keeps whole gradients in param.grad (4P). Stage 3 (stage3.py): parameter
     partition `lp_param_buffer` (4P/G), `grad_partitions_flat_buffer` (4P/G), fp32 master partitions
     (4P/G) and moments (8P/G), plus one gathered module's params and grads (8 x largest layer).
-    Stage 0 is plain torch AdamW: params, grads, moments. No 1.5x factor and no CPU-side count:
-    these are compared against what a run holds, not used to size a host.
+    Stage 0 is plain torch AdamW: params, grads, moments. The device side has no 1.5x factor: it is
+    compared against what a run holds.
+
+    Host RAM per node (`cpu_bytes`) is what sizes a host, counted as DeepSpeed's 16-bit estimators count it
+    (x1.5 for pinned buffers and fragmentation): what offloading moves there -- per rank the gradient
+    partition, fp32 master and moments (16P/G), and with parameters offloaded their 4P/G -- for every rank of
+    the node, or the fp32 model each rank loads before partitioning (4P per rank; one layer under zero.Init
+    at stage 3) when that is larger, as `estimate_zero2/3_model_states_mem_needs` count the 16-bit load.
     """
     P, LL = total_params, largest_layer
-    if stage == 0:
-        return ModelStates(16 * P, 0, 4 * P, 4 * P, 8 * P, 0)
+    gpus = gpus_per_node * nodes
     shard = lambda n: int(n * P / gpus)  # noqa: E731 - a one-line helper reads better inline
+    host = lambda per_rank: int(per_rank * gpus_per_node * additional_buffer_factor)  # noqa: E731
+    loaded = host(4 * (LL if stage == 3 and zero_init else P))
+    if stage == 0:
+        return ModelStates(16 * P, loaded, 4 * P, 4 * P, 8 * P, 0)
+    offloaded = (16 * P / gpus if offload_optimizer else 0) + (4 * P / gpus if stage == 3 and offload_param else 0)
+    cpu = max(loaded, host(offloaded))  # the load comes first, then the offloaded states take its place
     if stage in (1, 2):
         params = 4 * P
         gradients = shard(4) + (4 * P if stage == 1 else 0)
         optimizer = 0 if offload_optimizer else shard(12)
         gradients = 0 if offload_optimizer else gradients
-        return ModelStates(params + gradients + optimizer, 0, params, gradients, optimizer, 0)
+        return ModelStates(params + gradients + optimizer, cpu, params, gradients, optimizer, 0)
     working = 8 * LL
     params = 0 if offload_param else shard(4)
     gradients = 0 if offload_optimizer else shard(4)
     optimizer = 0 if offload_optimizer else shard(12)
-    return ModelStates(params + gradients + optimizer + working, 0, params, gradients, optimizer, working)
+    return ModelStates(params + gradients + optimizer + working, cpu, params, gradients, optimizer, working)
 
 
 # --- activations -------------------------------------------------------------------------------
