@@ -168,6 +168,10 @@ def measure_preflight(ctx, prepared, deadline):
     missing = [n for n in ("flash_attn", "liger_kernel") if not prepared["versions"][n]]
     if missing:
         raise RuntimeError(f"{', '.join(missing)} not installed: pip install -e '.[gpu,test]'")
+    started = time.monotonic()
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+    FusedAdamBuilder().load()  # every training item's optimizer: a first JIT build takes a minute, once
+    found["fused_adam_load_s"] = round(time.monotonic() - started, 1)
     return "passed", found, f"{ctx.device_name} x{ctx.gpu_count}, flash-attn {prepared['versions']['flash_attn']}, " \
                             f"liger-kernel {prepared['versions']['liger_kernel']}"
 
@@ -331,28 +335,37 @@ def prepare_kernels(ctx) -> dict:
             "liger_markers": LIGER_KERNEL_MARKERS}
 
 
+NOT_A_PACKAGE_KERNEL = ("aten::", "autograd::", "at::", "pytorch_flash", "cudnn", "Backward")
+
+
 def flash_attn_kernels(names: list[str]) -> list[str]:
-    """Kernels of the flash_attn package (namespace flash::), not PyTorch's own copy (pytorch_flash::) that sdpa runs."""
-    return sorted({n for n in names if "flash" in n.lower() and "pytorch_flash" not in n})
+    """Device kernels of the flash_attn package (flash_fwd_kernel<...>, flash::...), not those sdpa itself runs:
+    PyTorch's copy (pytorch_flash::) and cuDNN's (cudnn_..._flash_...), nor the ops' CPU-side names (aten::)."""
+    return sorted({n for n in names if "flash" in n.lower() and not any(x in n for x in NOT_A_PACKAGE_KERNEL)})
 
 
 def liger_kernels(names: list[str]) -> list[str]:
     """Triton kernels of Liger (plain names such as _rms_norm_forward_kernel), not ATen's (void at::...)."""
-    return sorted({n for n in names if not n.startswith("void ") and "at::" not in n
+    return sorted({n for n in names if not n.startswith("void ") and not any(x in n for x in NOT_A_PACKAGE_KERNEL)
                    and any(m in n.lower() for m in LIGER_KERNEL_MARKERS)})
 
 
 def measure_kernels(ctx, prepared, deadline):
     found = run_worker_item("kernels", prepared, ctx, "kernels", deadline)
-    flash, plain = found["flash_liger"], found["sdpa"]
-    checks = {"attention is flash_attention_2": flash["attention"] == "flash_attention_2",
-              "flash_attn kernels ran": bool(flash["flash_attn_kernels"]),
-              "Liger modules in the model": bool(flash["liger_modules"]),
-              "Liger kernels ran": bool(flash["liger_kernels"]),
-              "the sdpa run had neither": not plain["flash_attn_kernels"] and not plain["liger_kernels"]}
+    checks = kernel_checks(found)
     failed = [k for k, ok in checks.items() if not ok]
     verdict = "all seen" if not failed else "NOT seen: " + "; ".join(failed)
     return ("passed" if not failed else "missed"), {"runs": found, "checks": checks}, verdict
+
+
+def kernel_checks(found: dict) -> dict[str, bool]:
+    """What must have executed in the flash + Liger run, and not in the sdpa run (so the markers mean something)."""
+    flash, plain = found["flash_liger"], found["sdpa"]
+    return {"attention is flash_attention_2": flash["attention"] == "flash_attention_2",
+            "flash_attn kernels ran": bool(flash["flash_attn_kernels"]),
+            "Liger modules in the model": bool(flash["liger_modules"]),
+            "Liger kernels ran": bool(flash["liger_kernels"]),
+            "the sdpa run had neither": not plain["flash_attn_kernels"] and not plain["liger_kernels"]}
 
 
 def kernels_worker(spec: dict) -> dict:
@@ -362,24 +375,30 @@ def kernels_worker(spec: dict) -> dict:
     from trainer.model import build_model
     from trainer.presets import load_preset
     from trainer.resolve import resolve
+    cuda = torch.cuda.is_available()  # CPU: the same plumbing, for a check of the worker itself (no kernels)
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out = {}
     for run in spec["runs"]:
         cfg = resolve(load_preset(PRESET, run["overrides"]), 1).config
         model, _ = build_model(cfg, 0)
-        model = model.to("cuda", torch.bfloat16).train()
-        ids = torch.randint(0, 1000, (1, cfg.data.seq_len), device="cuda")
+        model = model.to(device, dtype).train()
+        ids = torch.randint(0, 1000, (1, cfg.data.seq_len), device=device)
         model(input_ids=ids, labels=ids).loss.backward()  # warm-up: Triton compiles outside the trace
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=activities) as prof:
             model(input_ids=ids, labels=ids).loss.backward()
-            torch.cuda.synchronize()
-        names = [e.key for e in prof.key_averages()]
+            if cuda:
+                torch.cuda.synchronize()
+        kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+        names = [e.key for e in prof.key_averages() if e.device_type == kind]  # what ran on the device
         out[run["name"]] = {"attention": model.config._attn_implementation,
                             "liger_modules": sorted({type(m).__name__ for m in model.modules()
                                                      if type(m).__name__.startswith("Liger")}),
                             "flash_attn_kernels": flash_attn_kernels(names), "liger_kernels": liger_kernels(names),
                             "kernel_count": len(names)}
         del model
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     return out
 
 

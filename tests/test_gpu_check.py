@@ -239,10 +239,32 @@ def test_kernel_names_are_told_apart():
     names = ["void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4>, true>(Flash_fwd_params)",
              "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4>, true>(Flash_fwd_params)",
              "_rms_norm_forward_kernel", "_swiglu_backward_kernel", "liger_cross_entropy_kernel",
-             "void at::native::vectorized_elementwise_kernel<4, at::native::rms_norm_kernel>(int)", "ampere_sgemm"]
-    assert gi.flash_attn_kernels(names) == [names[0]]
+             "void at::native::vectorized_elementwise_kernel<4, at::native::rms_norm_kernel>(int)", "ampere_sgemm",
+             "void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128>>(Flash_bwd_params)",
+             "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", "aten::cross_entropy_loss",
+             "aten::_scaled_dot_product_flash_attention", "ScaledDotProductFlashAttentionBackward0"]
+    assert gi.flash_attn_kernels(names) == sorted([names[0], names[7]])
     assert gi.liger_kernels(names) == ["_rms_norm_forward_kernel", "_swiglu_backward_kernel",
                                        "liger_cross_entropy_kernel"]
+
+
+SHRUNK = ["hardware.gpu=cpu", "train.precision=fp32", "model.hidden_size=64", "model.intermediate_size=128",
+          "model.num_heads=4", "model.num_kv_heads=2", "model.vocab_size=1024", "data.seq_len=64"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels item itself runs this worker")
+def test_the_kernels_worker_on_cpu_sees_no_flash_or_liger_and_the_item_says_so(dry_ctx):
+    """The worker's real plumbing (build_model, profiler, classification) on a shrunk model: on CPU flash-attn and
+    Liger fall back to sdpa and torch, which is exactly what the checks must catch (a silent fallback)."""
+    spec = gi.prepare_kernels(dry_ctx)
+    for run in spec["runs"]:
+        run["overrides"] = run["overrides"] + SHRUNK
+    found = gi.kernels_worker(spec)
+    assert found["flash_liger"]["attention"] == "sdpa" and found["flash_liger"]["kernel_count"] > 10
+    assert found["flash_liger"]["flash_attn_kernels"] == found["flash_liger"]["liger_kernels"] == []
+    checks = gi.kernel_checks(found)
+    assert not checks["attention is flash_attention_2"] and not checks["flash_attn kernels ran"]
+    assert not checks["Liger kernels ran"] and checks["the sdpa run had neither"]
 
 
 def test_pytest_summary_counts():
