@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import platform
 import sys
 import time
@@ -204,8 +205,21 @@ def budget_check(items: tuple[Item, ...] = ITEMS, total: float = TOTAL_BUDGET_S)
 
 # ============================================================================================ report
 
+def finite(value):
+    """`value` with every NaN/inf float replaced by its name as a string: JSON cannot hold them, and a diverged
+    loss must not cost the whole report."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def make_report(rows: list[dict], ctx: Context, started: float, finished: float) -> dict:
     import torch
+    rows = finite(rows)
     return {"schema": SCHEMA, "started": _iso(started), "finished": _iso(finished),
             "duration_s": round(finished - started, 2), "budget_s": TOTAL_BUDGET_S, "dry_run": ctx.dry_run,
             "device": ctx.device_name, "gpu_count": ctx.gpu_count, "host": platform.node(),

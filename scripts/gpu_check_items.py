@@ -310,14 +310,22 @@ def memory_worker(spec: dict) -> dict:
     kernels = kernels_in_use(model)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                           if p.requires_grad], config=resolved.ds)
-    after_init = torch.cuda.memory_allocated()
+    cuda = torch.cuda.is_available()  # CPU: the same steps, for a check of the worker itself (peak RSS instead)
+    after_init = torch.cuda.memory_allocated() if cuda else None
+    losses = []
     for _ in range(3):
         loss = engine(**random_batch(resolved.config, engine.device)).loss
         engine.backward(loss)
         engine.step()
-    torch.cuda.synchronize()
+        losses.append(float(loss))
+    if cuda:
+        torch.cuda.synchronize()
     del hf_ds_config
-    return {"peak_bytes": torch.cuda.max_memory_allocated(), "after_init_bytes": after_init, "kernels": kernels}
+    from trainer.train.metrics import peak_memory_gb
+    return {"peak_bytes": torch.cuda.max_memory_allocated() if cuda else int(peak_memory_gb() * 1e9),
+            "peak_is": "torch.cuda.max_memory_allocated" if cuda else "peak RSS (CPU)",
+            "after_init_bytes": after_init, "kernels": kernels, "losses": losses,
+            "zero_stage": resolved.summary()["zero_stage"]}
 
 
 # ============================================================================================ kernels

@@ -111,6 +111,15 @@ def test_report_schema_and_an_item_that_raises_fails_loudly(tmp_path):
         gc.write_report(report, str(tmp_path))  # a directory
 
 
+def test_a_nan_measurement_does_not_cost_the_report(tmp_path):
+    nan = item("nan", measure=lambda c, p, d: ("missed", {"loss": [1.0, float("nan")], "mfu": float("inf")}, "x"))
+    context = ctx(tmp_path)
+    report = gc.make_report(gc.run_all((nan,), context, gc.parse_args([]), echo=lambda *a, **k: None), context, 0, 1)
+    written = json.loads(gc.write_report(report, str(tmp_path / "r.json")).read_text())
+    assert written["items"][0]["measurements"]["loss"] == [1.0, "nan"]
+    assert written["items"][0]["measurements"]["mfu"] == "inf"
+
+
 def test_exit_codes_missed_only_and_all_passed(tmp_path):
     args = gc.parse_args([])
     missed = gc.run_all((item("a"), item("b", measure=lambda c, p, d: ("missed", {}, "low"))), ctx(tmp_path), args,
