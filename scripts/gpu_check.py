@@ -170,6 +170,7 @@ def run_item(item: Item, ctx: Context, skip_reason: Optional[str], clock=time.mo
     except Exception as err:  # any failure becomes this item's error, named; the other items still run
         row.update(status="error", verdict=f"{stage} failed: {type(err).__name__}: {err}",
                    traceback=traceback.format_exc(limit=8))
+        row["measurements"].update(getattr(err, "measurements", {}))  # what a partly failed item did measure
     row["duration_s"] = round(clock() - started, 2)
     if row["duration_s"] > item.budget_s and row["status"] != "error":
         row.update(status="error", verdict=f"took {row['duration_s']:.0f} s, over its {item.budget_s:.0f} s budget "

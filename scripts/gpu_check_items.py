@@ -46,6 +46,14 @@ WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park
 LIGER_KERNEL_MARKERS = ("rms_norm", "swiglu", "rope", "cross_entropy", "element_mul")
 
 
+class PartialFailure(RuntimeError):
+    """A measurement that failed in part: the item is an error, and what was measured still goes in the report."""
+
+    def __init__(self, message: str, measurements: dict):
+        super().__init__(message)
+        self.measurements = measurements
+
+
 def code_version() -> str:
     import bench
     return bench.code_version()
@@ -225,25 +233,16 @@ def kernels_line(log: Path) -> str:
 
 
 def measure_throughput(ctx, prepared, deadline):
-    import bench
-
     from trainer.hardware import gpu
     peak = gpu(prepared["gpu"]).peak_tflops * 1e12
-    results = {}
-    for name, variant in prepared["variants"].items():
-        cmd = [*variant["command"], "--port", str(ctx.next_port()), "--timeout", str(int(remaining(deadline)))]
-        run_logged(cmd, ctx.workdir / f"bench_{name}.log", deadline, f"bench {name}")
-        workdir = Path(variant["command"][variant["command"].index("--workdir") + 1])
-        for contender in variant["contenders"]:
-            raw = json.loads((workdir / f"{contender}_0.json").read_text())
-            summary = bench.summarize(raw, WARMUP, STEPS)
-            results[f"{name}/{contender}"] = {"tokens_per_s": summary["tokens_per_s"],
-                                              "mfu": summary["tokens_per_s"] * prepared["flops_per_token"] / peak,
-                                              "median_step_s": summary["median_step_s"]}
-        ran = kernels_line(workdir / "trainer_0.log")
-        results[f"{name}/trainer"]["kernels"] = ran
-        if f"attention {variant['attention']}" not in ran or (variant["liger"] == ("liger off" in ran)):
-            raise RuntimeError(f"variant {name} ran with '{ran or 'no kernels line'}': a silent fallback")
+    results, failures = {}, []
+    for name, variant in prepared["variants"].items():  # one variant failing leaves the others' numbers
+        try:
+            results.update(run_variant(ctx, name, variant, prepared["flops_per_token"] / peak, deadline))
+        except Exception as err:
+            failures.append(f"{name}: {err}")
+    if failures:
+        raise PartialFailure("; ".join(failures), {"runs": results})
     ours = results["flash_liger/trainer"]["tokens_per_s"]
     ratios = {"mfu_flash_liger": results["flash_liger/trainer"]["mfu"],
               "vs_minimal": ours / results["flash_liger/minimal"]["tokens_per_s"],
@@ -251,6 +250,25 @@ def measure_throughput(ctx, prepared, deadline):
     met = {key: value >= GOALS[key] for key, value in ratios.items()}
     verdict = ", ".join(f"{k} {v:.3f} ({'ok' if met[k] else 'MISSED'}, goal {GOALS[k]})" for k, v in ratios.items())
     return ("passed" if all(met.values()) else "missed"), {"runs": results, "ratios": ratios}, verdict
+
+
+def run_variant(ctx, name: str, variant: dict, mfu_per_token_s: float, deadline: float) -> dict:
+    """One bench.py launch round; its contenders' tokens/s and MFU, and the kernels the trainer said it ran."""
+    import bench
+    cmd = [*variant["command"], "--port", str(ctx.next_port()), "--timeout", str(int(remaining(deadline)))]
+    run_logged(cmd, ctx.workdir / f"bench_{name}.log", deadline, f"bench {name}")
+    workdir = Path(variant["command"][variant["command"].index("--workdir") + 1])
+    results = {}
+    for contender in variant["contenders"]:
+        summary = bench.summarize(json.loads((workdir / f"{contender}_0.json").read_text()), WARMUP, STEPS)
+        results[f"{name}/{contender}"] = {"tokens_per_s": summary["tokens_per_s"],
+                                          "mfu": summary["tokens_per_s"] * mfu_per_token_s,
+                                          "median_step_s": summary["median_step_s"]}
+    ran = kernels_line(workdir / "trainer_0.log")
+    results[f"{name}/trainer"]["kernels"] = ran
+    if f"attention {variant['attention']}" not in ran or (variant["liger"] == ("liger off" in ran)):
+        raise PartialFailure(f"ran with '{ran or 'no kernels line'}': a silent fallback", results)
+    return results
 
 
 # ============================================================================================ memory
@@ -282,13 +300,23 @@ def prepare_memory(ctx) -> dict:
 
 
 def measure_memory(ctx, prepared, deadline):
-    rows, worst = [], 0.0
-    for row in prepared["rows"]:
-        measured = run_worker_item("memory", {"overrides": row["overrides"]}, ctx, f"memory_{row['name']}", deadline)
+    rows, worst, failures = [], 0.0, []
+    for row in prepared["rows"]:  # one configuration failing (an OOM, say) leaves the others' numbers
+        try:
+            measured = run_worker_item("memory", {"overrides": row["overrides"]}, ctx, f"memory_{row['name']}",
+                                       deadline)
+        except Exception as err:
+            failures.append(f"{row['name']}: {err}")
+            continue
+        attention = next(o.split("=", 1)[1] for o in row["overrides"] if o.startswith("model.attn_implementation="))
+        if f"attention {attention}" not in measured["kernels"] or row["liger"] == ("liger off" in measured["kernels"]):
+            failures.append(f"{row['name']}: ran with '{measured['kernels']}', not what the planner priced")
         ratio = measured["peak_bytes"] / row["planned"]["total"]
         worst = max(worst, abs(ratio - 1))
         rows.append({"name": row["name"], "measured_bytes": measured["peak_bytes"],
                      "planned_bytes": row["planned"]["total"], "ratio": ratio, **measured})
+    if failures:
+        raise PartialFailure("; ".join(failures), {"rows": rows})
     verdict = "; ".join(f"{r['name']} {r['ratio']:.3f}" for r in rows) + f" (goal within {GOALS['memory_ratio']:.0%})"
     return ("passed" if worst <= GOALS["memory_ratio"] else "missed"), {"rows": rows}, verdict
 

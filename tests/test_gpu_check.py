@@ -120,6 +120,14 @@ def test_a_nan_measurement_does_not_cost_the_report(tmp_path):
     assert written["items"][0]["measurements"]["mfu"] == "inf"
 
 
+def test_a_partly_failed_item_is_an_error_that_keeps_what_it_measured(tmp_path):
+    def half(ctx, prepared, deadline):
+        raise gi.PartialFailure("z3_ckpt_mb2: exit 1", {"rows": [{"name": "z2_mb1", "ratio": 1.02}]})
+    row = gc.run_item(item("memory", measure=half), ctx(tmp_path), None)
+    assert row["status"] == "error" and "z3_ckpt_mb2: exit 1" in row["verdict"]
+    assert row["measurements"]["rows"] == [{"name": "z2_mb1", "ratio": 1.02}] and row["measurements"]["prepared"]
+
+
 def test_exit_codes_missed_only_and_all_passed(tmp_path):
     args = gc.parse_args([])
     missed = gc.run_all((item("a"), item("b", measure=lambda c, p, d: ("missed", {}, "low"))), ctx(tmp_path), args,
