@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["Once upon a time", "The little cat sat on the", "She said that", "Tom and his dog went to the park and",
            "A", "In the morning the sun", "Why is the sky blue? Because", "The capital of"]
@@ -58,22 +59,26 @@ def make_model(path: Path) -> str:
     return str(path)
 
 
-def compare(model_dir: str, batch: int, new_tokens: int, repeats: int) -> dict:
-    """Alternating rounds of both contenders in this process; medians of tokens/s and time to first token."""
+def compare(model_dir: str, batch: int, new_tokens: int, repeats: int, dtype: str = "fp32",
+            kernel_inject: bool = False) -> dict:
+    """Alternating rounds of both contenders in this process; medians of tokens/s and time to first token.
+    On CUDA both run on the GPU (scripts/gpu_check.py passes a 16-bit dtype and, once, kernel injection)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.data.prompts import Prompt
+    from trainer.distributed import start_distributed
     from trainer.infer.generate import Settings, generate_all
     from trainer.infer.runner import start_runner
     from trainer.infer.source import architecture, load_model, resolve_source
-    from trainer.distributed import start_distributed
     start_distributed()
     source = resolve_source(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    runner = start_runner(lambda: load_model(source, torch.float32), architecture(source), 1, "fp32", False, "off",
-                          None)
-    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    runner = start_runner(lambda: load_model(source, torch_dtype), architecture(source), 1, dtype, kernel_inject,
+                          "off", None)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
     prompts = [Prompt(PROMPTS[i % len(PROMPTS)], "bench") for i in range(batch)]
     settings = Settings(new_tokens, False, 1.0, 1.0, 0, batch, False, ignore_eos=True)
     ours, theirs, first = [], [], []
@@ -94,7 +99,7 @@ def plain_generate(model, tokenizer, prompts, new_tokens: int) -> float:
     import torch
 
     from trainer.data.prompts import encode_left_padded
-    batch = encode_left_padded(tokenizer, [p.text for p in prompts])
+    batch = {k: v.to(model.device) for k, v in encode_left_padded(tokenizer, [p.text for p in prompts]).items()}
     started = time.perf_counter()
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,

@@ -143,7 +143,8 @@ def test_lora_adapter_count_matches_peft():
     assert mem.lora_params(NAMED_MODELS["7b"][1], LoraConfig(r=16)) == 32 * 4 * 16 * (4096 + 4096)
 
 
-def _saved_activation_bytes(m: ModelConfig, dtype, checkpointing: bool, attention: str, seq: int, batch: int) -> int:
+def _saved_activation_bytes(m: ModelConfig, dtype, checkpointing: bool, attention: str, seq: int, batch: int,
+                            padded: int = 0) -> int:
     """Bytes of the distinct tensors autograd saves for backward (parameters excluded)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -164,8 +165,10 @@ def _saved_activation_bytes(m: ModelConfig, dtype, checkpointing: bool, attentio
         return t
 
     ids = torch.randint(0, m.vocab_size, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq - padded:] = 0  # the last row ends in `padded` pad tokens (an SFT batch); 0: no mask passed
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+        model(input_ids=ids, labels=ids, attention_mask=mask if padded else None)
     return sum(saved.values())
 
 
@@ -185,6 +188,22 @@ def test_activation_formula_matches_what_autograd_saves(dtype, checkpointing, at
     saved_part = planned.layers - recomputed + 4 * seq * batch * m.vocab_size  # + log-softmax output
     measured = _saved_activation_bytes(m, dtype, checkpointing, attention, seq, batch)
     assert measured == pytest.approx(saved_part, rel=tolerance)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+def test_padding_mask_terms_match_what_autograd_saves(kv_heads):
+    """sdpa under a padding mask: k/v repeated to all heads (GQA only) and a per-layer mask in the model's
+    dtype, exactly the extra bytes a real CPU forward saves (transformers' repeat_kv path, torch's mask cast)."""
+    m = ModelConfig(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=kv_heads, intermediate_size=688,
+                    vocab_size=1024, max_position_embeddings=512)
+    seq, batch = 128, 2
+    unmasked = _saved_activation_bytes(m, torch.bfloat16, False, "sdpa", seq, batch)
+    masked = _saved_activation_bytes(m, torch.bfloat16, False, "sdpa", seq, batch, padded=28)
+    planned = (mem.activation_bytes(m, seq, batch, False, "bf16", "sdpa", padding_mask=True).layers
+               - mem.activation_bytes(m, seq, batch, False, "bf16", "sdpa").layers)
+    assert planned > 0 and masked - unmasked == planned
+    expansion = 2 * seq * batch * 2 * (256 - kv_heads * 64) * m.num_layers
+    assert planned == expansion + 2 * batch * seq * seq * m.num_layers
 
 
 def test_activations_flash_never_store_the_score_matrix_and_checkpointing_shrinks_them():

@@ -250,3 +250,37 @@ def test_flags_override_the_scenario():
     assert plan["hardware"]["gpu"] == "h100-80g"
     with pytest.raises(UserError, match="seq_len"):
         build_inputs({**values, "seq_len": 0}, "scenario.yaml")
+
+
+def _resolved_1b(*overrides: str):
+    return resolve(load_preset("1b_pretrain_8xh100", ["hardware.gpus_per_node=1", *overrides]), 1)
+
+
+def test_liger_fused_cross_entropy_has_no_full_logits_tensor():
+    """model.liger: the loss side is Liger's chunked gradients, not 12 bytes x tokens x vocabulary."""
+    from trainer.plan.estimate import plan_for_resolved
+    plain = plan_for_resolved(_resolved_1b("train.micro_batch_size=2"))
+    liger = plan_for_resolved(_resolved_1b("train.micro_batch_size=2", "model.liger=true"))
+    tokens, h, vocab = 2 * 4096, 2048, 128256
+    assert plain.activations.logits == 12 * tokens * vocab
+    chunk = mem.liger_chunk_rows(tokens, _resolved_1b("model.liger=true").config.model)
+    assert chunk == 256  # 8192 tokens / ceil(128256 / 2048) = 63 -> 131 rows -> next power of two
+    assert liger.activations.logits == 2 * tokens * h + 2 * vocab * h + 4 * tokens + 2 * chunk * vocab
+    assert liger.activations.logits < plain.activations.logits / 10
+    # Liger's RMSNorm and SwiGLU save less per layer too; the model states are the same.
+    assert liger.activations.layers < plain.activations.layers
+    assert liger.states == plain.states
+
+
+def test_sdpa_padding_mask_counts_the_kv_expansion_and_flash_does_not():
+    """SFT batches carry a padding mask: with GQA, sdpa saves k/v repeated to all heads plus a per-layer mask;
+    flash-attn unpads instead; pretraining passes no mask."""
+    from trainer.plan.estimate import plan_for_resolved
+    pretrain = _resolved_1b("model.attn_implementation=sdpa")
+    sft = _resolved_1b("model.attn_implementation=sdpa", "data.task=sft")
+    plain, padded = plan_for_resolved(pretrain), plan_for_resolved(sft)
+    s, b, h, kv, layers = 4096, 4, 2048, 512, 16
+    assert padded.activations.layers - plain.activations.layers == layers * s * b * (2 * 2 * (h - kv) + 2 * s)
+    flash = plan_for_resolved(sft, attention="flash_attention_2")
+    assert flash.activations.layers == plain.activations.layers
+    assert mem.expands_kv(sft.config.model, "sdpa", True) and not mem.expands_kv(sft.config.model, "sdpa", False)

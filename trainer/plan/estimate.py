@@ -121,8 +121,9 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     m, stage = inputs.model.config, candidate.stage
     on_nvme = candidate.stage == 3 and "nvme" in (candidate.offload_optimizer, candidate.offload_param)
     states = _model_states(inputs, candidate, precision)
-    attention = attention or ("eager" if m.attn_implementation == "eager" else "sdpa")
-    activations = mem.activation_bytes(m, inputs.seq_len, micro_batch, checkpointing, precision, attention)
+    attention = attention or m.attn_implementation  # 'auto' is counted as sdpa, the larger of the two
+    activations = mem.activation_bytes(m, inputs.seq_len, micro_batch, checkpointing, precision, attention,
+                                       inputs.padding_mask)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))
@@ -195,13 +196,14 @@ def inputs_for_resolved(resolved) -> PlanInputs:
     task = "lora" if cfg.model.lora.enabled else ("pretrain" if cfg.model.name_or_path is None else "full")
     return PlanInputs(model=ModelSpec(cfg.model, cfg.name), gpu=hardware.gpu(hw.gpu), gpus_per_node=hw.gpus_per_node,
                       nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
-                      seq_len=cfg.data.seq_len, lora=cfg.model.lora)
+                      seq_len=cfg.data.seq_len, lora=cfg.model.lora, padding_mask=cfg.data.task == "sft")
 
 
 def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,
-                      candidate: Optional[Candidate] = None) -> Estimate:
+                      candidate: Optional[Candidate] = None, attention: Optional[str] = None) -> Estimate:
     """The planner's estimate for a resolved preset as configured, or with one thing changed
-    (micro-batch, checkpointing, stage/offload): used by lint, doctor and the preset memory report."""
+    (micro-batch, checkpointing, stage/offload, the attention kernel that really runs): used by lint, doctor,
+    the preset memory report and scripts/gpu_check.py."""
     cfg, ds = resolved.config, resolved.ds
     candidate = candidate or Candidate(cfg.name, dsc.zero_stage(ds), dsc.offload_optimizer_device(ds),
                                        dsc.offload_param_device(ds))
@@ -210,4 +212,4 @@ def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing
                     cfg.model.gradient_checkpointing if checkpointing is None else checkpointing,
                     hpz_partition_size=dsc.hpz_partition_size(ds),
                     reduce_bucket_size=int(dsc.zero_setting(ds, "reduce_bucket_size")),
-                    precision=dsc.precision(ds), overlap_comm=dsc.overlap_comm(ds))
+                    precision=dsc.precision(ds), attention=attention, overlap_comm=dsc.overlap_comm(ds))

@@ -35,6 +35,7 @@ class PlanInputs:
     allow_checkpointing: bool = True
     lora: LoraConfig = field(default_factory=LoraConfig)
     nvme_path: str = "/local_nvme"
+    padding_mask: bool = False  # batches carry an attention mask (SFT): sdpa then expands k/v (plan.memory)
 
     @property
     def world_size(self) -> int:

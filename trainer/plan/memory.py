@@ -45,6 +45,18 @@ Activations per transformer layer (bytes; s sequence, b micro-batch, h hidden, h
 Logits: the loss upcasts the 16-bit logits to fp32 (4.s.b.V), log-softmax keeps its fp32 output
     (4.s.b.V) and backward makes an fp32 gradient of the same size (4.s.b.V): 12.s.b.V at the peak;
     the 16-bit logits (e.s.b.V) are gone by then unless the caller keeps `outputs.logits`.
+sdpa under a padding mask (SFT batches carry one): transformers 5.24's sdpa_attention_forward passes
+    `enable_gqa` only without a mask (use_gqa_in_sdpa, CUDA/CPU); with one it calls repeat_kv, so k and v
+    are saved a heads wide (e.s.b.2h instead of e.s.b.2h_kv), and torch turns the boolean (b, 1, s, s)
+    mask into one in the model's dtype per layer, which the kernel saves: + e.b.s.s per layer. Both
+    measured with saved_tensors_hooks on a CPU Llama (tests/test_memory.py). flash_attention_2 unpads
+    instead: neither term. The planner counts 'auto' as sdpa (it cannot know flash-attn is installed).
+Liger (model.liger, `apply_liger_kernel_to_llama` defaults): the fused linear cross-entropy never builds
+    the s.b.V logits. Its forward (liger_kernel/ops/fused_linear_cross_entropy.py) computes the input and
+    LM-head gradients chunk by chunk and keeps them for backward: grad_input e.s.b.h + grad_weight
+    e.V.h + fp32 per-token loss 4.s.b, with one logits chunk of C.V in flight (e), C = the next power of
+    two of s.b / ceil(V / h). LigerRMSNorm saves its input and fp32 1/rms (no fp32 copy of the input):
+    2e.h + 4 per token with its output; LigerSiLUMul saves gate and up and recomputes SiLU: 3 x e.s.b.I.
 LoRA: the frozen base is 16-bit weights only (sharded at stage 3, on CPU with param offload); the
     adapters get DeepSpeed's model-state accounting. Activations are counted as for full training
     (an overestimate: frozen projections do not save their inputs).
@@ -271,44 +283,66 @@ class Activations:
     total: int
 
 
-def rms_norm_bytes_per_token(hidden: int, e: int) -> int:
+def rms_norm_bytes_per_token(hidden: int, e: int, liger: bool = False) -> int:
     """HF LlamaRMSNorm saves the fp32 input (pow and mul), 1/rms (fp32), the normalised 16-bit value
-    (for the weight's grad) and its output (the next projection's input)."""
-    return (4 + 2 * e) * hidden + 4
+    (for the weight's grad) and its output (the next projection's input). LigerRMSNorm saves its
+    input and 1/rms; its output is the next projection's input."""
+    return (2 * e * hidden if liger else (4 + 2 * e) * hidden) + 4
+
+
+def expands_kv(m: ModelConfig, attention: str, padding_mask: bool) -> bool:
+    """sdpa with a padding mask and GQA: transformers repeats k and v to all heads before the kernel."""
+    return attention in ("sdpa", "auto") and padding_mask and kv_width(m) < m.hidden_size
 
 
 def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16",
-                           attention: str = "sdpa") -> int:
+                           attention: str = "sdpa", padding_mask: bool = False) -> int:
     """Bytes one decoder layer saves for backward (module docstring has the derivation)."""
     e = bytes_per_element(precision)
     h, kv, inter, a = m.hidden_size, kv_width(m), m.intermediate_size, m.num_heads
-    per_token = (2 * rms_norm_bytes_per_token(h, e)  # two RMSNorms
-                 + e * (h + 2 * kv)                # q, k, v
+    saved_kv = h if expands_kv(m, attention, padding_mask) else kv
+    per_token = (2 * rms_norm_bytes_per_token(h, e, m.liger)  # two RMSNorms
+                 + e * (h + 2 * saved_kv)          # q, k, v (k, v repeated to all heads under a padding mask)
                  + e * h                           # attention output (o_proj's input is a view of it)
                  + 4 * a                           # logsumexp
-                 + 4 * e * inter)                  # SwiGLU
+                 + (3 if m.liger else 4) * e * inter)  # SwiGLU
     if attention == "eager":
         per_token += a * seq_len * (4 + e)         # the score matrix flash/sdpa never store
+    elif attention in ("sdpa", "auto") and padding_mask:
+        per_token += e * seq_len                   # the mask in the model's dtype, (b, 1, s, s), per layer
     return seq_len * micro_batch * per_token
 
 
-def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int) -> int:
-    """Loss-side peak: fp32 logits + fp32 log-softmax output + fp32 gradient."""
-    return 12 * seq_len * micro_batch * m.vocab_size
+def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
+    """Rows of the logits chunk Liger's fused linear cross-entropy computes at a time."""
+    inc_factor = -(-m.vocab_size // m.hidden_size)
+    target = -(-tokens // inc_factor)
+    return min(1 << max(target - 1, 0).bit_length(), tokens)
+
+
+def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16") -> int:
+    """Loss-side peak: fp32 logits + fp32 log-softmax output + fp32 gradient; with Liger the fused linear
+    cross-entropy's saved input and LM-head gradients, fp32 losses and one logits chunk."""
+    tokens = seq_len * micro_batch
+    if m.liger:
+        e = bytes_per_element(precision)
+        return (e * tokens * m.hidden_size + e * m.vocab_size * m.hidden_size + 4 * tokens
+                + e * liger_chunk_rows(tokens, m) * m.vocab_size)
+    return 12 * tokens * m.vocab_size
 
 
 def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
-                     precision: str = "bf16", attention: str = "sdpa") -> Activations:
+                     precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False) -> Activations:
     """Peak activation memory of one micro-batch, with or without full activation checkpointing."""
     e = bytes_per_element(precision)
     tokens = seq_len * micro_batch
-    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention)
-    ends = tokens * (rms_norm_bytes_per_token(m.hidden_size, e) + 8)  # final norm + int64 token ids
+    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention, padding_mask)
+    ends = tokens * (rms_norm_bytes_per_token(m.hidden_size, e, m.liger) + 8)  # final norm + int64 token ids
     if checkpointing:
         layers = m.num_layers * e * tokens * m.hidden_size + one_layer
     else:
         layers = m.num_layers * one_layer
-    logits = logits_bytes(m, seq_len, micro_batch)
+    logits = logits_bytes(m, seq_len, micro_batch, precision)
     return Activations(layers + ends, logits, layers + ends + logits)
 
 
