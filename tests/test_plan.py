@@ -272,6 +272,17 @@ def test_liger_fused_cross_entropy_has_no_full_logits_tensor():
     assert liger.states == plain.states
 
 
+def test_liger_under_zero3_counts_the_full_logits():
+    """Under ZeRO-3 the trainer applies Liger without its fused linear cross-entropy (it cannot gather the
+    partitioned lm_head weight), so the planner counts the full logits there, and Liger's lighter layers still."""
+    from trainer.plan.estimate import plan_for_resolved
+    zero3 = ["train.micro_batch_size=2", "deepspeed.zero_optimization.stage=3"]
+    plain = plan_for_resolved(_resolved_1b(*zero3))
+    liger = plan_for_resolved(_resolved_1b(*zero3, "model.liger=true"))
+    assert liger.activations.logits == plain.activations.logits == 12 * 2 * 4096 * 128256
+    assert liger.activations.layers < plain.activations.layers
+
+
 def test_sdpa_padding_mask_counts_the_kv_expansion_and_flash_does_not():
     """SFT batches carry a padding mask: with GQA, sdpa saves k/v repeated to all heads plus a per-layer mask;
     flash-attn unpads instead; pretraining passes no mask."""

@@ -67,7 +67,7 @@ def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
     ds, model_cfg = cfg.deepspeed, cfg.model
     attention = choose_attention(model_cfg)
     hf_ds_config = _zero3_integration(ds)
-    maybe_apply_liger(model_cfg)
+    maybe_apply_liger(model_cfg, dsc.zero_stage(ds))
     if model_cfg.name_or_path:
         model = AutoModelForCausalLM.from_pretrained(
             model_cfg.name_or_path, attn_implementation=attention, dtype=training_dtype(ds),
@@ -132,8 +132,13 @@ def enable_gradient_checkpointing(model, ds: dict) -> None:
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
 
 
-def maybe_apply_liger(model_cfg: ModelConfig) -> None:
-    """Liger's fused kernels patch transformers' Llama modules; CUDA + liger-kernel only."""
+def maybe_apply_liger(model_cfg: ModelConfig, zero_stage: int = 0) -> None:
+    """Liger's fused kernels patch transformers' Llama modules; CUDA + liger-kernel only.
+
+    Under ZeRO-3 the fused linear cross-entropy is replaced by Liger's plain cross-entropy: the fused loss reads
+    `lm_head.weight` by attribute inside the model's forward without calling `lm_head`, so ZeRO-3's gather hook
+    never fires and the kernel gets an empty shard (the crash trl fixed for its own Liger losses, PR #5891).
+    The planner counts the full logits then (trainer.plan.memory.logits_bytes)."""
     if not model_cfg.liger:
         return
     if not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None:
@@ -144,7 +149,11 @@ def maybe_apply_liger(model_cfg: ModelConfig) -> None:
     if apply is None:
         log.warning("Liger has no kernels for model family %r; running without it", model_cfg.family)
         return
-    apply()
+    fused = zero_stage != 3
+    if not fused:
+        log.warning("model.liger under ZeRO-3: Liger's cross-entropy instead of its fused linear cross-entropy, "
+                    "which cannot gather the ZeRO-3 partitioned lm_head weight; the full logits are materialised")
+    apply(fused_linear_cross_entropy=fused, cross_entropy=not fused)
 
 
 def apply_lora(model, model_cfg: ModelConfig):

@@ -123,7 +123,7 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     states = _model_states(inputs, candidate, precision)
     attention = attention or m.attn_implementation  # 'auto' is counted as sdpa, the larger of the two
     activations = mem.activation_bytes(m, inputs.seq_len, micro_batch, checkpointing, precision, attention,
-                                       inputs.padding_mask)
+                                       inputs.padding_mask, stage)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))

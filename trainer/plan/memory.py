@@ -320,11 +320,13 @@ def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
     return min(1 << max(target - 1, 0).bit_length(), tokens)
 
 
-def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16") -> int:
+def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16", stage: int = 0) -> int:
     """Loss-side peak: fp32 logits + fp32 log-softmax output + fp32 gradient; with Liger the fused linear
-    cross-entropy's saved input and LM-head gradients, fp32 losses and one logits chunk."""
+    cross-entropy's saved input and LM-head gradients, fp32 losses and one logits chunk. Under ZeRO-3 the
+    trainer swaps the fused loss for Liger's plain cross-entropy (trainer.model.maybe_apply_liger: the fused
+    one cannot gather a partitioned lm_head), so the full logits are counted there."""
     tokens = seq_len * micro_batch
-    if m.liger:
+    if m.liger and stage != 3:
         e = bytes_per_element(precision)
         return (e * tokens * m.hidden_size + e * m.vocab_size * m.hidden_size + 4 * tokens
                 + e * liger_chunk_rows(tokens, m) * m.vocab_size)
@@ -332,7 +334,8 @@ def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str 
 
 
 def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
-                     precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False) -> Activations:
+                     precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False,
+                     stage: int = 0) -> Activations:
     """Peak activation memory of one micro-batch, with or without full activation checkpointing."""
     e = bytes_per_element(precision)
     tokens = seq_len * micro_batch
@@ -342,7 +345,7 @@ def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointi
         layers = m.num_layers * e * tokens * m.hidden_size + one_layer
     else:
         layers = m.num_layers * one_layer
-    logits = logits_bytes(m, seq_len, micro_batch, precision)
+    logits = logits_bytes(m, seq_len, micro_batch, precision, stage)
     return Activations(layers + ends, logits, layers + ends + logits)
 
 
