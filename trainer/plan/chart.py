@@ -1,7 +1,7 @@
 """`plan --chart plan.png`: the plan's table as a picture. One stacked bar per candidate the planner priced
 (parameters, gradients, optimizer states, activations, buffers: `Estimate.gpu_bytes`, the numbers the table
 prints) against the per-GPU budget line, the chosen candidate outlined; beside it, each candidate's host RAM per
-node against the host budget (when --cpu-ram-gb gives one).
+node against the host budget (when --cpu-ram-gb gives one), on a log scale when they span orders of magnitude.
 
 The table prices every candidate at the same micro-batch; the choice is then grown to the largest micro-batch
 that fits (and may gain ZeRO++ hpZ), so when its numbers differ from its row it gets a bar of its own.
@@ -23,6 +23,7 @@ PARTS = (  # Estimate.gpu_bytes key, legend label, colour
     ("buffers", "buffers / other", "#8c8c8c"),
 )
 HOST_COLOUR = "#64b5cd"
+HOST_LOG_RATIO = 30.0  # host bars spanning more than this factor are drawn on a log scale (they are not stacked)
 HEADROOM_OVER = 1.8   # the axis shows up to this many budgets (or the chosen bar), taller bars are cut
 
 
@@ -44,7 +45,7 @@ def bars(plan: Plan) -> list[tuple[str, Estimate, bool]]:
 
 def plan_figure(plan: Plan):
     """The Figure of the plan's candidates (the caller saves it)."""
-    figure = new_figure(12, 9.5)
+    figure = new_figure(13.5, 9.5)
     gpu_ax, host_ax = figure.subplots(2, 1, sharex=True, height_ratios=(2.3, 1))
     drawn = bars(plan)
     _gpu_panel(gpu_ax, plan, drawn)
@@ -71,16 +72,17 @@ def _gpu_panel(ax, plan: Plan, drawn: list) -> None:
             _mark(patch, f"{name}:{key}", e.fits, chosen)
     totals = [e.gpu_total / GB for _, e, _ in drawn]
     chosen_total = max([t for t, (_, _, c) in zip(totals, drawn) if c], default=0.0)
-    top = max(min(max(totals), budget * HEADROOM_OVER), chosen_total * 1.15, memory * 1.08)
-    ax.set_ylim(0, top * 1.06)
+    top = max(min(max(totals), budget * HEADROOM_OVER), chosen_total * 1.15, memory * 1.08) * 1.06
+    ax.set_ylim(0, top)
     ax.axhline(budget, color="tab:red", linewidth=2, gid="budget",
                label=f"budget {budget:.1f} GB ({100 - int(GPU_HEADROOM * 100)}% of the GPU)")
     ax.axhline(memory, color="grey", linestyle=":", linewidth=1.5, gid="gpu_memory",
                label=f"{inputs.gpu.name} memory {memory:.1f} GB")
     for x, total, (name, e, chosen) in zip(xs, totals, drawn):
         text = f"{total:,.1f}" + ("\nchosen" if chosen else "") + _why_not(e)
-        if total > top:  # cut at the top of the axis: the label sits on the bar, in a box
-            ax.text(x, top * 0.985, f"{total:,.0f} GB\n(cut) ↑", ha="center", va="top", fontsize=8,
+        if total > top * 0.92:  # no room above it (cut at the top of the axis): the label sits on the bar, boxed
+            ax.text(x, min(total, top) - top * 0.015, f"{total:,.0f} GB" + ("\n(cut) ↑" if total > top else ""),
+                    ha="center", va="top", fontsize=8,
                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "grey"})
         else:
             ax.text(x, total + top * 0.01, text, ha="center", va="bottom", fontsize=8,
@@ -89,7 +91,8 @@ def _gpu_panel(ax, plan: Plan, drawn: list) -> None:
     ax.set_title(f"GPU memory per GPU, every candidate at micro-batch {plan.rows[0].micro_batch} "
                  f"(hatched: does not fit; outlined: chosen)", fontsize=11)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(handles=_gpu_legend(ax), loc="upper right", fontsize=9, framealpha=0.95)
+    # beside the axes, so that no bar or label is ever under it
+    ax.legend(handles=_gpu_legend(ax), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
 
 
 def _host_panel(ax, plan: Plan, drawn: list) -> None:
@@ -102,16 +105,20 @@ def _host_panel(ax, plan: Plan, drawn: list) -> None:
     if cpu_budget is not None:
         ax.axhline(cpu_budget / GB, color="tab:red", linewidth=2, gid="host_budget",
                    label=f"host budget {cpu_budget / GB:.0f} GB ({100 - int(HOST_HEADROOM * 100)}% of RAM)")
-        ax.set_ylim(0, max(max(heights), cpu_budget / GB) * 1.45)  # room for the legend
     else:
-        ax.text(0.5, 0.92, "host RAM unknown (not checked):\ngive --cpu-ram-gb", transform=ax.transAxes,
+        ax.text(0.5, 0.92, "host RAM unknown (not checked): give --cpu-ram-gb", transform=ax.transAxes,
                 ha="center", va="top", fontsize=9, color="grey")
-        ax.set_ylim(0, max(max(heights), 1.0) * 1.35)
+    shown = [h for h in heights + [cpu_budget / GB if cpu_budget else 0.0] if h > 0]
+    if shown and max(shown) / min(shown) > HOST_LOG_RATIO:  # offload needs TBs, ZeRO-3 a few GB: both visible
+        ax.set_yscale("log")
+        ax.set_ylim(min(shown) / 2, max(shown) * 3)
+    else:
+        ax.set_ylim(0, max(shown + [1.0]) * (1.15 if cpu_budget else 1.35))
     _candidate_ticks(ax, drawn)  # the shared x axis: the names under this, the lower panel
     ax.set_ylabel("GB per node")
     ax.set_title("host RAM per node (offload, pinned buffers)", fontsize=11)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.95, ncols=2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
 
 
 def _mark(patch, gid: str, fits: bool, chosen: bool) -> None:
