@@ -250,7 +250,8 @@ def test_a_missing_run_or_metrics_file_is_named_with_a_fix(tmp_path):
 
 def test_every_bad_line_is_named_as_file_and_line(tmp_path):
     run = run_dir(tmp_path, "run", GOOD, '{"step": 2, "loss": 6.8', "[1, 2]", '{"loss": 6.7}',
-                  '{"step": 5, "loss": "low"}', '{"step": 6, "event": "resume"}', GOOD.replace('"step": 1', '"step": 7'))
+                  '{"step": 5, "loss": "low"}', '{"step": 6, "event": "resume"}', GOOD.replace('"step": 1', '"step": 7'),
+                  '{"step": 8, "grad_norm": 1%s}' % ("0" * 400))
     message = refused(run)
     file = run / "metrics.jsonl"
     assert f"{file}:2: not valid JSON" in message
@@ -258,6 +259,7 @@ def test_every_bad_line_is_named_as_file_and_line(tmp_path):
     assert f"{file}:4: \"step\" must be a whole number >= 0, got None" in message
     assert f"{file}:5: 'loss' must be a number, got 'low'" in message
     assert f"{file}:6: a resume event has \"checkpoint\"" in message
+    assert f"{file}:8: 'grad_norm' is too large to be a metric" in message
     assert ":1:" not in message and ":7:" not in message
     assert "fix or delete the line" in message
 

@@ -63,13 +63,13 @@ def _gpu_panel(ax, plan: Plan, drawn: list) -> None:
     budget = budgets(inputs)[0] / GB
     memory = inputs.gpu.memory_bytes / GB
     xs = range(len(drawn))
-    for key, label, colour in PARTS:
+    bottoms = [0.0] * len(drawn)
+    for key, _, colour in PARTS:  # stacked from the bottom in PARTS order
         heights = [e.gpu_bytes()[key] / GB for _, e, _ in drawn]
-        bottoms = [sum(e.gpu_bytes()[k] for k, _, _ in PARTS[:[p[0] for p in PARTS].index(key)]) / GB
-                   for _, e, _ in drawn]
         container = ax.bar(xs, heights, bottom=bottoms, color=colour, width=0.7)
         for patch, (name, e, chosen) in zip(container.patches, drawn):
             _mark(patch, f"{name}:{key}", e.fits, chosen)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
     totals = [e.gpu_total / GB for _, e, _ in drawn]
     chosen_total = max([t for t, (_, _, c) in zip(totals, drawn) if c], default=0.0)
     top = max(min(max(totals), budget * HEADROOM_OVER), chosen_total * 1.15, memory * 1.08) * 1.06

@@ -162,7 +162,10 @@ def _number(row: dict, key: str) -> float:
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key!r} must be a number, got {short(value, 60)}; {FIX}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a whole number past float's range (a float literal past it reads as inf)
+        raise ValueError(f"{key!r} is too large to be a metric ({short(value, 40)}); {FIX}") from None
 
 
 def _is_int(value) -> bool:
