@@ -281,6 +281,17 @@ def test_a_non_finite_loss_is_drawn_as_a_gap_and_marked(tmp_path):
     assert x == [1, 2] and y[0] == 6.9 and math.isnan(y[1])
 
 
+def test_each_eval_source_gets_its_own_dashed_line(tmp_path):
+    evals = [{"step": s, "eval_loss": 7.0 - s, "eval_ppl": 1.0, "eval_tokens": 10, "eval_loss/web": 7.5 - s,
+              "eval_loss/code": 6.5 - s} for s in (2, 4)]
+    run = run_dir(tmp_path, "mix", GOOD, *(json.dumps(e) for e in evals))
+    figure = report_figure(read_runs([str(run)]))
+    for key in ("eval_loss", "eval_loss/web", "eval_loss/code"):
+        assert drawn(figure, f"mix:{key}") == series(evals, key)
+    (eval_ax,) = [ax for ax in figure.axes if ax.get_title() == "eval loss"]
+    assert [t.get_text() for t in eval_ax.get_legend().get_texts()] == ["all sources", "code", "web"]
+
+
 @pytest.mark.parametrize("target, message", [
     ("report.pdf", "-o {}: the file name must end in .png or .html"),
     ("report", "-o {}: the file name must end in .png or .html (that is what is written); add the suffix"),
