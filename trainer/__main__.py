@@ -1,5 +1,5 @@
 """`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint, prepare-data, generate,
-evaluate.
+evaluate, report.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
@@ -25,6 +25,7 @@ COMMANDS = {
     "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into token shards on disk"),
     "generate": ("trainer.infer.generate", "complete prompts with a trained model (deepspeed.init_inference, TP, ZeRO-Inference)"),
     "evaluate": ("trainer.infer.evaluate", "loss and perplexity of a model on a dataset, or a run on its own eval set"),
+    "report": ("trainer.report.cli", "draw runs' metrics.jsonl (loss, eval loss, lr, grad norm, tokens/s, memory) as PNG or HTML"),
 }
 
 

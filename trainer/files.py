@@ -239,12 +239,17 @@ def check_target(target: str, flag: str = "-o") -> Path:
 def write_text_atomic(target: str, text: str, flag: str = "-o") -> Path:
     """Write `text` to a temporary file beside `target`, then rename it over `target`: a full disk or a crash
     leaves the old file (or none), never part of the new one. Problems are a UserError naming the flag."""
+    return write_bytes_atomic(target, text.encode("utf-8"), flag)
+
+
+def write_bytes_atomic(target: str, data: bytes, flag: str = "-o") -> Path:
+    """`write_text_atomic` for bytes (a PNG)."""
     path = check_target(target, flag)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, _mode_for(path))  # mkstemp makes 0600; a replaced file keeps its mode

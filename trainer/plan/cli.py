@@ -10,6 +10,7 @@ from .. import ds as dsc
 from ..errors import ConfigError
 from ..files import check_target, finite_json, write_text_atomic
 from ..hardware import GPUS
+from ..pictures import check_suffix, save_png
 from .decide import make_plan
 from .inference_inputs import inference_inputs_from_args, misplaced_flags
 from .inference_plan import make_inference_plan
@@ -37,6 +38,7 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
     parser.add_argument("-o", "--output", help="write the chosen DeepSpeed config (JSON) here")
+    parser.add_argument("--chart", metavar="PLAN.png", help="draw every candidate's memory against the budget here")
     inference = parser.add_argument_group("inference (--inference): weights + KV cache on the GPU, or ZeRO-Inference")
     inference.add_argument("--inference", action="store_true", help="plan generation instead of training")
     inference.add_argument("--batch", type=int, help="sequences generated together (default 1)")
@@ -54,11 +56,17 @@ def plan(args) -> int:
     # DeepSpeed logs to stdout on import (config validation below imports it): keep stdout for the plan.
     if args.output is not None:  # '' too
         check_target(args.output)  # a bad -o is refused before the plan is made
+    if args.chart is not None:
+        check_suffix(args.chart, "--chart", (".png",))
+        check_target(args.chart, "--chart")
     with contextlib.redirect_stdout(sys.stderr):
         inputs = inputs_from_args(args)
         result = make_plan(inputs, args.output)
         if args.output and result.deepspeed is not None:
             write_config(result.deepspeed, args.output)
+    if args.chart:  # a plan that fits nowhere is drawn too: the chart shows by how much
+        from .chart import plan_figure  # matplotlib is imported here, by --chart only
+        print(f"wrote {save_png(plan_figure(result), args.chart, '--chart')}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan_to_json(result), indent=2))
     else:

@@ -1,0 +1,123 @@
+"""The report's figure: six panels on one step axis (train loss, eval loss, learning rate, grad norm,
+tokens/s, peak memory), one colour per run, resumes as dashed vertical lines in the run's colour, skipped
+(non-finite) steps as red dotted ones, loss spikes as triangles on the loss panel.
+
+Every drawn line carries a gid, "<run label>:<what>" (what = a metric name, eval_loss/<source>, resume,
+skipped, loss_spike), so that a program (the tests) can read back exactly what was drawn.
+"""
+from __future__ import annotations
+
+import math
+
+from ..pictures import new_figure
+from .runs import RunMetrics
+
+
+PANELS = (  # metric, title, y label
+    ("loss", "train loss", "loss"),
+    ("eval_loss", "eval loss", "loss"),
+    ("lr", "learning rate", "lr"),
+    ("grad_norm", "grad norm", "L2 norm"),
+    ("tokens_per_s", "throughput", "tokens/s (all ranks)"),
+    ("peak_mem_gb", "peak memory (GPU allocated; RSS on CPU ranks)", "GB"),
+)
+LOG_RATIO = 30.0      # a panel whose positive values span more than this factor is drawn on a log scale
+RESUME_STYLE = {"linestyle": "--", "linewidth": 1.3, "alpha": 0.8}
+SKIP_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2, "alpha": 0.7}
+
+
+def report_figure(runs: list[RunMetrics]):
+    """The Figure for these runs (the caller saves it)."""
+    figure = new_figure(13, 10.5)
+    axes = figure.subplots(3, 2, sharex=True).flatten()
+    colours = [f"C{i % 10}" for i in range(len(runs))]
+    widths = [2.8 - 1.4 * i / max(len(runs) - 1, 1) for i in range(len(runs))]  # equal curves stay visible
+    sources = sorted({s for run in runs for s in run.eval_sources()})  # one dash pattern per eval source
+    for ax, (metric, title, ylabel) in zip(axes, PANELS):
+        ax.set_title(title, fontsize=11)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        for run, colour, width in zip(runs, colours, widths):
+            _draw_metric(ax, run, metric, colour, sources, width)
+            _draw_markers(ax, run, colour, spikes=metric == "loss")
+        _scale(ax, [v for run in runs for v in _values(run, metric)], log_allowed=metric != "lr")
+        if not any(run.get(metric).steps for run in runs):
+            ax.text(0.5, 0.5, f"no {metric} logged", transform=ax.transAxes, ha="center", va="center",
+                    color="grey")
+        if metric == "eval_loss" and sources:
+            ax.legend(handles=_source_handles(sources), fontsize=8, loc="upper right", title="eval sources",
+                      title_fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps (the x axis is shared)
+    for ax in axes[-2:]:
+        ax.set_xlabel("step")
+    steps = max(run.last_step() for run in runs)
+    figure.suptitle(f"{len(runs)} run(s), up to step {steps}", fontsize=12)
+    figure.legend(handles=_legend_handles(runs, colours), loc="outside lower center",
+                  ncols=min(4, len(runs) + 3), fontsize=9, frameon=False)
+    return figure
+
+
+def _draw_metric(ax, run: RunMetrics, metric: str, colour: str, sources: list[str], width: float) -> None:
+    series = run.get(metric)
+    if series.steps:
+        marker = "o" if metric == "eval_loss" or len(series.steps) < 30 else None
+        ax.plot(series.steps, series.values, color=colour, marker=marker, markersize=1.5 + width, linewidth=width,
+                gid=f"{run.label}:{metric}")
+    if metric == "eval_loss":
+        for source in run.eval_sources():
+            part = run.get(source)
+            ax.plot(part.steps, part.values, color=colour, linestyle=_dashes(sources, source), linewidth=1.0,
+                    marker=".", markersize=3, alpha=0.8, gid=f"{run.label}:{source}")
+
+
+def _draw_markers(ax, run: RunMetrics, colour: str, spikes: bool) -> None:
+    for resume in run.resumes:
+        ax.axvline(resume.step, color=colour, gid=f"{run.label}:resume", **RESUME_STYLE)
+    for step in sorted(set(run.skipped)):
+        ax.axvline(step, gid=f"{run.label}:skipped", **SKIP_STYLE)
+    if spikes and run.spikes:
+        ax.plot([s for s, _ in run.spikes], [v for _, v in run.spikes], linestyle="none", marker="v",
+                markersize=8, color=colour, markeredgecolor="black", gid=f"{run.label}:loss_spike")
+
+
+def _values(run: RunMetrics, metric: str) -> list[float]:
+    values = list(run.get(metric).values)
+    if metric == "eval_loss":
+        values += [v for source in run.eval_sources() for v in run.get(source).values]
+    if metric == "loss":
+        values += [v for _, v in run.spikes]
+    return [v for v in values if math.isfinite(v)]
+
+
+def _scale(ax, values: list[float], log_allowed: bool) -> None:
+    """Log scale where the values span orders of magnitude (grad norm spikes, loss from scratch), else linear."""
+    if log_allowed and values and min(values) > 0 and max(values) / min(values) > LOG_RATIO:
+        ax.set_yscale("log")
+    else:
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useOffset=False)
+
+
+def _legend_handles(runs: list[RunMetrics], colours: list[str]) -> list:
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=c, linewidth=2.5, label=run.label) for run, c in zip(runs, colours)]
+    if any(run.resumes for run in runs):
+        handles.append(Line2D([], [], color="black", label="resume (run's colour)", **RESUME_STYLE))
+    if any(run.skipped for run in runs):
+        handles.append(Line2D([], [], label="skipped / non-finite step", **SKIP_STYLE))
+    if any(run.spikes for run in runs):
+        handles.append(Line2D([], [], linestyle="none", marker="v", color="grey", markeredgecolor="black",
+                              label="loss spike"))
+    return handles
+
+
+def _dashes(sources: list[str], source: str) -> tuple:
+    i = sources.index(source)
+    return (0, (1 + i, 1 + i))
+
+
+def _source_handles(sources: list[str]) -> list:
+    from matplotlib.lines import Line2D
+    return [Line2D([], [], color="grey", linewidth=1.6, marker="o", markersize=3.5, label="all sources")] + [
+        Line2D([], [], color="grey", linestyle=_dashes(sources, s), marker=".", label=s.split("/", 1)[1])
+        for s in sources]
