@@ -44,10 +44,11 @@ def disagreements(ranks: list[dict]) -> list[str]:
         reference = resolved[0]
         for other in resolved[1:]:
             if other["config_hash"] != reference["config_hash"]:
-                keys = config_differences(reference["config"], other["config"])
+                keys = config_differences(other["config"], reference["config"])
                 problems.append(f"resolved-preset hash: rank {other['rank']} ({other['host']}) "
                                 f"{other['config_hash'][:12]} != rank {reference['rank']} "
-                                f"{reference['config_hash'][:12]}; differing keys: {', '.join(keys[:8]) or '?'}"
+                                f"{reference['config_hash'][:12]}; differing keys (rank {other['rank']} vs rank "
+                                f"{reference['rank']}): {', '.join(keys[:8]) or '?'}"
                                 f"{' ...' if len(keys) > 8 else ''} (launch every node with the same preset file and "
                                 f"--set items)")
     return problems
