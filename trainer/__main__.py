@@ -1,4 +1,4 @@
-"""`python -m trainer <command>`: presets, show, export, train, launch, preflight, plan, doctor, lint, prepare-data,
+"""`python -m trainer <command>`: presets, show, export, train, launch, preflight, autotune, plan, doctor, lint, prepare-data,
 generate, evaluate.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
@@ -21,6 +21,8 @@ COMMANDS = {
     "launch": ("trainer.launch.supervisor", "start this node's ranks; forwards SIGTERM and waits for the checkpoint (PID 1 safe)"),
     "preflight": ("trainer.preflight.cli", "before a run: bus bandwidth per message size and node pair, free memory, "
                                            "and the same versions and resolved preset on every rank"),
+    "autotune": ("trainer.autotune.cli", "run DeepSpeed's autotuner over what the planner says fits; write the best "
+                                         "config as a preset (CUDA)"),
     "plan": ("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
     "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
     "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
