@@ -1,5 +1,5 @@
-"""`python -m trainer <command>`: presets, show, export, train, launch, preflight, autotune, plan, doctor, lint, prepare-data,
-generate, evaluate.
+"""`python -m trainer <command>`: presets, show, export, train, launch, preflight, autotune, plan, doctor, lint,
+prepare-data, generate, evaluate.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).

@@ -16,6 +16,7 @@ CUDA only: the autotuner times CUDA events and sizes micro-batches from GPU memo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from ..options import add_preset_arguments, load_and_resolve
 from ..presets import PRESET_DIR
 from .results import preset_document, read_results
 from .space import describe, search_space
+
 
 # The experiments' own runs, kept out of the preset's run directory and its checkpoints (no resume from them).
 EXPERIMENT_SETS = ("train.resume=null", "train.save_every=0", "train.eval_every=0", "logging.wandb_mode=disabled")
@@ -63,11 +65,12 @@ def autotune(args) -> int:
         return write_preset(args, read_results(args.from_results), output, space)
     if resolved.config.hardware.gpu == "cpu":
         raise UserError(f"preset {args.preset} runs on CPU ranks (hardware.gpu: cpu): DeepSpeed's autotuner profiles "
-                        f"CUDA (CUDA-event timers, GPU memory for the micro-batch range); tune a GPU preset on its GPUs")
+                        f"CUDA (CUDA-event timers, GPU memory for the micro-batch range); tune a GPU preset on its "
+                        f"GPUs")
     if not space.stages:
-        raise UserError("nothing the autotuner can run fits these GPUs (the planner):\n  "
-                        + "\n  ".join(space.left_out) + f"\ntrain {args.preset} as planned (`python -m trainer plan "
-                                                        f"--model {args.preset}`) instead")
+        left_out = "\n  ".join(space.left_out)
+        raise UserError(f"nothing the autotuner can run fits these GPUs (the planner):\n  {left_out}\ntrain "
+                        f"{args.preset} as planned (`python -m trainer plan --model {args.preset}`) instead")
     config, command = tuning_job(args, resolved, space, work)
     for line in describe(space):
         print(f"search space: {line}", file=sys.stderr)
@@ -113,11 +116,9 @@ def refuse_without_cuda() -> None:
         raise UserError("autotune needs CUDA GPUs: DeepSpeed's autotuner times CUDA events and sizes micro-batches "
                         "from GPU memory, and none is visible here; run it on the GPU node (--dry-run prints the "
                         "config and the command on any machine)")
-    try:
-        import tabulate  # noqa: F401  (DeepSpeed's Autotuner asserts it is installed)
-    except ImportError:
+    if importlib.util.find_spec("tabulate") is None:  # DeepSpeed's Autotuner asserts it is installed
         raise UserError("DeepSpeed's autotuner needs the tabulate package: pip install tabulate==0.10.0 (or "
-                        "pip install -e '.[gpu]')") from None
+                        "pip install -e '.[gpu]')")
     if shutil.which("pdsh") is None:
         print("autotune: pdsh is not installed: DeepSpeed cleans up after each experiment with pdsh (pkill); "
               "the experiments still run, each ending with a FileNotFoundError in the log", file=sys.stderr)

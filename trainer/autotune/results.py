@@ -23,6 +23,7 @@ from ..files import read_json_object, read_yaml_mapping
 from ..presets import apply_overrides, config_from_dict, preset_path
 from ..resolve import resolve
 
+
 OPTIMAL = "ds_config_optimal.json"
 
 

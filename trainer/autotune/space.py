@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from .. import ds as dsc
 from ..plan.estimate import CANDIDATES, MAX_MICRO_BATCH, estimate, inputs_for_resolved
 
+
 # What the autotuner's experiments run with: DeepSpeed's defaults under `{"stage": N}` (runtime/zero/config.py).
 DEFAULT_REDUCE_BUCKET = int(5e8)
 

@@ -26,6 +26,7 @@ from ..config import AUTO
 from ..errors import UserError
 from ..files import read_json_object
 
+
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 

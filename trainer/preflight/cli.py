@@ -29,6 +29,7 @@ from .agree import disagreements, resolved_hash, versions
 from .bandwidth import OPS, measure, parse_sizes
 from .report import render
 
+
 CPU_SIZES = "64K,1M,16M"            # gloo over loopback: larger sizes only take longer
 GPU_SIZES = "1M,16M,128M,1G"        # NCCL reaches its plateau bus bandwidth from a few hundred MB
 
@@ -141,7 +142,8 @@ def run_checks(args, everyone: list[dict], device) -> dict:
             "nodes": [{"node": n.key, "ranks": list(n.ranks)} for n in node_list],
             "ranks": [{k: v for k, v in r.items() if k != "config"} for r in everyone],
             "collectives": collectives, "node_pairs": pairs,
-            "slow_threshold_gbps": threshold, "slow_fraction": nd.SLOW_FRACTION, "slow_reference": "expected" if args.expect_busbw else "median",
+            "slow_threshold_gbps": threshold, "slow_fraction": nd.SLOW_FRACTION,
+            "slow_reference": "expected" if args.expect_busbw else "median",
             "warnings": memory_warnings(everyone), "problems": problems,
             "verdict": "ok" if not problems else "fail"}
 
