@@ -79,6 +79,7 @@ def autotune(args) -> int:
         print(" ".join(command))
         return 0
     refuse_without_cuda()
+    work.mkdir(parents=True, exist_ok=True)
     write_text_atomic(str(work / "ds_config_autotuning.json"), json.dumps(config, indent=2) + "\n", "--dir")
     print(f"autotune: {' '.join(command)}", file=sys.stderr, flush=True)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -126,7 +127,7 @@ def refuse_without_cuda() -> None:
 
 def write_preset(args, best, output: str, space) -> int:
     name = Path(output).stem
-    text, _ = preset_document(args.preset, args.overrides, best, name, describe(space))
+    text = preset_document(args.preset, args.overrides, best, name, describe(space))
     write_text_atomic(output, text, "-o")
     print(f"autotune: best {best.experiment}: {best.samples_per_s:.2f} samples/s; wrote preset {output}",
           file=sys.stderr)

@@ -52,8 +52,7 @@ def read_results(results_dir: str | Path) -> Best:
     optimal = read_json_object(results / OPTIMAL, "the autotuner's optimal config")
     for experiment in sorted(p for p in results.iterdir() if (p / "metrics.json").is_file()):
         config = read_json_object(experiment / "ds_config.json", "an autotuning experiment's config")
-        config.pop("autotuning", None)
-        if config == optimal:
+        if dsc.without_autotuning(config) == optimal:
             metrics = read_json_object(experiment / "metrics.json", "an autotuning experiment's metrics")
             if not all(isinstance(metrics.get(k), (int, float)) for k in ("throughput", "latency")):
                 raise UserError(f"{experiment / 'metrics.json'}: no numeric throughput and latency")
@@ -62,8 +61,8 @@ def read_results(results_dir: str | Path) -> Best:
                     f"from another run, or edited; run `python -m trainer autotune` again")
 
 
-def preset_document(source: str, overrides: list[str], best: Best, name: str, searched: list[str]) -> tuple[str, dict]:
-    """(YAML text with its header, the raw mapping) of the new preset: the source preset with the `--set` items
+def preset_document(source: str, overrides: list[str], best: Best, name: str, searched: list[str]) -> str:
+    """The new preset's YAML text with its header: the source preset with the `--set` items
     the autotuner ran with folded in, its DeepSpeed section the optimal config (no template: the experiments
     ran without one), its train section the optimal micro-batch and accumulation."""
     raw = apply_overrides(read_yaml_mapping(preset_path(source), "preset"), overrides)
@@ -79,7 +78,7 @@ def preset_document(source: str, overrides: list[str], best: Best, name: str, se
     raw["name"] = name
     resolved = resolve(config_from_dict(raw, name))  # a preset that does not resolve is not written
     raw.pop("name")
-    return _header(source, name, best, resolved, searched) + yaml.safe_dump(raw, sort_keys=False), raw
+    return _header(source, name, best, resolved, searched) + yaml.safe_dump(raw, sort_keys=False)
 
 
 def _header(source: str, name: str, best: Best, resolved, searched: list[str]) -> str:

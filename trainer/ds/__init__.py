@@ -14,6 +14,7 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 from .auto import fill_auto, find_auto
 from .autotuning import (
     autotuning_block, decode_launcher_config, experiment_configs, experiment_overrides, preset_section, tuning_config,
+    without_autotuning,
 )
 from .batch import Batch, accumulation, solve_batch
 from .build import (
@@ -43,6 +44,7 @@ __all__ = [
     "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device", "offload_param_device",
     "offload_pin_memory", "overlap_comm", "precision", "precision_overrides", "preset_section", "quantized_gradients",
     "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override", "smaller_stage3_buffers",
-    "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config", "with_zeropp", "without_tensor_parallel", "zero",
-    "zero_block", "zero_inference_config", "zero_key", "zero_overrides", "zero_setting", "zero_stage",
+    "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config", "with_zeropp", "without_autotuning",
+    "without_tensor_parallel", "zero", "zero_block", "zero_inference_config", "zero_key", "zero_overrides",
+    "zero_setting", "zero_stage",
 ]

@@ -97,6 +97,11 @@ def experiment_overrides(config: dict) -> list[str]:
             f"train.grad_accum={accum}", "train.global_batch_size=null"]
 
 
+def without_autotuning(config: dict) -> dict:
+    """An experiment's config as the autotuner compares it with ds_config_optimal.json (its autotuning block gone)."""
+    return {k: v for k, v in config.items() if k != "autotuning"}
+
+
 def preset_section(optimal: dict) -> tuple[dict, int, int]:
     """(deepspeed section, micro-batch, accumulation) of a preset that runs the autotuner's optimal config:
     the batch triad is the train section's (filled back as "auto"), the autotuning block gone."""
