@@ -85,10 +85,13 @@ def check_settings(args) -> None:
         (args.timeout_s >= 1, f"--timeout-s {args.timeout_s} must be >= 1"),
         (args.expect_busbw is None or args.expect_busbw > 0, f"--expect-busbw {args.expect_busbw} must be > 0"),
     ) if not ok]
+    if args.sizes:
+        try:
+            parse_sizes(args.sizes)
+        except UserError as err:
+            problems.append(str(err))
     if problems:
         raise UserError("; ".join(problems))
-    if args.sizes:
-        parse_sizes(args.sizes)
 
 
 def rank_facts(args) -> dict:
