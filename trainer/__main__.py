@@ -1,5 +1,5 @@
-"""`python -m trainer <command>`: presets, show, export, train, launch, plan, doctor, lint, prepare-data, generate,
-evaluate, report.
+"""`python -m trainer <command>`: presets, show, export, train, launch, preflight, autotune, plan, doctor, lint,
+prepare-data, generate, evaluate, report.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
@@ -19,6 +19,10 @@ COMMANDS = {
     "export": ("trainer.show", "write a preset's resolved DeepSpeed JSON"),
     "train": ("trainer.train.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
     "launch": ("trainer.launch.supervisor", "start this node's ranks; forwards SIGTERM and waits for the checkpoint (PID 1 safe)"),
+    "preflight": ("trainer.preflight.cli", "before a run: bus bandwidth per message size and node pair, free memory, "
+                                           "and the same versions and resolved preset on every rank"),
+    "autotune": ("trainer.autotune.cli", "run DeepSpeed's autotuner over what the planner says fits; write the best "
+                                         "config as a preset (CUDA)"),
     "plan": ("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
     "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
     "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),

@@ -8,9 +8,14 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 - `batch`: the batch triad (micro x accumulation x data-parallel = global), solved once;
 - `auto`: "auto" filled from the trainer's sections, as the HF Trainer fills it;
 - `check`: the keys the installed DeepSpeed reads, learned from that DeepSpeed;
-- `inference`: the ZeRO-Inference config (stage 3, parameters offloaded, no optimizer).
+- `inference`: the ZeRO-Inference config (stage 3, parameters offloaded, no optimizer);
+- `autotuning`: DeepSpeed's autotuner: its tuning config, its experiments as `--set` items, its best config.
 """
 from .auto import fill_auto, find_auto
+from .autotuning import (
+    autotuning_block, decode_launcher_config, experiment_configs, experiment_overrides, preset_section, tuning_config,
+    without_autotuning,
+)
 from .batch import Batch, accumulation, solve_batch
 from .build import (
     activation_checkpointing_overrides, aio_defaults, base_config, gather_on_save_override, min_loss_scale_override,
@@ -31,14 +36,15 @@ from .keys import (
 
 __all__ = [
     "Batch", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS", "accumulation",
-    "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autotp_size", "base_config", "bf16_enabled",
-    "check_keys", "contiguous_gradients", "fill_auto", "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled",
+    "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autotp_size", "autotuning_block",
+    "base_config", "bf16_enabled", "check_keys", "contiguous_gradients", "decode_launcher_config",
+    "experiment_configs", "experiment_overrides", "fill_auto", "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled",
     "fp16_min_loss_scale", "gather_16bit_on_save", "gather_on_save_override", "has_activation_checkpointing",
-    "hpz_partition_size", "init_inference_config", "micro_batch_size", "min_loss_scale_override",
-    "nvme_buffer_size", "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device",
-    "offload_param_device", "offload_pin_memory", "overlap_comm", "precision", "precision_overrides",
-    "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override",
-    "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "with_zeropp",
+    "hpz_partition_size", "init_inference_config", "micro_batch_size", "min_loss_scale_override", "nvme_buffer_size",
+    "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device", "offload_param_device",
+    "offload_pin_memory", "overlap_comm", "precision", "precision_overrides", "preset_section", "quantized_gradients",
+    "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override", "smaller_stage3_buffers",
+    "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config", "with_zeropp", "without_autotuning",
     "without_tensor_parallel", "zero", "zero_block", "zero_inference_config", "zero_key", "zero_overrides",
     "zero_setting", "zero_stage",
 ]

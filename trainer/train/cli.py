@@ -13,6 +13,9 @@ from ..resolve import launcher_world_size
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)  # shared with `launch`, which passes them on to every rank
+    # DeepSpeed's autotuner (`python -m trainer autotune`) runs each experiment as train.py ... --deepspeed_config
+    # <base64 JSON>: that config becomes the preset's whole DeepSpeed section for the experiment
+    parser.add_argument("--deepspeed_config", help=argparse.SUPPRESS)
 
 
 def train(args, hooks=None) -> int:
@@ -22,6 +25,9 @@ def train(args, hooks=None) -> int:
         warn_about_literal_secrets(args.overrides)
     sys.argv[:] = redact_argv(sys.argv)  # what wandb records as the run's command line
     overrides = list(args.overrides)
+    if args.deepspeed_config:
+        from .. import ds as dsc
+        overrides += dsc.experiment_overrides(dsc.decode_launcher_config(args.deepspeed_config))
     if args.resume is not None:
         overrides.append(f"train.resume={'null' if args.resume == 'off' else args.resume}")
     succeeded = False
