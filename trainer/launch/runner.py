@@ -37,9 +37,10 @@ def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[
     print_command(words)
     if args.dry_run:
         return 0
-    check_installed(words[len(env)])
-    record_launch(resolved, args, topology, fabric, words, extra_record)
-    proc = subprocess.Popen(words[len(env):], env={**os.environ, **env})
+    program = installed(words[len(env)])
+    if topology.launcher != "torchrun" or not args.node_rank:  # torchrun runs on every node: node 0 records
+        record_launch(resolved, args, topology, fabric, words, extra_record)
+    proc = subprocess.Popen([program, *words[len(env) + 1:]], env={**os.environ, **env})
     return supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s).run()
 
 
@@ -75,10 +76,16 @@ def check_torchrun_node(args, topology: Topology) -> None:
         raise UserError(f"torchrun on {topology.nodes} nodes needs " + "; ".join(problems))
 
 
-def check_installed(program: str) -> None:
-    if shutil.which(program) is None:
-        raise UserError(f"{program} is not on PATH: activate the environment the trainer is installed in "
-                        f"(it comes with {'DeepSpeed' if program == 'deepspeed' else 'torch'})")
+def installed(program: str) -> str:
+    """The program on PATH, else beside this Python (a venv's deepspeed/torchrun, not activated)."""
+    beside = Path(sys.executable).parent / program
+    found = shutil.which(program) or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+    if found is None:
+        where = {"deepspeed": "it comes with DeepSpeed", "torchrun": "it comes with torch"}.get(
+            program, "run this on the cluster's login node, where Slurm is installed")
+        raise UserError(f"{program} is not on PATH: {where} (activate the environment the trainer is installed "
+                        f"in)" if program != "sbatch" else f"sbatch is not on PATH: {where}")
+    return found
 
 
 def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], train_args: list[str]) -> int:
@@ -97,9 +104,9 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
         print(f"launch: {path} would hold:\n{script}", flush=True)
         print_command(words)
         return 0
-    check_installed("sbatch")
+    sbatch = installed("sbatch")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, script, flag="job.sbatch")
     record_launch(resolved, args, topology, fabric, words, {"sbatch_script": path})
     print_command(words)
-    return subprocess.run(words).returncode
+    return subprocess.run([sbatch, path]).returncode

@@ -57,14 +57,15 @@ def resolve_for(args, config, topology: Topology) -> Resolved:
         source = f"the hostfile {topology.hostfile.path}" if topology.hostfile else "the launch flags / hardware section"
         raise UserError(f"{err}\n(resolved for the launch: {topology.nodes} node(s) x {topology.ranks_per_node} "
                         f"rank(s) = world size {world}, from {source})") from None
-    check_groups_fit_a_node(resolved, topology)
+    check_fits_topology(resolved, topology)
     args.world_size = world
     return resolved
 
 
-def check_groups_fit_a_node(resolved: Resolved, topology: Topology) -> None:
-    """hpZ's secondary shards and AutoTP's shards are meant to live on one node (NVLink): a group across the
-    node boundary puts every layer's all-gather (or every TP all-reduce) on the inter-node network."""
+def check_fits_topology(resolved: Resolved, topology: Topology) -> None:
+    """What only the topology can refuse. hpZ's secondary shards and AutoTP's shards are meant to live on one
+    node (NVLink): a group across the node boundary puts every layer's all-gather (or every TP all-reduce) on
+    the inter-node network."""
     per_node, problems = topology.ranks_per_node, []
     hpz, tp = dsc.hpz_partition_size(resolved.ds), dsc.autotp_size(resolved.ds)
     if topology.nodes > 1 and hpz > 1 and per_node % hpz:
@@ -73,5 +74,12 @@ def check_groups_fit_a_node(resolved: Resolved, topology: Topology) -> None:
     if topology.nodes > 1 and tp > 1 and per_node % tp:
         problems.append(f"deepspeed.tensor_parallel.autotp_size={tp} does not divide the {per_node} rank(s) per "
                         f"node: tensor-parallel all-reduces would cross nodes; use a divisor of {per_node}")
+    if topology.nodes > 1 and dsc.quantized_gradients(resolved.ds) and resolved.config.hardware.gpu == "cpu":
+        # checked here: across nodes ZeRO-3 calls all_to_all_quant_reduce, whose quantizer op DeepSpeed's CPU
+        # backend lacks ("This op had not been implemented on CPU backend" at the first step); on one node it
+        # falls back to a plain reduce-scatter
+        problems.append("deepspeed.zero_optimization.zero_quantized_gradients across nodes needs GPUs: DeepSpeed's "
+                        "CPU backend has no quantizer kernel for the inter-node gradient all-to-all; turn it off "
+                        "on CPU ranks (zero_hpz_partition_size works)")
     if problems:
         raise UserError("the launch topology does not fit the preset:\n  " + "\n  ".join(problems))
