@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+
 PACKAGES = {"sshd": "openssh-server", "pdsh": "pdsh", "ssh-keygen": "openssh-client"}
 POLICY = Path("/usr/sbin/policy-rc.d")
 PRIVSEP_DIR = Path("/run/sshd")  # compiled into Debian's sshd: it refuses to start without it

@@ -237,6 +237,12 @@ def test_the_users_deepspeed_env_is_merged_not_clobbered(tmp_path, monkeypatch):
     assert (tmp_path / "home" / ".deepspeed_env").read_text() == "NCCL_IB_HCA=mlx5_2\nMY_VAR=1\n"
 
 
+def test_a_flag_of_another_launcher_is_refused_not_ignored():
+    proc = dry_run("tiny_cpu", "--time", "01:00:00", "--rdzv-id", "x")
+    assert proc.returncode == 2
+    assert "launch --launcher deepspeed: --rdzv-id (torchrun only), --time (slurm only) would do nothing" in proc.stderr
+
+
 def test_unknown_fabric_is_named():
     proc = dry_run("tiny_cpu", "--fabric", "infiniband")
     assert proc.returncode == 2 and "--fabric 'infiniband': not a shipped profile (debug, ib" in proc.stderr

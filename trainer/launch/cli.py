@@ -36,6 +36,9 @@ from .topology import Topology, resolve_for, topology_of
 
 LAUNCHERS = ("deepspeed", "torchrun", "slurm", "local")
 NODE_LOCAL_FLAGS = ("nnodes", "node_rank", "nproc_per_node")
+# flags that only one launcher reads: given with another, they would do nothing
+LAUNCHER_ONLY = {"ssh_port": "deepspeed", "rdzv_backend": "torchrun", "rdzv_id": "torchrun", "time": "slurm",
+                 "signal_grace_s": "slurm", "partition": "slurm", "account": "slurm"}
 
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +55,8 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-backend", choices=("c10d",), help="torchrun: dynamic rendezvous (node ranks "
                         "assigned) instead of the static one at --master-addr with --node-rank")
     parser.add_argument("--rdzv-id", help="torchrun with --rdzv-backend: the job's id (the same on every node)")
-    parser.add_argument("--time", default="24:00:00", help="slurm: the job's time limit (default 24:00:00)")
-    parser.add_argument("--signal-grace-s", type=int, default=300,
+    parser.add_argument("--time", help="slurm: the job's time limit (default 24:00:00)")
+    parser.add_argument("--signal-grace-s", type=int,
                         help="slurm: SIGTERM this many seconds before the time limit, to checkpoint (default 300)")
     parser.add_argument("--partition", help="slurm: the partition")
     parser.add_argument("--account", help="slurm: the account")
@@ -66,6 +69,7 @@ def launch(args) -> int:
     args.preset, extra = preset_and_train_args(args)
     args.launcher = args.launcher or ("local" if any(getattr(args, k) is not None for k in NODE_LOCAL_FLAGS)
                                       else "deepspeed")
+    check_launcher_flags(args)
     fabric = load_fabric(args.fabric) if args.fabric else None
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import banner is not the printed command
         config = load_preset(args.preset, args.overrides)
@@ -87,6 +91,14 @@ def preset_and_train_args(args) -> tuple[str, list[str]]:
         raise UserError("launch: give a PRESET (a shipped name, see `python -m trainer presets`, or a path), e.g. "
                         "python -m trainer launch tiny_cpu")
     return preset, list(getattr(args, "passthrough", []))
+
+
+def check_launcher_flags(args) -> None:
+    unused = [f"--{name.replace('_', '-')} ({owner} only)" for name, owner in LAUNCHER_ONLY.items()
+              if getattr(args, name) is not None and owner != args.launcher]
+    if unused:
+        raise UserError(f"launch --launcher {args.launcher}: {', '.join(unused)} would do nothing here; leave "
+                        f"{'it' if len(unused) == 1 else 'them'} out or choose that launcher")
 
 
 def run_local(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], extra: list[str]) -> int:

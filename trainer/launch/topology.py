@@ -34,14 +34,20 @@ def topology_of(args, config) -> Topology:
             raise UserError(f"--hostfile with --launcher {args.launcher}: the nodes come from "
                             f"{'the allocation' if args.launcher == 'slurm' else '--nnodes'}; leave --hostfile out")
         hostfile = read_hostfile(args.hostfile)
+        if args.nnodes is not None and args.nnodes != hostfile.nodes:
+            raise UserError(f"--nnodes {args.nnodes} but the hostfile {hostfile.path} lists {hostfile.nodes} "
+                            f"host(s): leave --nnodes out (the hostfile says), or list the hosts to run on")
         check_against_preset(hostfile, args.nproc_per_node or hw.gpus_per_node)
         return Topology(args.launcher, hostfile.nodes, hostfile.hosts[0][1], hostfile)
-    nodes = args.nnodes or hw.nodes
+    nodes = hw.nodes if args.nnodes is None else args.nnodes
+    per_node = hw.gpus_per_node if args.nproc_per_node is None else args.nproc_per_node
+    if nodes < 1 or per_node < 1:
+        raise UserError(f"--nnodes {nodes} x --nproc-per-node {per_node}: both must be >= 1")
     if args.launcher == "deepspeed" and nodes > 1:
         raise UserError(f"the preset runs on hardware.nodes={nodes} nodes: give --hostfile FILE (one `host slots="
                         f"{hw.gpus_per_node}` line per node), or --launcher slurm / torchrun, or --set "
                         f"hardware.nodes=1 for one node")
-    return Topology(args.launcher, nodes, args.nproc_per_node or hw.gpus_per_node)
+    return Topology(args.launcher, nodes, per_node)
 
 
 def resolve_for(args, config, topology: Topology) -> Resolved:
