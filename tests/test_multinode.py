@@ -122,9 +122,12 @@ def test_torchrun_two_node_rendezvous_trains_like_one_node(single_node, tmp_path
     out = tmp_path / "run"
     port = str(new_port())
     common = ["tiny_cpu", "--launcher", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr",
-              "127.0.0.1", "--master-port", port, *sets(RUN + STAGES["z2"] + [f"train.output_dir={out}"])]
+              "127.0.0.1", "--master-port", port, "--fabric", "tcp",
+              *sets(RUN + STAGES["z2"] + [f"train.output_dir={out}"])]
     outputs = nodes([common + ["--node-rank", str(n)] for n in (0, 1)], out, tmp_path)
     assert "torchrun --nproc_per_node 1 --nnodes 2 --node_rank 1 --master_addr 127.0.0.1" in outputs[1]
+    for rank, output in enumerate(outputs):  # the profile reached each node's rank through torchrun's environment
+        assert f"network: rank {rank} on " in output and "NCCL_IB_DISABLE=1 NCCL_NSOCKS_PERTHREAD=4" in output
     assert_same_trajectory(out, single_node)
     assert json.loads((out / "launch.json").read_text())["command"].split(" --node_rank ")[1].startswith("0 ")
 

@@ -18,8 +18,9 @@ from .fabric import Fabric, deepspeed_env_text
 from .topology import Topology
 
 
-def print_command(words: list[str], note: str = "") -> None:
-    print(f"launch: {note}" if note else "launch: the command:", flush=True)
+def print_command(words: list[str]) -> None:
+    """In full (secrets in --set redacted), on its own line, so it can be copied and run by hand."""
+    print("launch: the command:", flush=True)
     print(join(redact_argv(words)), flush=True)
 
 
