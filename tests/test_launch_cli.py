@@ -121,7 +121,8 @@ def test_autotp_across_nodes_is_refused(tmp_path):
                    "--set", "deepspeed.tensor_parallel={autotp_size: 4}", "--set", "model.num_heads=8",
                    "--set", "model.num_kv_heads=8")
     assert proc.returncode == 2
-    assert "autotp_size=4 does not divide the 2 rank(s) per node: tensor-parallel all-reduces would cross" in proc.stderr
+    assert "autotp_size=4 does not divide the 2 rank(s) per node: tensor-parallel all-reduces would cross" \
+        in proc.stderr
 
 
 def test_quantized_gradients_across_cpu_nodes_are_refused_before_the_first_step(tmp_path):
@@ -208,7 +209,8 @@ def test_every_shipped_profile_parses_and_explains_each_variable():
         lines = open(fabric.sources[0]).read().splitlines()
         for number, line in enumerate(lines):
             if line and not line.startswith("#"):  # a variable: a comment line right above it (or its group's)
-                above = next(lines[i] for i in range(number - 1, -1, -1) if not lines[i].startswith(("NCCL_", "TORCH_")))
+                above = next(lines[i] for i in range(number - 1, -1, -1)
+                             if not lines[i].startswith(("NCCL_", "TORCH_")))
                 assert above.startswith("#"), f"{name}: {line} has no comment saying why"
     assert dict(load_fabric("roce").env)["NCCL_IB_GID_INDEX"] == "3"
     assert dict(load_fabric("debug").env)["NCCL_DEBUG"] == "INFO"

@@ -60,7 +60,8 @@ def resolve_for(args, config, topology: Topology) -> Resolved:
         with contextlib.redirect_stdout(sys.stderr), blamed(str(preset_path(args.preset)), args.overrides):
             resolved = resolve(config, world)
     except UserError as err:
-        source = f"the hostfile {topology.hostfile.path}" if topology.hostfile else "the launch flags / hardware section"
+        source = (f"the hostfile {topology.hostfile.path}" if topology.hostfile
+                  else "the launch flags / hardware section")
         raise UserError(f"{err}\n(resolved for the launch: {topology.nodes} node(s) x {topology.ranks_per_node} "
                         f"rank(s) = world size {world}, from {source})") from None
     check_fits_topology(resolved, topology)
