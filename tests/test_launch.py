@@ -24,8 +24,8 @@ RUN = TINY + STAGES["z2"] + ["train.max_steps=400", "train.save_every=0", "train
 
 
 def launch_command(out, *extra, launcher_args=()) -> list[str]:
-    cmd = [sys.executable, "-m", "trainer", "launch", "--master-port", str(new_port()), *launcher_args,
-           "--preset", "tiny_cpu"]
+    cmd = [sys.executable, "-m", "trainer", "launch", "--launcher", "local", "--master-port", str(new_port()),
+           *launcher_args, "--preset", "tiny_cpu"]
     for item in RUN + [f"train.output_dir={out}", *extra]:
         cmd += ["--set", item]
     return cmd

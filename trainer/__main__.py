@@ -18,7 +18,7 @@ COMMANDS = {
     "show": ("trainer.show", "print a preset's fully resolved config"),
     "export": ("trainer.show", "write a preset's resolved DeepSpeed JSON"),
     "train": ("trainer.train.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
-    "launch": ("trainer.launch.supervisor", "start this node's ranks; forwards SIGTERM and waits for the checkpoint (PID 1 safe)"),
+    "launch": ("trainer.launch.cli", "start a preset's ranks: deepspeed (hostfile), torchrun, slurm, or node-local (PID 1 safe)"),
     "preflight": ("trainer.preflight.cli", "before a run: bus bandwidth per message size and node pair, free memory, "
                                            "and the same versions and resolved preset on every rank"),
     "autotune": ("trainer.autotune.cli", "run DeepSpeed's autotuner over what the planner says fits; write the best "
@@ -31,6 +31,7 @@ COMMANDS = {
     "evaluate": ("trainer.infer.evaluate", "loss and perplexity of a model on a dataset, or a run on its own eval set"),
     "report": ("trainer.report.cli", "draw runs' metrics.jsonl (loss, eval loss, lr, grad norm, tokens/s, memory) as PNG or HTML"),
 }
+PASSTHROUGH = ("launch",)  # commands that take `-- ARGS`
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module_name, help_text) in COMMANDS.items():
         modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
         getattr(modules[name], f"{name.replace('-', '_')}_arguments")(sub.add_parser(name, help=help_text))
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # `launch P -- --resume auto`: passed on to the ranks
+    args = parser.parse_args(argv[:cut])
+    args.passthrough = argv[cut + 1:]
+    if args.passthrough and args.command not in PASSTHROUGH:
+        parser.error(f"arguments after `--` ({' '.join(args.passthrough)}): only {', '.join(PASSTHROUGH)} takes them")
     try:
         return int(getattr(modules[args.command], args.command.replace("-", "_"))(args) or 0)
     except UserError as err:

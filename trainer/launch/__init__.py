@@ -1,2 +1,5 @@
-"""Starting ranks: `command` builds the launch line users run (deepspeed's runner); `supervisor` is
-`python -m trainer launch`, which starts this node's ranks itself and keeps the preemption promise."""
+"""Starting ranks. `cli` is `python -m trainer launch` (one entry for every launcher); `topology` checks the
+nodes x ranks against the preset; `hostfile` reads DeepSpeed hostfiles; `fabric` the NCCL profiles
+(`fabrics/*.env`); `command` builds the one launch line (also what the planner, doctor and preset headers
+print); `runner` runs deepspeed/torchrun/sbatch, `slurm` writes the sbatch script, `record` prints the command
+and writes `launch.json`; `supervisor` is the node-local launcher that keeps the preemption promise."""

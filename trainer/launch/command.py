@@ -1,57 +1,120 @@
-"""The one command line that trains a preset, as the planner, the doctor and the preset headers print it."""
+"""The one command line that trains a preset, as the planner, the doctor, the preset headers and `python -m
+trainer launch` print (and run) it: DeepSpeed's runner, torchrun, or the node-local launcher (what a Slurm
+script runs on each node)."""
 from __future__ import annotations
 
+import re
 import shlex
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 from .. import ds as dsc
 
-LAUNCHERS = ("deepspeed", "torchrun")
+
+LAUNCHERS = ("deepspeed", "torchrun", "local")
+DEFAULT_PORT = 29500  # deepspeed's and torchrun's default rendezvous port
+SHELL_VARIABLE = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?$")  # $MASTER_ADDR, $MASTER_ADDR:29500
 
 
-def train_command(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_per_node: int = 1,
-                  cpu_offload: bool = False, world_size: Optional[int] = None, launcher: str = "deepspeed",
-                  env: tuple[tuple[str, str], ...] = ()) -> str:
-    """The one command line that trains `preset` on nodes x gpus_per_node ranks, as the planner, the doctor
-    and the preset headers print it: DeepSpeed's runner (a hostfile for several nodes), or torchrun on each
-    node (static rendezvous at $MASTER_ADDR, this node's index in $NODE_RANK) where ssh from one node to the
-    others is not available. CPU offload gets --bind_cores_to_rank (the CPU optimizer wants its own cores).
-    `world_size` is passed on as --world-size; `env` prefixes VAR=value assignments. Under a scheduler, run
-    the same arguments with `python -m trainer launch` (see its module docstring)."""
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks meet and how the nodes are reached. The defaults are the lines the planner prints:
+    a file named `hostfile`, and for torchrun/local the shell's $MASTER_ADDR and $NODE_RANK on each node."""
+    hostfile: str = "hostfile"
+    master_addr: Optional[str] = None   # deepspeed: None asks the first host (`hostname -I` over ssh)
+    master_port: Optional[int] = None
+    node_rank: Union[int, str] = "$NODE_RANK"
+    ssh_port: Optional[int] = None      # deepspeed's runner: ssh/pdsh to this port on every host
+    rdzv_backend: Optional[str] = None  # torchrun: c10d (dynamic rendezvous, node ranks assigned) instead of static
+    rdzv_id: Optional[str] = None
+
+
+def train_argv(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_per_node: int = 1,
+               cpu_offload: bool = False, world_size: Optional[int] = None, launcher: str = "deepspeed",
+               env: tuple[tuple[str, str], ...] = (), where: Rendezvous = Rendezvous(), train_args: list[str] = (),
+               script: str = "train.py", python: str = "python") -> list[str]:
+    """The words of `train_command` (the VAR=value assignments first), for a caller that runs them."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     words = [f"{name}={value}" for name, value in env]
-    words += _torchrun(nodes, gpus_per_node) if launcher == "torchrun" else _deepspeed(nodes, gpus_per_node,
-                                                                                       cpu_offload)
-    words += ["train.py", "--preset", preset]
+    if launcher == "deepspeed":
+        words += _deepspeed(nodes, gpus_per_node, cpu_offload, where) + [script]
+    elif launcher == "torchrun":
+        words += _torchrun(nodes, gpus_per_node, where) + [script]
+    else:
+        words += _local(nodes, gpus_per_node, where, python)
+    words += ["--preset", preset]
     if world_size is not None:
         words += ["--world-size", str(world_size)]
     for item in overrides:
         words += ["--set", item]
+    return words + list(train_args)
+
+
+def train_command(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_per_node: int = 1,
+                  cpu_offload: bool = False, world_size: Optional[int] = None, launcher: str = "deepspeed",
+                  env: tuple[tuple[str, str], ...] = (), **layout) -> str:
+    """The one command line that trains `preset` on nodes x gpus_per_node ranks, as the planner, the doctor
+    and the preset headers print it: DeepSpeed's runner (a hostfile for several nodes), or torchrun on each
+    node (static rendezvous at $MASTER_ADDR, this node's index in $NODE_RANK) where ssh from one node to the
+    others is not available, or the node-local launcher (`python -m trainer launch --launcher local`, which
+    keeps the preemption promise under a scheduler). CPU offload gets --bind_cores_to_rank (the CPU optimizer
+    wants its own cores). `world_size` is passed on as --world-size; `env` prefixes VAR=value assignments;
+    `layout` is train_argv's where/train_args/script/python."""
+    return join(train_argv(preset, overrides, nodes, gpus_per_node, cpu_offload, world_size, launcher, env, **layout))
+
+
+def join(words: list[str]) -> str:
     return " ".join(_quote(w) for w in words)
 
 
-def _deepspeed(nodes: int, gpus_per_node: int, cpu_offload: bool) -> list[str]:
+def _deepspeed(nodes: int, gpus_per_node: int, cpu_offload: bool, where: Rendezvous) -> list[str]:
     words = ["deepspeed"]
     if nodes > 1:
-        words += ["--hostfile", "hostfile", "--num_nodes", str(nodes)]
+        words += ["--hostfile", where.hostfile, "--num_nodes", str(nodes)]
     words += ["--num_gpus", str(gpus_per_node)]
+    if where.master_addr:
+        words += ["--master_addr", where.master_addr]
+    if where.master_port:
+        words += ["--master_port", str(where.master_port)]
+    if where.ssh_port and nodes > 1:
+        words += ["--ssh_port", str(where.ssh_port)]
     if cpu_offload:
         words.append("--bind_cores_to_rank")
     return words
 
 
-def _torchrun(nodes: int, gpus_per_node: int) -> list[str]:
+def _torchrun(nodes: int, gpus_per_node: int, where: Rendezvous) -> list[str]:
     words = ["torchrun", "--nproc_per_node", str(gpus_per_node)]
-    if nodes > 1:  # the same line on every node; the shell fills in which node it is
-        words += ["--nnodes", str(nodes), "--node_rank", "$NODE_RANK", "--master_addr", "$MASTER_ADDR",
-                  "--master_port", "29500"]
+    addr, port = where.master_addr or "$MASTER_ADDR", where.master_port or DEFAULT_PORT
+    if nodes > 1 and where.rdzv_backend:  # the same line on every node; torchrun numbers the nodes itself
+        words += ["--nnodes", str(nodes), "--rdzv_backend", where.rdzv_backend, "--rdzv_endpoint", f"{addr}:{port}",
+                  "--rdzv_id", where.rdzv_id or "trainer"]
+    elif nodes > 1:  # the same line on every node; the shell fills in which node it is
+        words += ["--nnodes", str(nodes), "--node_rank", str(where.node_rank), "--master_addr", addr,
+                  "--master_port", str(port)]
+    elif where.master_port:
+        words += ["--master_port", str(where.master_port)]
+    return words
+
+
+def _local(nodes: int, gpus_per_node: int, where: Rendezvous, python: str) -> list[str]:
+    words = [python, "-m", "trainer", "launch", "--launcher", "local", "--nproc-per-node", str(gpus_per_node)]
+    if nodes > 1:
+        words += ["--nnodes", str(nodes), "--node-rank", str(where.node_rank), "--master-addr",
+                  where.master_addr or "$MASTER_ADDR"]
+    if where.master_port:
+        words += ["--master-port", str(where.master_port)]
     return words
 
 
 def _quote(word: str) -> str:
     # $NODE_RANK and $MASTER_ADDR are for the shell to expand on each node: quoting would pass them literally
-    return word if word.startswith("$") and word[1:].isidentifier() else shlex.quote(word)
+    return word if SHELL_VARIABLE.match(word) else shlex.quote(word)
+
+
+def cpu_offloaded(resolved) -> bool:
+    return "cpu" in (dsc.offload_optimizer_device(resolved.ds), dsc.offload_param_device(resolved.ds))
 
 
 def command_for(resolved, preset: str, overrides: list[str], world_size: Optional[int] = None,
@@ -62,5 +125,4 @@ def command_for(resolved, preset: str, overrides: list[str], world_size: Optiona
     hw = resolved.config.hardware
     nodes, per_node = ((hw.nodes, hw.gpus_per_node) if resolved.world_size == hw.nodes * hw.gpus_per_node
                        else (1, resolved.world_size))
-    cpu_offload = "cpu" in (dsc.offload_optimizer_device(resolved.ds), dsc.offload_param_device(resolved.ds))
-    return train_command(preset, overrides, nodes, per_node, cpu_offload, world_size, launcher, env)
+    return train_command(preset, overrides, nodes, per_node, cpu_offloaded(resolved), world_size, launcher, env)

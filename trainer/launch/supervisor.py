@@ -1,7 +1,7 @@
-"""`python -m trainer launch`: start this node's ranks and keep the preemption promise.
+"""`python -m trainer launch --launcher local`: start this node's ranks and keep the preemption promise.
 
-    python -m trainer launch --preset 7b_8xa100 [--set k=v ...] [--resume auto]          # one node
-    python -m trainer launch --nnodes 4 --node-rank $NODE_RANK --master-addr $HEAD ...    # each node
+    python -m trainer launch 7b_8xa100 --launcher local [--set k=v ...] [-- --resume auto]      # one node
+    python -m trainer launch 70b_32xa100 --nnodes 4 --node-rank $NODE_RANK --master-addr $HEAD   # each node
 
 Why not `deepspeed` or `torchrun` under a scheduler: Kubernetes sends SIGTERM to PID 1 only, and Slurm
 (`--signal=B:TERM@120`) to the batch shell. The deepspeed runner then dies at once, or as PID 1 in a
@@ -28,8 +28,6 @@ import sys
 import time
 
 from ..errors import UserError
-from ..options import add_train_arguments
-from ..presets import load_preset
 from ..redact import redact_argv
 
 
@@ -40,22 +38,24 @@ POLL_S = 0.1
 
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The node-local launcher's flags (`python -m trainer launch` registers them with its own)."""
     parser.add_argument("--nproc-per-node", type=int, default=None,
                         help="ranks on this node (default: the preset's hardware.gpus_per_node)")
-    parser.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
-    parser.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..nnodes-1")
-    parser.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    parser.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (default 29500)")
+    parser.add_argument("--nnodes", type=int, default=None, help="nodes in the job (default: hardware.nodes)")
+    parser.add_argument("--node-rank", type=int, default=None, help="this node's index, 0..nnodes-1")
+    parser.add_argument("--master-addr", default=None,
+                        help="address of node 0 (local: default 127.0.0.1; deepspeed: the first host's `hostname -I`)")
+    parser.add_argument("--master-port", type=int, default=None, help="rendezvous port on node 0 (default 29500)")
     parser.add_argument("--failure-grace-s", type=float, default=5.0,
                         help="after one rank fails, seconds the others get to exit before they are killed")
-    add_train_arguments(parser)  # --preset, --set, --resume, --rehearse, --world-size: passed on to every rank
 
 
-def launch(args) -> int:
-    train_args = rank_arguments(args)
+def launch(args, extra: list[str] = ()) -> int:
+    """Start this node's ranks (`python -m trainer launch --launcher local`, topology already checked there)."""
+    args.master_addr = args.master_addr or "127.0.0.1"
+    args.master_port = args.master_port or 29500
+    train_args = rank_arguments(args) + list(extra)
     nproc = args.nproc_per_node
-    if nproc is None:
-        nproc = load_preset(args.preset, args.overrides).hardware.gpus_per_node
     check_topology(args, nproc)
     world = args.nnodes * nproc
     print(f"launch: {nproc} rank(s) on node {args.node_rank} of {args.nnodes} (world {world}), rendezvous "
@@ -70,12 +70,18 @@ def rank_arguments(args) -> list[str]:
     argv = ["--preset", args.preset]
     for item in args.overrides:
         argv += ["--set", item]
+    if args.world_size:
+        argv += ["--world-size", str(args.world_size)]
+    return argv + train_flags(args)
+
+
+def train_flags(args) -> list[str]:
+    """--resume and --rehearse as the launch got them, for every rank's train."""
+    argv = []
     if args.resume is not None:
         argv += ["--resume", args.resume]
     if args.rehearse:
         argv.append("--rehearse")
-    if args.world_size:
-        argv += ["--world-size", str(args.world_size)]
     return argv
 
 

@@ -19,6 +19,7 @@ from .. import ranks
 from ..config import Config
 from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
 from ..errors import UserError
+from ..launch.fabric import report_network_env
 from ..presets import blamed, load_preset, preset_path, set_keys
 from ..redact import redact
 from ..resolve import Resolved, resolve
@@ -78,6 +79,7 @@ def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | N
     """The config resolved for the ranks that are running, the process group up, seeds set, notices printed."""
     config = load_preset(preset, overrides)
     rank = start_distributed(config.train.dist_timeout_s)
+    report_network_env(rank)
     rehearsal_notices: list[str] = []
     if rehearse:
         from .rehearse import rehearsal_config

@@ -1,0 +1,105 @@
+"""A private sshd on 127.0.0.1 for DeepSpeed's pdsh runner, as on a cluster, without touching the machine's ssh.
+
+The packages (openssh-server, pdsh) are installed only here, on the test path, when missing and running as
+root, with a policy-rc.d that forbids starting services so no system sshd comes up. The daemon runs from a
+temporary directory: its own config, host key, port (127.0.0.1 only), authorized key and pid; it is stopped
+by its pid. The client side is an `ssh` wrapper first on PATH that adds `-F <temporary config>` (port, key,
+known_hosts): DeepSpeed's runner (its ssh check) and pdsh (its ssh rcmd module) both exec `ssh` from PATH, so
+neither ~/.ssh nor a system sshd is read, written or started.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+PACKAGES = {"sshd": "openssh-server", "pdsh": "pdsh", "ssh-keygen": "openssh-client"}
+POLICY = Path("/usr/sbin/policy-rc.d")
+PRIVSEP_DIR = Path("/run/sshd")  # compiled into Debian's sshd: it refuses to start without it
+
+
+def missing_programs() -> list[str]:
+    return [name for name in PACKAGES if shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
+
+
+def install_if_missing() -> str | None:
+    """None when everything is there (or was installed), else why the pdsh tests cannot run here."""
+    missing = missing_programs()
+    if not missing:
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return f"needs {', '.join(PACKAGES[m] for m in missing)} (apt-get as root installs them)"
+    had_policy = POLICY.exists()
+    if not had_policy:  # invoke-rc.d asks it: 101 = do not start any service the packages bring
+        POLICY.write_text("#!/bin/sh\nexit 101\n")
+        POLICY.chmod(0o755)
+    try:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        proc = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends",
+                               *sorted({PACKAGES[m] for m in missing})], env=env, capture_output=True, text=True)
+    finally:
+        if not had_policy:
+            POLICY.unlink()
+    if proc.returncode != 0:
+        return f"apt-get install failed: {proc.stderr[-500:]}"
+    return None
+
+
+def keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+def wait_for_port(port: int, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"the test sshd did not listen on 127.0.0.1:{port}")
+
+
+@contextmanager
+def loopback_sshd(root: Path, port: int, hosts=("localhost", "127.0.0.1")):
+    """Yields a directory to put first on PATH (its `ssh` reaches the private sshd on `port` for `hosts`)."""
+    root.mkdir(parents=True, exist_ok=True)
+    keygen(root / "host_key")
+    keygen(root / "client_key")
+    shutil.copy(root / "client_key.pub", root / "authorized_keys")
+    (root / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {root / 'host_key'}\nPidFile {root / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {root / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        # StrictModes checks every directory up to / for group/world write: pytest's tmp is under /tmp (1777)
+        f"StrictModes no\nAcceptEnv none\n")
+    host_key = (root / "host_key.pub").read_text().split()
+    (root / "known_hosts").write_text("".join(f"[{h}]:{port} {host_key[0]} {host_key[1]}\n" for h in hosts))
+    (root / "ssh_config").write_text(
+        f"Host {' '.join(hosts)}\n  Port {port}\n  IdentityFile {root / 'client_key'}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {root / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
+        f"  StrictHostKeyChecking yes\n  BatchMode yes\n")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {root / 'ssh_config'} \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    made_privsep = not PRIVSEP_DIR.exists()
+    PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
+    sshd = subprocess.Popen([shutil.which("sshd", path="/usr/sbin:/usr/bin") or "/usr/sbin/sshd", "-D", "-e", "-f",
+                             str(root / "sshd_config")], stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "w"))
+    try:
+        wait_for_port(port)
+        yield bin_dir
+    finally:
+        sshd.terminate()  # by its pid: no other sshd is touched
+        try:
+            sshd.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            sshd.kill()
+            sshd.wait()
+        if made_privsep:
+            shutil.rmtree(PRIVSEP_DIR, ignore_errors=True)
