@@ -2,7 +2,9 @@
 once, metrics.jsonl rewound at a resume, provenance in config.resolved.yaml and wandb, TensorBoard as a second tracker.
 
 The preempted run is real: one CPU rank, wandb offline, SIGKILLed after step 7 (the last checkpoint is step 4, so
-steps 5-7 were logged and are lost), then resumed with --resume auto to step 12. wandb's history is read back from the
+steps 5-7 were logged and are lost), then resumed with --resume auto to step 12. It pauses 5 s after step 5: wandb-core
+writes its offline file every few seconds (trainer/train/trackers.py), and a kill right after a checkpoint would find
+the rows before it unwritten, which is wandb's behaviour, not what this test is about. wandb's history is read back from the
 offline files with wandb's own reader (`wandb leet inspect --json`, wandb-core's transaction-log reader: wandb 0.31
 ships no Python one), TensorBoard's with its EventAccumulator.
 """
@@ -23,6 +25,7 @@ from conftest import STAGES, TINY
 from distributed import REPO, launch, launch_raw, with_faults
 from trainer import provenance
 from trainer.train.metrics import REWOUND_FILE, rewind_metrics
+
 
 WANDB = Path(sys.executable).parent / "wandb"
 KILL_AT, SAVED, MAX_STEPS = 7, 4, 12
@@ -59,7 +62,7 @@ def numeric(row: dict) -> dict:
 def preempted(tmp_path_factory):
     """The run killed after step 7 and resumed to step 12; what the run directory held in between."""
     out = tmp_path_factory.mktemp("preempted") / "run"
-    code, output = launch_raw(with_faults(train_args(out)), ranks=1, env={"TRAINER_FAULTS": f"kill_at@{KILL_AT}"})
+    code, output = launch_raw(with_faults(train_args(out)), ranks=1, env={"TRAINER_FAULTS": f"pause_at@{SAVED + 1},kill_at@{KILL_AT}"})
     assert code != 0, f"kill_at@{KILL_AT} did not kill the run:\n{output[-3000:]}"
     before = {"run_id": (out / "wandb_run_id").read_text().strip(), "rows": rows_of(out),
               "tb_files": sorted((out / "tensorboard").glob("events.out.tfevents.*"))}

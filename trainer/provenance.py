@@ -20,6 +20,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parent.parent
 DISTRIBUTION = "deepspeed-preset-trainer"
 PACKAGES = ("torch", "deepspeed", "transformers")

@@ -35,6 +35,7 @@ from ..files import write_text_atomic
 from ..redact import redact
 from . import trackers
 
+
 METRICS_FILE = "metrics.jsonl"
 REWOUND_FILE = "metrics.rewound.jsonl"
 

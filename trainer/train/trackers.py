@@ -14,6 +14,10 @@ resumed run's re-trained steps replace the ones the crash lost instead of being 
   price: an offline run's local history lags by up to train.save_every steps. A resume from an older checkpoint than
   the newest (an explicit --resume) does leave steps twice in the offline files; the recorded rewind point resolves
   them at sync.
+- wandb-core buffers its offline file and flushes it every x_transaction_log_flush_interval seconds (wandb's default
+  15 s; OFFLINE_FLUSH_S here); a SIGKILL loses what it had not flushed. Rows of the last seconds before the kill can
+  so be missing from the offline history (never doubled); metrics.jsonl, flushed at every line, has them. Online runs
+  upload asynchronously and can lose their last seconds the same way.
 - TensorBoard: a resumed writer starts with `purge_step=S+1`; TensorBoard's readers drop the earlier events at or past
   that step (its own mechanism for restarted jobs). Events are flushed at every logged row.
 """
@@ -25,7 +29,9 @@ from typing import Optional
 
 from ..files import write_text_atomic
 
+
 RUN_ID_FILE = "wandb_run_id"
+OFFLINE_FLUSH_S = 2.0  # how often wandb-core writes an offline run's file (its default, 15 s, loses more at a kill)
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -50,13 +56,16 @@ class WandbTracker:
         self.wandb = wandb
         self.offline = logging_cfg.wandb_mode == "offline"
         self.pending: list[tuple[int, dict]] = []  # offline: rows no checkpoint covers yet
+        self.last_step: Optional[int] = None  # online: the step of the row wandb holds open
         common = dict(project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity,
                       name=logging_cfg.run_name or default_name, tags=tags, mode=logging_cfg.wandb_mode,
                       dir=str(run_dir), config=config)
+        if self.offline:
+            common["settings"] = wandb.Settings(x_transaction_log_flush_interval=OFFLINE_FLUSH_S)
         if run_id and resumed_step is not None:
             self.run = self._rewound(run_id, resumed_step, common)
         else:
-            self.run = wandb.init(id=run_id or wandb.util.generate_id(), **common)
+            self.run = wandb.init(id=run_id, **common)  # None: wandb picks a new id
         write_text_atomic(str(run_dir / RUN_ID_FILE), self.run.id + "\n", flag="train.output_dir")
 
     def _rewound(self, run_id: str, step: int, common: dict):
@@ -76,13 +85,20 @@ class WandbTracker:
             self.pending.append((step, values))
         else:
             self.run.log(values, step=step)
+            self.last_step = step
 
     def checkpointed(self, step: int) -> None:
-        """A checkpoint of `step` is complete: rows up to it can no longer be rewound."""
-        ready = [(s, values) for s, values in self.pending if s <= step]
+        """A checkpoint of `step` is complete: rows up to it can no longer be rewound. wandb keeps a step's row open
+        until a later step is logged, and a kill loses an open row: each step's row is committed here."""
+        ready: dict[int, dict] = {}
+        for s, values in self.pending:
+            if s <= step:
+                ready.setdefault(s, {}).update(values)  # the train, eval and samples rows of one step: one wandb row
         self.pending = [(s, values) for s, values in self.pending if s > step]
-        for s, values in ready:
-            self.run.log(values, step=s)
+        for s, values in ready.items():
+            self.run.log(values, step=s, commit=True)
+        if not self.offline and self.last_step == step:
+            self.run.log({}, step=step, commit=True)
 
     def log_model(self, export_dir: Path, step: int) -> None:
         """The HF export as a wandb artifact of type 'model' (logging.wandb_log_model)."""
