@@ -123,8 +123,9 @@ class MetricsLogger:
         logging_cfg = self.config.logging
         if logging_cfg.wandb_mode == "disabled":
             return None  # wandb is never imported in this mode
-        # a resume continues the run directory's wandb run; a fresh start (even in a used directory) is a new run
-        run_id = (trackers.read_run_id(run_dir) or resumed.wandb_run_id) if resumed else None
+        # a resume continues the wandb run its checkpoint logged to (older checkpoints: the run directory's); a fresh
+        # start, even in a used directory, is a new run
+        run_id = (resumed.wandb_run_id or trackers.read_run_id(run_dir)) if resumed else None
         return trackers.WandbTracker(logging_cfg, run_dir, redact(config_dict), self.tags(), run_id,
                                      resumed.step if resumed and run_id else None, self.config.name)
 
