@@ -166,7 +166,11 @@ class LoggingConfig:
     wandb_project: Optional[str] = doc("wandb project.", None)
     wandb_entity: Optional[str] = doc("wandb entity (team or user).", None)
     run_name: Optional[str] = doc("Run name (wandb and logs); None = the preset name.", None)
-    tags: list[str] = doc("wandb tags.", factory=list)
+    tags: list[str] = doc("wandb tags (preset:NAME, task:TASK and hw:NxGPU are added).", factory=list)
+    wandb_log_model: bool = doc("Log the final HF export (train.export_hf) as a wandb artifact of type 'model' (wandb "
+                                "stages a copy of the files until they are uploaded).", False)
+    tensorboard: bool = doc("Also write the metrics as TensorBoard scalars to output_dir/tensorboard (the HF Trainer's "
+                            "report_to habit); off: tensorboard is never imported.", False)
 
 
 @dataclass

@@ -6,6 +6,7 @@ TRAINER_FAULTS="nan_loss@3,kill_in_save@8" names fault@step points; tests/worker
   nan_loss@N            step N's loss becomes NaN (every micro-batch, every rank)
   nan_weights@N         NaN written into the first parameter after step N (no loss check sees it)
   kill_at@N             rank 1 (rank 0 when alone) is SIGKILLed at the end of step N
+  pause_at@N            every rank sleeps 5 s at the end of step N (background writers catch up: a kill is late)
   kill_in_save@N        rank 1 is SIGKILLed in save N with its files written, nothing marked COMPLETE
   kill_before_latest@N  rank 0 is SIGKILLed in save N after COMPLETE, before `latest` moves
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch
 
@@ -46,6 +48,8 @@ class Faults(Hooks):
             self.kill_if("kill_before_latest", step, victim=0)
 
     def end_of_step(self, step: int) -> None:
+        if self.active("pause_at", step):
+            time.sleep(5)
         self.kill_if("kill_at", step)
 
     def kill_if(self, name: str, step: int, victim: int | None = None) -> None:

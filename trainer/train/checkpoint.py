@@ -53,6 +53,7 @@ class TrainState:
                                         # after a resume averages the same steps as an uninterrupted run
     parent: Optional[str] = None        # the checkpoint this state continues: its tag in the same checkpoints/
                                         # directory, or its path; None for a fresh start (the run's history)
+    wandb_run_id: Optional[str] = None  # the wandb run this history logs to: a resume continues (rewinds) it
 
 
 def tag_for(step: int) -> str:

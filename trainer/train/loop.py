@@ -136,6 +136,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
                 stop.restore()
                 return Outcome.CORRUPTED
             state.parent = saved_at.name  # the next checkpoint continues this one
+            metrics.checkpointed(state.step)
             resumed_from = None  # a newer checkpoint exists now; the old one may be pruned later
         hooks.end_of_step(state.step)
         if stopping:

@@ -1,8 +1,15 @@
-"""Metrics on rank 0: a JSONL file in the run directory, an optional wandb run, a progress bar.
+"""Metrics on rank 0: a JSONL file in the run directory, optional wandb and TensorBoard trackers (trackers.py), a
+progress bar.
 
 `metrics.jsonl` has one JSON object per logged step: step, loss, lr, grad_norm, tokens_per_s,
 step_time_s, tflops_per_gpu, mfu, peak_mem_gb (+ loss_scale under fp16); eval lines carry
 eval_loss and eval_ppl. Tools may rely on these names.
+
+A resume from the checkpoint of step S rewinds it first: lines past S (steps the crash lost; the resumed run trains
+them again) move to `metrics.rewound.jsonl`, each with `rewound_by` naming that resume, metrics.jsonl is rewritten
+whole (temp file + rename), and one event line marks the resume:
+    {"step": S, "event": "resume", "checkpoint": "<tag>", "world_size": W}
+So metrics.jsonl holds each step's lines once, as the run's surviving history saw them.
 
 MFU counts model FLOPs only (no recomputation): FLOPs per token = 6·N + 12·L·h·s (PaLM appendix B),
 N = all parameters, L layers, h hidden size, s sequence length; the peak is the GPU table's
@@ -15,6 +22,8 @@ import logging
 import os
 import resource
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +31,13 @@ import torch
 
 from .. import hardware
 from ..config import Config
+from ..files import write_text_atomic
 from ..redact import redact
+from . import trackers
+
+
+METRICS_FILE = "metrics.jsonl"
+REWOUND_FILE = "metrics.rewound.jsonl"
 
 
 log = logging.getLogger(__name__)
@@ -38,11 +53,50 @@ def peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
 
 
+@dataclass
+class Resumed:
+    """The checkpoint a run resumed from, as the metrics need it."""
+    step: int
+    tag: str                          # the checkpoint directory's name (step_00000100)
+    wandb_run_id: Optional[str]       # recorded in that checkpoint's trainer state
+
+
+def rewind_metrics(run_dir: Path, step: int, tag: str, world_size: int) -> int:
+    """Rank 0, before a resumed run logs: lines past `step` move to metrics.rewound.jsonl, metrics.jsonl is rewritten
+    atomically with the resume event appended. Returns how many lines moved. A line a crash cut short moves too."""
+    path = run_dir / METRICS_FILE
+    lines = path.read_text().splitlines() if path.is_file() else []
+    kept, moved = [], []
+    for line in filter(str.strip, lines):
+        row = _parse(line)
+        (kept if row is not None and isinstance(row.get("step"), int) and row["step"] <= step else moved).append(line)
+    rewound_by = {"checkpoint": tag, "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if moved:
+        with open(run_dir / REWOUND_FILE, "a") as handle:
+            for line in moved:
+                row = _parse(line)
+                handle.write(json.dumps({**row, "rewound_by": rewound_by} if row is not None
+                                        else {"unparsable": line, "rewound_by": rewound_by}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    event = {"step": step, "event": "resume", "checkpoint": tag, "world_size": world_size}
+    write_text_atomic(str(path), "".join(line + "\n" for line in kept + [json.dumps(event)]), flag="train.output_dir")
+    return len(moved)
+
+
+def _parse(line: str) -> Optional[dict]:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
 class MetricsLogger:
     """Rank 0 writes; other ranks hold a logger that does nothing (so call sites need no rank checks)."""
 
     def __init__(self, config: Config, run_dir: Path, rank: int, num_params: int, world_size: int,
-                 config_dict: dict):
+                 config_dict: dict, resumed: Optional[Resumed] = None):
         self.enabled = rank == 0
         self.config = config
         peak_tflops = hardware.gpu(config.hardware.gpu).peak_tflops
@@ -50,19 +104,56 @@ class MetricsLogger:
         self.flops_per_token = flops_per_token(num_params, config.model.num_layers, config.model.hidden_size,
                                                config.data.seq_len)
         self.world_size = world_size
-        self.file = open(run_dir / "metrics.jsonl", "a") if self.enabled else None
-        self.wandb_run = self._start_wandb(run_dir, config_dict) if self.enabled else None
+        self.trackers: list = []
+        self.wandb: Optional[trackers.WandbTracker] = None
+        self.file = None
+        if self.enabled:
+            if resumed is not None:
+                moved = rewind_metrics(run_dir, resumed.step, resumed.tag, world_size)
+                if moved:
+                    print(f"metrics: {moved} line(s) past step {resumed.step} (lost with the crash, trained again "
+                          f"now) moved to {run_dir / REWOUND_FILE}", flush=True)
+            self.file = open(run_dir / METRICS_FILE, "a")
+            self.wandb = self._start_wandb(run_dir, config_dict, resumed)
+            self.trackers = [t for t in (self.wandb, self._start_tensorboard(run_dir, resumed)) if t is not None]
         self.bar = None
         self.sample_rows: list[list] = []  # wandb tables are immutable: each eval logs the rows so far
 
-    def _start_wandb(self, run_dir: Path, config_dict: dict):
+    def _start_wandb(self, run_dir: Path, config_dict: dict, resumed: Optional[Resumed]):
         logging_cfg = self.config.logging
         if logging_cfg.wandb_mode == "disabled":
             return None  # wandb is never imported in this mode
-        import wandb
-        return wandb.init(project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity,
-                          name=logging_cfg.run_name or self.config.name, tags=list(logging_cfg.tags),
-                          mode=logging_cfg.wandb_mode, dir=str(run_dir), config=redact(config_dict))
+        # a resume continues the wandb run its checkpoint logged to (older checkpoints: the run directory's); a fresh
+        # start, even in a used directory, is a new run
+        run_id = (resumed.wandb_run_id or trackers.read_run_id(run_dir)) if resumed else None
+        return trackers.WandbTracker(logging_cfg, run_dir, redact(config_dict), self.tags(), run_id,
+                                     resumed.step if resumed and run_id else None, self.config.name)
+
+    def _start_tensorboard(self, run_dir: Path, resumed: Optional[Resumed]):
+        if not self.config.logging.tensorboard:
+            return None  # tensorboard is never imported in this mode
+        return trackers.TensorBoardTracker(run_dir, resumed.step if resumed else None)
+
+    def tags(self) -> list[str]:
+        """logging.tags plus the preset, the task and the hardware (e.g. preset:tiny_cpu, task:pretrain, hw:2xcpu)."""
+        hw = self.config.hardware
+        made = [f"preset:{self.config.name}", f"task:{self.config.data.task}",
+                f"hw:{hw.nodes * hw.gpus_per_node}x{hw.gpu}"]
+        return list(dict.fromkeys([*self.config.logging.tags, *made]))
+
+    @property
+    def wandb_run_id(self) -> Optional[str]:
+        return self.wandb.run_id if self.wandb is not None else None
+
+    def checkpointed(self, step: int) -> None:
+        """A complete checkpoint of `step` exists (the offline wandb tracker hands rows to wandb up to it)."""
+        if self.wandb is not None:
+            self.wandb.checkpointed(step)
+
+    def log_model(self, export_dir: Path, step: int) -> None:
+        """logging.wandb_log_model: the HF export as a wandb model artifact."""
+        if self.wandb is not None and self.config.logging.wandb_log_model:
+            self.wandb.log_model(export_dir, step)
 
     def start_progress(self, start_step: int, max_steps: int) -> None:
         if self.enabled and self.config.logging.progress_bar and sys.stderr.isatty():
@@ -83,8 +174,9 @@ class MetricsLogger:
         row = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in row.items()}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        values = {k: v for k, v in row.items() if k != "step"}
+        for tracker in self.trackers:
+            tracker.log(values, row["step"])
         message = " ".join(f"{k}={_fmt(v)}" for k, v in row.items())
         if self.bar is not None:
             self.bar.write(message)
@@ -98,11 +190,10 @@ class MetricsLogger:
             return
         self.file.write(json.dumps({"step": step, "samples": samples}) + "\n")
         self.file.flush()
-        if self.wandb_run is not None:
-            import wandb
+        if self.wandb is not None:
             self.sample_rows += [[step, s["prompt"], s["completion"]] for s in samples]
-            table = wandb.Table(columns=["step", "prompt", "completion"], data=list(self.sample_rows))
-            self.wandb_run.log({"samples": table}, step=step)
+            table = self.wandb.wandb.Table(columns=["step", "prompt", "completion"], data=list(self.sample_rows))
+            self.wandb.log({"samples": table}, step)
         for s in samples:
             print(f"sample step={step} {s['prompt']!r} -> {s['completion']!r}", flush=True)
 
@@ -115,8 +206,8 @@ class MetricsLogger:
             self.bar.close()
         if self.file is not None:
             self.file.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def _fmt(value) -> str:

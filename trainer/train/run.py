@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 import yaml
 
-from .. import ranks
+from .. import provenance, ranks
 from ..config import Config
 from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
 from ..errors import UserError
@@ -28,7 +28,7 @@ from .checkpoint import TrainState
 from .evaluation import EvalSet
 from .hooks import Hooks
 from .loop import Outcome, fit
-from .metrics import MetricsLogger, print0
+from .metrics import MetricsLogger, Resumed, print0
 from .samples import make_sampler
 
 
@@ -58,10 +58,14 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
         return 0
-    job = build(resolved, run_dir, hooks)
+    record = run_record(resolved) if rank == 0 else resolved.record()  # only rank 0 writes it (git runs once)
+    job = build(resolved, run_dir, hooks, record)
     state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank)
 
-    metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, resolved.record())
+    metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, record,
+                            resumed_metrics(state, resume_path, ckpt_dir))
+    if metrics.wandb_run_id:
+        state.wandb_run_id = metrics.wandb_run_id  # every checkpoint names the wandb run its history logs to
     try:
         ended = fit(job.engine, job.train_batches, job.eval_set, state, resolved, metrics, ckpt_dir,
                     resumed_from, hooks, job.sampler)
@@ -70,6 +74,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
             out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf", state.step, merged)
             if out:
                 print0(f"exported HF model to {out}", rank=rank)
+                metrics.log_model(out, state.step)
     finally:
         metrics.close()
     return ended.exit_code
@@ -93,7 +98,25 @@ def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | N
     return resolved
 
 
-def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
+def run_record(resolved: Resolved) -> dict:
+    """What config.resolved.yaml and wandb keep: the resolved record plus its provenance (trainer/provenance.py)."""
+    record = resolved.record()
+    world = provenance.world_layout(resolved.world_size,
+                                    provenance.launcher_ranks_per_node(resolved.config.hardware.gpus_per_node),
+                                    resolved.batch.data_parallel_size, resolved.summary()["autotp_size"])
+    return {**record, "provenance": provenance.collect(record, world)}
+
+
+def resumed_metrics(state: TrainState, path: Path | None, ckpt_dir: Path) -> Resumed | None:
+    """The resume as the metrics rewind it; the checkpoint's wandb run only for a checkpoint of this run directory
+    (resuming another directory's checkpoint starts a new wandb run instead of rewinding that one)."""
+    if path is None:
+        return None
+    own = path.parent.resolve() == ckpt_dir.resolve()
+    return Resumed(state.step, path.name, state.wandb_run_id if own else None)
+
+
+def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None = None) -> Job:
     """Tokenizer and data (checked before the run directory is written), then the model and the engine."""
     import deepspeed
 
@@ -105,7 +128,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
     print0(f"data: {data.stats}", rank=rank)
     check_enough_batches(data, resolved)
-    prepare_run_dir(run_dir, resolved, rank)
+    prepare_run_dir(run_dir, record or resolved.record(), rank)
 
     model, hf_ds_config = build_model(cfg, rank)
     hooks.on_model(model)
@@ -124,7 +147,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler)
 
 
-def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
+def prepare_run_dir(run_dir: Path, record: dict, rank: int) -> None:
     if rank == 0:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +157,7 @@ def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
         except OSError as err:
             raise UserError(f"train.output_dir {str(run_dir)!r} is not writable: {err.strerror}; "
                             f"choose another directory with --set train.output_dir=PATH") from None
-        write_resolved_config(run_dir, resolved.record())
+        write_resolved_config(run_dir, record)
     ranks.barrier()
 
 
