@@ -12,7 +12,8 @@ import pytest
 from distributed import DEEPSPEED, REPO, new_port, remove_shm_buffers, run_cli
 from trainer.errors import UserError
 from trainer.preflight import nodes as nd
-from trainer.preflight.agree import config_differences, disagreements, resolved_hash
+from trainer.preflight.agree import config_differences, disagreements
+from trainer.provenance import resolved_hash
 from trainer.preflight.bandwidth import Measurement, bus_factor, parse_sizes
 
 TORCHRUN = DEEPSPEED.parent / "torchrun"
@@ -92,7 +93,7 @@ def _rank(rank, host="h0", torch="2.13.0", config=None, error=None):
 def test_resolved_hash_is_stable_and_sensitive():
     a = {"train": {"lr": 0.003, "betas": [0.9, 0.95]}, "name": "x"}
     b = {"name": "x", "train": {"betas": [0.9, 0.95], "lr": 0.003}}  # the same record, keys in another order
-    assert resolved_hash(a) == resolved_hash(b) and len(resolved_hash(a)) == 64
+    assert resolved_hash(a) == resolved_hash(b) and resolved_hash(a).startswith("sha256:")
     assert resolved_hash(a) != resolved_hash({**a, "train": {**a["train"], "lr": 0.001}})
 
 

@@ -4,31 +4,16 @@ hang or a wrong loss hours into the run.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Optional
 
-
-def resolved_hash(record: dict) -> str:
-    """sha256 of a resolved config's record (`Resolved.record()`), stable: keys sorted, compact separators.
-    (Same name and signature as trainer/provenance.py's, which another change adds; one of them should go.)"""
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+from .. import provenance
 
 
 def versions() -> dict[str, str]:
-    """The versions a rank runs with: a node with another DeepSpeed or torch computes other numbers, or hangs."""
-    import platform
-    from importlib import metadata
-
-    import deepspeed
-    import torch
-    try:
-        trainer_version = metadata.version("deepspeed-preset-trainer")
-    except metadata.PackageNotFoundError:
-        trainer_version = "not installed"
-    return {"python": platform.python_version(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-            "trainer": trainer_version}
+    """The versions a rank runs with (trainer.provenance reads them, as runs record them): a node with another
+    DeepSpeed or torch computes other numbers, or hangs."""
+    return {**provenance.versions(), "trainer": provenance.trainer_version() or "not installed"}
 
 
 def disagreements(ranks: list[dict]) -> list[str]:
@@ -46,8 +31,8 @@ def disagreements(ranks: list[dict]) -> list[str]:
             if other["config_hash"] != reference["config_hash"]:
                 keys = config_differences(other["config"], reference["config"])
                 problems.append(f"resolved-preset hash: rank {other['rank']} ({other['host']}) "
-                                f"{other['config_hash'][:12]} != rank {reference['rank']} "
-                                f"{reference['config_hash'][:12]}; differing keys (rank {other['rank']} vs rank "
+                                f"{_digest(other['config_hash'])} != rank {reference['rank']} "
+                                f"{_digest(reference['config_hash'])}; differing keys (rank {other['rank']} vs rank "
                                 f"{reference['rank']}): {', '.join(keys[:8]) or '?'}"
                                 f"{' ...' if len(keys) > 8 else ''} (launch every node with the same preset file and "
                                 f"--set items)")
@@ -79,3 +64,7 @@ def config_differences(a, b, path: str = "") -> list[str]:
 def _short(value) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _digest(config_hash: str) -> str:
+    return config_hash.removeprefix("sha256:")[:12]

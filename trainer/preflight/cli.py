@@ -24,8 +24,9 @@ from .. import ranks
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
 from ..options import add_preset_arguments, load_and_resolve
+from ..provenance import resolved_hash  # the hash each run records in config.resolved.yaml
 from . import nodes as nd
-from .agree import disagreements, resolved_hash, versions
+from .agree import disagreements, versions
 from .bandwidth import OPS, measure, parse_sizes
 from .report import render
 
