@@ -209,3 +209,18 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
         if key in ds:
             ds[key] = AUTO  # solved again from the rehearsal's batch
     return ds, notices
+
+
+def with_universal_load(ds: dict) -> dict:
+    """A copy of `ds` whose `load_checkpoint` reads a universal checkpoint (ds_to_universal's layout, one folder
+    per parameter): how a run resumes on another world size or ZeRO stage."""
+    block = dict(ds.get("checkpoint") or {})
+    block["load_universal"] = True
+    return {**ds, "checkpoint": block}
+
+
+def global_batch_overrides(grad_accum: int, global_batch_size: int) -> list[str]:
+    """`--set` items that fix the accumulation and the global batch, with DeepSpeed's own batch keys left to be
+    solved from them (a preset's numeric train_batch_size would otherwise disagree)."""
+    return [f"train.grad_accum={grad_accum}", f"train.global_batch_size={global_batch_size}",
+            "deepspeed.gradient_accumulation_steps=auto", "deepspeed.train_batch_size=auto"]

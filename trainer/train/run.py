@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 import yaml
 
+from .. import ds as dsc
 from .. import ranks
 from ..config import Config
 from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
@@ -22,7 +23,7 @@ from ..errors import UserError
 from ..presets import blamed, load_preset, preset_path, set_keys
 from ..redact import redact
 from ..resolve import Resolved, resolve
-from . import checkpoint
+from . import checkpoint, elastic
 from .checkpoint import TrainState
 from .evaluation import EvalSet
 from .hooks import Hooks
@@ -57,8 +58,11 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
         return 0
-    job = build(resolved, run_dir, hooks)
-    state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank)
+    resolved, universal_dir = elastic.adapt(resolved, resume_path, set_keys(overrides), comm_device(),
+                                            lambda extra: configure(preset, overrides + extra, rehearse, world_size)[0])
+    cfg = resolved.config
+    job = build(resolved, run_dir, hooks, universal=universal_dir is not None)
+    state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank, universal_dir)
 
     metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, resolved.record())
     try:
@@ -76,8 +80,17 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
 
 def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | None) -> Resolved:
     """The config resolved for the ranks that are running, the process group up, seeds set, notices printed."""
+    rank = start_distributed(load_preset(preset, overrides).train.dist_timeout_s)
+    resolved, rehearsal_notices = configure(preset, overrides, rehearse, world_size)
+    seed_everything(resolved.config.train.seed, rank)
+    for notice in rehearsal_notices + resolved.notices:
+        print0(f"notice: {notice}", rank=rank)
+    return resolved
+
+
+def configure(preset: str, overrides: list[str], rehearse: bool, world_size: int | None) -> tuple[Resolved, list]:
+    """The config resolved for the ranks that are running (the process group is up), and the rehearsal's notices."""
     config = load_preset(preset, overrides)
-    rank = start_distributed(config.train.dist_timeout_s)
     rehearsal_notices: list[str] = []
     if rehearse:
         from .rehearse import rehearsal_config
@@ -85,14 +98,12 @@ def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | N
     with blamed(str(preset_path(preset)), overrides):
         resolved = resolve(config, world_size)
     check_world_size(resolved)
-    seed_everything(resolved.config.train.seed, rank)
-    for notice in rehearsal_notices + resolved.notices:
-        print0(f"notice: {notice}", rank=rank)
-    return resolved
+    return resolved, rehearsal_notices
 
 
-def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
-    """Tokenizer and data (checked before the run directory is written), then the model and the engine."""
+def build(resolved: Resolved, run_dir: Path, hooks: Hooks, universal: bool = False) -> Job:
+    """Tokenizer and data (checked before the run directory is written), then the model and the engine
+    (`universal`: set to load a universal checkpoint, for a resume on another topology)."""
     import deepspeed
 
     from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
@@ -110,7 +121,8 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks) -> Job:
     total_params, trainable_params = count_parameters(model)
     print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable); {kernels_in_use(model)}", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg.deepspeed)
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=dsc.with_universal_load(cfg.deepspeed) if universal else cfg.deepspeed)
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
@@ -202,11 +214,13 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     return path, saved_state.step
 
 
-def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int):
-    """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint."""
+def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int,
+                    universal_dir: Path | None = None):
+    """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint. `universal_dir`: the
+    checkpoint's universal conversion, loaded instead of its own DeepSpeed files (another topology)."""
     if path is None:
         return TrainState(), None
-    state = checkpoint.load(engine, path, ckpt_dir)
+    state = checkpoint.load(engine, path, ckpt_dir, universal_dir)
     train_batches.load_state_dict(state.data)
     print0(f"resume: continuing from {path} (step {state.step})", rank=rank)
     return state, str(path)
