@@ -13,9 +13,10 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 from .auto import fill_auto, find_auto
 from .batch import Batch, accumulation, solve_batch
 from .build import (
-    activation_checkpointing_overrides, aio_defaults, base_config, gather_on_save_override, global_batch_overrides,
-    min_loss_scale_override, precision_overrides, rehearsal_changes, set_override, smaller_stage3_buffers,
-    torch_adam_on_cpu_overrides, with_universal_load, with_zeropp, zero_block, zero_overrides,
+    CHECKPOINT_WRITERS, activation_checkpointing_overrides, aio_defaults, base_config, gather_on_save_override,
+    global_batch_overrides, min_loss_scale_override, precision_overrides, rehearsal_changes, set_override,
+    smaller_stage3_buffers, torch_adam_on_cpu_overrides, with_checkpoint_writer, with_universal_load, with_zeropp,
+    zero_block, zero_overrides,
 )
 from .check import REMOVED_OPTIMIZERS, check_keys
 from .inference import (
@@ -30,7 +31,7 @@ from .keys import (
 )
 
 __all__ = [
-    "Batch", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS", "accumulation",
+    "Batch", "CHECKPOINT_WRITERS", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS", "accumulation",
     "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autotp_size", "base_config", "bf16_enabled",
     "check_keys", "contiguous_gradients", "fill_auto", "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled",
     "fp16_min_loss_scale", "gather_16bit_on_save", "gather_on_save_override", "global_batch_overrides",
@@ -39,7 +40,9 @@ __all__ = [
     "nvme_buffer_size", "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device",
     "offload_param_device", "offload_pin_memory", "overlap_comm", "precision", "precision_overrides",
     "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override",
-    "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "with_universal_load", "with_zeropp",
+    "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "with_checkpoint_writer",
+    "with_universal_load",
+    "with_zeropp",
     "without_tensor_parallel", "zero", "zero_block", "zero_inference_config", "zero_key", "zero_overrides",
     "zero_setting", "zero_stage",
 ]

@@ -224,3 +224,19 @@ def global_batch_overrides(grad_accum: int, global_batch_size: int) -> list[str]
     solved from them (a preset's numeric train_batch_size would otherwise disagree)."""
     return [f"train.grad_accum={grad_accum}", f"train.global_batch_size={global_batch_size}",
             "deepspeed.gradient_accumulation_steps=auto", "deepspeed.train_batch_size=auto"]
+
+
+CHECKPOINT_WRITERS = {  # train.checkpoint_writer -> DeepSpeed's checkpoint.writer block (None: torch.save)
+    "torch": None,
+    "fast": {"type": "FAST", "decoupled": False, "data_parallel": "replica"},
+    "decoupled": {"type": "FAST", "decoupled": True, "data_parallel": "replica"},
+}
+
+
+def with_checkpoint_writer(ds: dict, writer: str) -> dict:
+    """A copy of `ds` whose checkpoints DeepSpeed writes with `writer` (deepspeed.runtime.checkpoint_engine:
+    torch.save, the FAST writer over libaio, or FAST in a decoupled process)."""
+    block = CHECKPOINT_WRITERS[writer]
+    if block is None:
+        return ds
+    return {**ds, "checkpoint": {**(ds.get("checkpoint") or {}), "writer": dict(block)}}

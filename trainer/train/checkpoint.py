@@ -148,6 +148,7 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
     ranks.barrier()
     with _naming_a_full_disk(ckpt_dir, tag):
         engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
+        wait_for_writer(engine)
         write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
         if rank == 0:
             write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
@@ -161,6 +162,15 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
             prune(ckpt_dir, keep_last, protect, newest=tag)
     ranks.barrier()
     return final
+
+
+def wait_for_writer(engine) -> None:
+    """A decoupled checkpoint writer (train.checkpoint_writer=decoupled) returns from save_checkpoint while its
+    process still writes; DeepSpeed commits it at the next step. Commit now: nothing is fsynced, hashed or called
+    COMPLETE before every byte of this save is written."""
+    writer = engine.checkpoint_engine
+    if writer.is_decoupled() and writer.get_commit_info() is not None:
+        writer.commit(writer.get_commit_info())  # waits for the writer process (DeepSpeed: 300 s, then raises)
 
 
 def universal_info() -> dict:

@@ -122,7 +122,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, universal: bool = Fal
     print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable); {kernels_in_use(model)}", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=dsc.with_universal_load(cfg.deepspeed) if universal else cfg.deepspeed)
+        config=engine_config(cfg, universal))
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
@@ -132,6 +132,13 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, universal: bool = Fal
                        dp_rank, dp_size)
     sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
     return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler)
+
+
+def engine_config(cfg: Config, universal: bool) -> dict:
+    """The DeepSpeed config handed to the engine: the resolved one, with the checkpoint writer chosen and, for a
+    resume on another topology, universal loading on (neither is recorded in the run's resolved config)."""
+    ds = dsc.with_checkpoint_writer(cfg.deepspeed, cfg.train.checkpoint_writer)
+    return dsc.with_universal_load(ds) if universal else ds
 
 
 def prepare_run_dir(run_dir: Path, resolved: Resolved, rank: int) -> None:
