@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--writer", default="torch", help="train.checkpoint_writer to save with")
     parser.add_argument("--no-checksums", action="store_true", help="manifest with sizes only (no SHA-256)")
-    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir under the repo)")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir under runs/)")
     parser.add_argument("--port", type=int, default=30390)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
-    work = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir or REPO))
+    (REPO / "runs").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir or REPO / "runs"))
     report = work / "report.json"
     cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.ranks), "--master_port",
            str(args.port), __file__, "--worker", "--out", str(report), "--hidden", str(args.hidden), "--layers",

@@ -206,3 +206,23 @@ def test_an_explicit_global_batch_changes_it_on_purpose(tmp_path):
     items, notice = elastic.batch_overrides(saved_config(), resolved_for(1, "train.global_batch_size=8"),
                                             {"train.global_batch_size"}, tmp_path)
     assert items == [] and "from the checkpoint's 16 to 8" in notice
+
+
+def test_the_engine_config_says_what_deepspeed_reads():
+    """The keys written for universal loading and the checkpoint writer are the ones DeepSpeed 0.19.8 parses."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from trainer.train.run import engine_config
+    cfg = resolved_for(1, "hardware.gpus_per_node=1", "hardware.gpu=a100-80g",
+                       "train.checkpoint_writer=decoupled").config
+    parsed = DeepSpeedConfig(engine_config(cfg, universal=True))
+    assert parsed.load_universal_checkpoint is True
+    assert parsed.checkpoint_config["writer"]["type"] == "FAST" and parsed.checkpoint_config["writer"]["decoupled"]
+    plain = DeepSpeedConfig(engine_config(resolved_for(1, "hardware.gpus_per_node=1").config, universal=False))
+    assert plain.load_universal_checkpoint is False and plain.checkpoint_config["writer"] is None
+
+
+def test_fast_writers_are_refused_on_cpu_ranks():
+    from trainer.errors import ConfigError
+    for writer in ("fast", "decoupled"):
+        with pytest.raises(ConfigError, match=f"train.checkpoint_writer={writer} does not run on CPU"):
+            resolved_for(2, f"train.checkpoint_writer={writer}")
