@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parent.parent
 BLOCK = 64 << 20
 
