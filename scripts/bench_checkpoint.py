@@ -74,6 +74,7 @@ def worker(args) -> int:
     import torch.distributed as dist
 
     from trainer import ds as dsc
+    from trainer.distributed import end_distributed
     from trainer.model import build_model
     from trainer.presets import load_preset
     from trainer.resolve import resolve
@@ -115,7 +116,7 @@ def worker(args) -> int:
         del engine, model, hf_ds_config
     if rank == 0:
         Path(args.out).write_text(json.dumps(rows))
-    dist.barrier()
+    end_distributed()  # removes this rank's DeepSpeed shared-memory buffer
     return 0
 
 
