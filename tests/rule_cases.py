@@ -70,6 +70,10 @@ CASES = {
         [f"{ZERO}.stage=3", f"{ZERO}.zero_quantized_weights=true"],
         [f"{ZERO}.zero_quantized_weights is not implemented", "CPU", "turn it off"],
         [f"{ZERO}.zero_quantized_weights=false"]),
+    "checkpoint_writer_known_and_runnable": Case(
+        ["train.checkpoint_writer=decoupled"],
+        ["train.checkpoint_writer=decoupled does not run on CPU", "FAST writer", "train.checkpoint_writer=torch"],
+        ["train.checkpoint_writer=torch"]),
     "ds_checkpointing_needs_model_flag": Case(
         ["deepspeed.activation_checkpointing={partition_activations: false}"],
         ["deepspeed.activation_checkpointing is set but model.gradient_checkpointing is false",

@@ -137,6 +137,10 @@ class TrainConfig:
                          "set aside in checkpoints/abandoned/, never deleted).", 3)
     checkpoint_checksums: bool = doc("Record every checkpoint file's SHA-256 in COMPLETE and check it on resume "
                                      "(one read of the checkpoint, split across ranks); off: sizes only.", True)
+    checkpoint_writer: str = doc("How DeepSpeed writes checkpoint files: 'torch' (torch.save), 'fast' (DeepSpeed's "
+                                 "FAST writer over libaio) or 'decoupled' (FAST in a separate process); a checkpoint "
+                                 "is COMPLETE only after every writer has finished. fast/decoupled need a GPU.",
+                                 "torch")
     seed: int = doc("Seed for init, data order and dropout.", 1234)
     output_dir: str = doc("Run directory: metrics.jsonl, config.resolved.yaml, checkpoints/, hf/.", "runs/default")
     resume: Optional[str] = doc("'auto' (newest complete checkpoint in output_dir), a checkpoint path, or None.", None)

@@ -123,6 +123,18 @@ def quantized_weights_need_gpu(cfg: Config, ds: dict, world: int) -> list[str]:
     return []
 
 
+def checkpoint_writer_known_and_runnable(cfg: Config, ds: dict, world: int) -> list[str]:
+    writer = cfg.train.checkpoint_writer
+    if writer not in dsc.CHECKPOINT_WRITERS:
+        return [f"train.checkpoint_writer={writer!r} is not a writer: use one of {', '.join(dsc.CHECKPOINT_WRITERS)}"]
+    if cfg.hardware.gpu == "cpu" and writer != "torch":
+        return [f"train.checkpoint_writer={writer} does not run on CPU ranks (checked with DeepSpeed 0.19.8): the "
+                f"FAST writer pins its I/O buffer on the accelerator ('Cannot access accelerator device when none is "
+                f"available'), and the decoupled one fails its first save ('Cowardly refusing to serialize non-leaf "
+                f"tensor which requires_grad'); use train.checkpoint_writer=torch on CPU"]
+    return []
+
+
 def ds_checkpointing_needs_model_flag(cfg: Config, ds: dict, world: int) -> list[str]:
     if dsc.has_activation_checkpointing(ds) and not cfg.model.gradient_checkpointing:
         return ["deepspeed.activation_checkpointing is set but model.gradient_checkpointing is false: the block "
@@ -176,7 +188,8 @@ def _model_type(cfg: Config) -> str:
 RULES: list[Rule] = [
     offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, bf16_needs_hardware,
     cpu_ranks_precision, round_robin_needs_stage_1_2,
-    zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, ds_checkpointing_needs_model_flag,
+    zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
+    ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, lora_targets_exist,
 ]
 

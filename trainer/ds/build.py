@@ -209,3 +209,34 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
         if key in ds:
             ds[key] = AUTO  # solved again from the rehearsal's batch
     return ds, notices
+
+
+def with_universal_load(ds: dict) -> dict:
+    """A copy of `ds` whose `load_checkpoint` reads a universal checkpoint (ds_to_universal's layout, one folder
+    per parameter): how a run resumes on another world size or ZeRO stage."""
+    block = dict(ds.get("checkpoint") or {})
+    block["load_universal"] = True
+    return {**ds, "checkpoint": block}
+
+
+def global_batch_overrides(grad_accum: int, global_batch_size: int) -> list[str]:
+    """`--set` items that fix the accumulation and the global batch, with DeepSpeed's own batch keys left to be
+    solved from them (a preset's numeric train_batch_size would otherwise disagree)."""
+    return [f"train.grad_accum={grad_accum}", f"train.global_batch_size={global_batch_size}",
+            "deepspeed.gradient_accumulation_steps=auto", "deepspeed.train_batch_size=auto"]
+
+
+CHECKPOINT_WRITERS = {  # train.checkpoint_writer -> DeepSpeed's checkpoint.writer block (None: torch.save)
+    "torch": None,
+    "fast": {"type": "FAST", "decoupled": False, "data_parallel": "replica"},
+    "decoupled": {"type": "FAST", "decoupled": True, "data_parallel": "replica"},
+}
+
+
+def with_checkpoint_writer(ds: dict, writer: str) -> dict:
+    """A copy of `ds` whose checkpoints DeepSpeed writes with `writer` (deepspeed.runtime.checkpoint_engine:
+    torch.save, the FAST writer over libaio, or FAST in a decoupled process)."""
+    block = CHECKPOINT_WRITERS[writer]
+    if block is None:
+        return ds
+    return {**ds, "checkpoint": {**(ds.get("checkpoint") or {}), "writer": dict(block)}}

@@ -37,6 +37,7 @@ from .hooks import Hooks
 
 
 COMPLETE = "COMPLETE"
+UNIVERSAL = "universal"  # step_N/universal/: its conversion for another topology (trainer/train/elastic.py)
 STATE_FILE = "trainer_state.json"
 EXPORT_INFO = "trainer_export.json"  # in an HF export: the step it was written at
 
@@ -60,15 +61,15 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def _fsync_tree(path: Path) -> None:
+def fsync_tree(path: Path) -> None:
     for file in sorted(path.rglob("*")):
         if file.is_file():
             with open(file, "rb") as handle:
                 os.fsync(handle.fileno())
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -76,7 +77,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json_atomic(path: Path, payload) -> None:
+def write_json_atomic(path: Path, payload) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as handle:
         json.dump(payload, handle, indent=1)
@@ -92,7 +93,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 # --- RNG state as JSON ---------------------------------------------------------------------------
@@ -148,12 +149,13 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
     ranks.barrier()
     with _naming_a_full_disk(ckpt_dir, tag):
         engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
-        _write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
+        wait_for_writer(engine)
+        write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
         if rank == 0:
-            _write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
+            write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
         hooks.in_save("files_written", state.step)
         ranks.barrier()
-        _fsync_tree(partial)  # every rank flushes what is visible to it before the switch
+        fsync_tree(partial)  # every rank flushes what is visible to it before the switch
         manifest = integrity.build_manifest(partial, tag, checksums, engine.device)  # collective
         if rank == 0:
             _commit(ckpt_dir, partial, final, manifest, state.parent,
@@ -161,6 +163,15 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
             prune(ckpt_dir, keep_last, protect, newest=tag)
     ranks.barrier()
     return final
+
+
+def wait_for_writer(engine) -> None:
+    """A decoupled checkpoint writer (train.checkpoint_writer=decoupled) returns from save_checkpoint while its
+    process still writes; DeepSpeed commits it at the next step. Commit now: nothing is fsynced, hashed or called
+    COMPLETE before every byte of this save is written."""
+    writer = engine.checkpoint_engine
+    if writer.is_decoupled() and writer.get_commit_info() is not None:
+        writer.commit(writer.get_commit_info())  # waits for the writer process (DeepSpeed: 300 s, then raises)
 
 
 def universal_info() -> dict:
@@ -178,9 +189,9 @@ def _commit(ckpt_dir: Path, partial: Path, final: Path, manifest: dict, parent: 
     if final.exists():  # an incomplete directory of the same step from an earlier, crashed attempt
         shutil.rmtree(final)
     os.rename(partial, final)
-    _write_json_atomic(final / COMPLETE, manifest)
-    _fsync_dir(final)
-    _fsync_dir(ckpt_dir)
+    write_json_atomic(final / COMPLETE, manifest)
+    fsync_dir(final)
+    fsync_dir(ckpt_dir)
     if before_latest:
         before_latest()  # a hook point: a crash here must leave a checkpoint `--resume auto` finds
     _write_text_atomic(ckpt_dir / "latest", final.name)
@@ -235,7 +246,7 @@ def set_aside_other_branches(ckpt_dir: Path, parent: Optional[str]) -> list[Path
     shelf.mkdir(parents=True, exist_ok=True)
     for path in others:
         os.rename(path, shelf / path.name)
-    _fsync_dir(ckpt_dir)
+    fsync_dir(ckpt_dir)
     since = f"from {parent}" if parent else "from scratch"
     print(f"checkpoints: {', '.join(p.name for p in others)} belong to another history than this run (which "
           f"continues {since}); set aside in {shelf} -- nothing was deleted; remove them when no longer needed",
@@ -331,11 +342,16 @@ def _is_rng_file(name: str) -> bool:
     return re.fullmatch(r"rng_rank\d+\.json", name) is not None
 
 
+def _is_conversion(name: str) -> bool:
+    """Files of a universal conversion (finished or interrupted): checked by its own manifest when loaded."""
+    return name.split("/", 1)[0] in (UNIVERSAL, f"{UNIVERSAL}.tmp")
+
+
 def verify(path: Path, device) -> None:
     """Collective, before any rank loads anything: every file matches the manifest and no file holds
     pickled code (see trainer.integrity). A damaged checkpoint names the one to resume instead."""
     try:
-        warnings = integrity.verify_checkpoint(path, device, optional=_is_rng_file)
+        warnings = integrity.verify_checkpoint(path, device, optional=_is_rng_file, elsewhere=_is_conversion)
     except integrity.CheckpointError as err:
         previous = _previous_complete(path)
         hint = (f"; the previous complete checkpoint is {previous}: resume it with --resume {previous}" if previous
@@ -355,14 +371,15 @@ def _previous_complete(path: Path) -> Optional[Path]:
     return candidates[0] if candidates else None
 
 
-def load(engine, path: Path, ckpt_dir: Path) -> TrainState:
+def load(engine, path: Path, ckpt_dir: Path, deepspeed_dir: Optional[Path] = None) -> TrainState:
     """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state; the state's
-    parent is `path` as this run's `ckpt_dir` records it. `verify` must have passed on every rank first."""
+    parent is `path` as this run's `ckpt_dir` records it. `verify` must have passed on every rank first.
+    `deepspeed_dir`: where DeepSpeed's files of `path` are when not in it (its universal conversion)."""
     rank = ranks.rank()
     state, _ = read_trainer_state(path)
     try:
-        loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                           load_lr_scheduler_states=True)
+        loaded, _ = engine.load_checkpoint(str(deepspeed_dir or path.parent), tag=path.name,
+                                           load_optimizer_states=True, load_lr_scheduler_states=True)
     except FileNotFoundError as err:  # a checkpoint from before manifests, missing one of DeepSpeed's files
         previous = _previous_complete(path)
         raise integrity.CheckpointError(
@@ -394,7 +411,7 @@ def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[
         model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
         verify_export(out_dir, state_dict)
-        _write_json_atomic(out_dir / EXPORT_INFO, {"step": step})
+        write_json_atomic(out_dir / EXPORT_INFO, {"step": step})
         if merged_dir is not None and (out_dir / "adapter_config.json").is_file():
             export_merged(out_dir, tokenizer, merged_dir, model)
     ranks.barrier()

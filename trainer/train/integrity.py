@@ -109,6 +109,12 @@ def build_manifest(path: Path, tag: str, checksums: bool, device) -> dict:
     return {"manifest_version": MANIFEST_VERSION, "tag": tag, "files": dict(sorted(files.items()))}
 
 
+def local_manifest(path: Path, tag: str, checksums: bool = True) -> dict:
+    """The manifest of files one rank wrote alone (a universal conversion): not a collective."""
+    files = _describe(checkpoint_files(path), path, checksums)
+    return {"manifest_version": MANIFEST_VERSION, "tag": tag, "files": dict(sorted(files.items()))}
+
+
 def read_manifest(path: Path) -> dict | None:
     """The manifest in `COMPLETE`, or None for a checkpoint written before manifests (COMPLETE = the tag)."""
     text = (path / "COMPLETE").read_text()
@@ -180,9 +186,10 @@ def vet_file(file: Path, name: str) -> str | None:
 
 # --- the check before any rank loads --------------------------------------------------------------------
 
-def verify_checkpoint(path: Path, device, optional=lambda name: False) -> list[str]:
+def verify_checkpoint(path: Path, device, optional=lambda name: False, elsewhere=lambda name: False) -> list[str]:
     """Collective. Returns warnings; raises CheckpointError (on every rank, same text) when the checkpoint
-    must not be loaded. `optional(name)`: files whose absence is a warning (RNG states)."""
+    must not be loaded. `optional(name)`: files whose absence is a warning (RNG states); `elsewhere(name)`:
+    files not loaded from this checkpoint, checked on their own when they are (a universal conversion inside it)."""
     rank, world = ranks.rank(), ranks.world_size()
     problems, warnings = [], []
     try:
@@ -191,7 +198,7 @@ def verify_checkpoint(path: Path, device, optional=lambda name: False) -> list[s
         manifest, problems = None, [str(err)]
     problems += [f"{name} is a symbolic link (DeepSpeed writes none, and a link can lead a load outside the "
                  f"checkpoint): replace it with the file it points to" for name in symbolic_links(path)]
-    on_disk = all_files(path)
+    on_disk = [name for name in all_files(path) if not elsewhere(name)]
     if manifest is not None:
         listed = manifest["files"]
         for name, expected in _my_share(sorted(listed.items()), rank, world):

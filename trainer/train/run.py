@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 import yaml
 
+from .. import ds as dsc
 from .. import provenance, ranks
 from ..config import Config
 from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
@@ -23,7 +24,7 @@ from ..launch.fabric import report_network_env
 from ..presets import blamed, load_preset, preset_path, set_keys
 from ..redact import redact
 from ..resolve import Resolved, resolve
-from . import checkpoint
+from . import checkpoint, elastic
 from .checkpoint import TrainState
 from .evaluation import EvalSet
 from .hooks import Hooks
@@ -58,9 +59,12 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
         return 0
+    resolved, universal_dir = elastic.adapt(resolved, resume_path, set_keys(overrides), comm_device(),
+                                            lambda extra: configure(preset, overrides + extra, rehearse, world_size)[0])
+    cfg = resolved.config
     record = run_record(resolved) if rank == 0 else resolved.record()  # only rank 0 writes it (git runs once)
-    job = build(resolved, run_dir, hooks, record)
-    state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank)
+    job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None)
+    state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank, universal_dir)
 
     metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, record,
                             resumed_metrics(state, resume_path, ckpt_dir))
@@ -82,9 +86,18 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
 
 def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | None) -> Resolved:
     """The config resolved for the ranks that are running, the process group up, seeds set, notices printed."""
-    config = load_preset(preset, overrides)
-    rank = start_distributed(config.train.dist_timeout_s)
+    rank = start_distributed(load_preset(preset, overrides).train.dist_timeout_s)
     report_network_env(rank)
+    resolved, rehearsal_notices = configure(preset, overrides, rehearse, world_size)
+    seed_everything(resolved.config.train.seed, rank)
+    for notice in rehearsal_notices + resolved.notices:
+        print0(f"notice: {notice}", rank=rank)
+    return resolved
+
+
+def configure(preset: str, overrides: list[str], rehearse: bool, world_size: int | None) -> tuple[Resolved, list]:
+    """The config resolved for the ranks that are running (the process group is up), and the rehearsal's notices."""
+    config = load_preset(preset, overrides)
     rehearsal_notices: list[str] = []
     if rehearse:
         from .rehearse import rehearsal_config
@@ -92,10 +105,7 @@ def start(preset: str, overrides: list[str], rehearse: bool, world_size: int | N
     with blamed(str(preset_path(preset)), overrides):
         resolved = resolve(config, world_size)
     check_world_size(resolved)
-    seed_everything(resolved.config.train.seed, rank)
-    for notice in rehearsal_notices + resolved.notices:
-        print0(f"notice: {notice}", rank=rank)
-    return resolved
+    return resolved, rehearsal_notices
 
 
 def run_record(resolved: Resolved) -> dict:
@@ -116,8 +126,10 @@ def resumed_metrics(state: TrainState, path: Path | None, ckpt_dir: Path) -> Res
     return Resumed(state.step, path.name, state.wandb_run_id if own else None)
 
 
-def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None = None) -> Job:
-    """Tokenizer and data (checked before the run directory is written), then the model and the engine."""
+def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None = None, universal: bool = False) -> Job:
+    """Tokenizer and data (checked before the run directory is written), then the model and the engine
+    (`record`: what config.resolved.yaml keeps; `universal`: load a universal checkpoint, for a resume on another
+    topology)."""
     import deepspeed
 
     from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
@@ -135,7 +147,8 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     total_params, trainable_params = count_parameters(model)
     print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable); {kernels_in_use(model)}", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg.deepspeed)
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=engine_config(cfg, universal))
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
@@ -145,6 +158,13 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
                        dp_rank, dp_size)
     sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
     return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler)
+
+
+def engine_config(cfg: Config, universal: bool) -> dict:
+    """The DeepSpeed config handed to the engine: the resolved one, with the checkpoint writer chosen and, for a
+    resume on another topology, universal loading on (neither is recorded in the run's resolved config)."""
+    ds = dsc.with_checkpoint_writer(cfg.deepspeed, cfg.train.checkpoint_writer)
+    return dsc.with_universal_load(ds) if universal else ds
 
 
 def prepare_run_dir(run_dir: Path, record: dict, rank: int) -> None:
@@ -227,11 +247,13 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     return path, saved_state.step
 
 
-def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int):
-    """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint."""
+def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int,
+                    universal_dir: Path | None = None):
+    """(TrainState, the resumed path) -- a fresh TrainState and None without a checkpoint. `universal_dir`: the
+    checkpoint's universal conversion, loaded instead of its own DeepSpeed files (another topology)."""
     if path is None:
         return TrainState(), None
-    state = checkpoint.load(engine, path, ckpt_dir)
+    state = checkpoint.load(engine, path, ckpt_dir, universal_dir)
     train_batches.load_state_dict(state.data)
     print0(f"resume: continuing from {path} (step {state.step})", rank=rank)
     return state, str(path)
