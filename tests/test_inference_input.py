@@ -175,3 +175,19 @@ def test_chat_prompts_are_rendered_with_the_template(capsys, tiny_models, tmp_pa
     assert main(["generate", "--model", str(tiny_models["chat"]), "--prompts", str(prompts), "--max-new-tokens", "3",
                  "--format", "jsonl", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["prompt"] == chat_line.text
+
+
+def test_a_run_directory_written_with_provenance_reads_back(tmp_path):
+    """`config.resolved.yaml` as a run writes it (with its `derived` and `provenance` sections) is the config
+    `generate`/`evaluate` read back for the run directory: the record's extra sections are not config keys."""
+    import yaml
+
+    from trainer.infer.source import run_config
+    from trainer.presets import load_preset
+    from trainer.resolve import resolve
+    from trainer.train.run import run_record, write_resolved_config
+    resolved = resolve(load_preset("tiny_cpu", ["train.lr=0.002"]), 2)
+    write_resolved_config(tmp_path, run_record(resolved))
+    assert {"derived", "provenance"} <= set(yaml.safe_load((tmp_path / "config.resolved.yaml").read_text()))
+    config = run_config(tmp_path)
+    assert (config.name, config.train.lr) == ("tiny_cpu", 0.002)

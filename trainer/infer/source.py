@@ -88,6 +88,10 @@ def run_config(run_dir: Path) -> Optional[Config]:
     return _saved_config(raw, path)
 
 
+# sections a saved record adds to the config: what resolution derived, and which code and stack produced the run
+RECORD_ONLY = ("derived", "provenance")
+
+
 def _saved_config(raw: dict, where: Path) -> Config:
     """A run's saved config; one from before train.eval_sequences evaluated eval_batches micro-batches per rank."""
     train = raw.get("train") or {}
@@ -97,7 +101,7 @@ def _saved_config(raw: dict, where: Path) -> Config:
         micro = train.get("micro_batch_size") if isinstance(train.get("micro_batch_size"), int) else 1
         train["eval_sequences"] = train.pop("eval_batches") * micro * dp
     try:
-        return config_from_dict({k: v for k, v in raw.items() if k != "derived"}, source=str(where))
+        return config_from_dict({k: v for k, v in raw.items() if k not in RECORD_ONLY}, source=str(where))
     except UserError as err:
         raise UserError(f"--model {where}: its saved config cannot be read by this version ({err})") from None
 
