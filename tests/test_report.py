@@ -85,7 +85,11 @@ def test_report_png_draws_each_runs_metrics_jsonl(real, tmp_path):
             steps, values = series(rows, metric)
             assert steps, f"{name} logged no {metric}"
             assert drawn(figure, f"{run.label}:{metric}") == (steps, values), (name, metric)
-        assert not lines(figure, f"{run.label}:resume") and not lines(figure, f"{run.label}:skipped")
+        assert not lines(figure, f"{run.label}:skipped")
+        # the trainer's own resume event: halves_z2 stopped after a checkpoint and resumed from it
+        resumed_at = {r["step"] for r in rows if r.get("event") == "resume"}
+        assert bool(resumed_at) == (name == "halves_z2"), (name, resumed_at)
+        assert {line.get_xdata()[0] for line in lines(figure, f"{run.label}:resume")} == resumed_at
     # the stopped-and-resumed run drew its 8 steps once, equal to the straight run's losses
     assert drawn(figure, "halves_z2 (tiny_cpu):loss")[0] == list(range(1, 9))
     assert drawn(figure, "halves_z2 (tiny_cpu):loss")[1] == pytest.approx(
@@ -100,7 +104,7 @@ def crashed_and_resumed(real: dict[str, Path], root: Path, event: bool = True) -
     step), then the resume event the trainer writes (unless event=False: a file from before the event), then the re-trained steps 5-8, with step 6 skipped for a non-finite loss (as the loop
     writes it: a skipped_step line, and no train line for a step whose loss was not averaged). Returns the run
     directory and the lines that should be drawn."""
-    halves = jsonl(real["halves_z2"] / "metrics.jsonl")
+    halves = [r for r in jsonl(real["halves_z2"] / "metrics.jsonl") if "event" not in r]  # its own resume: ours below
     lost = [r for r in jsonl(real["samples_z3"] / "metrics.jsonl") if r["step"] in (5, 6) and "samples" not in r]
     lost.insert(1, {"step": 5, "skipped_step": True, "bad_steps_in_a_row": 1})
     first, second = [r for r in halves if r["step"] <= 4], [r for r in halves if r["step"] > 4]
