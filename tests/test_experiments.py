@@ -222,6 +222,23 @@ def test_rewind_moves_lines_past_the_checkpoint_and_marks_the_resume(tmp_path):
     assert {r["rewound_by"]["checkpoint"] for r in rewound} == {"step_00000002"}
 
 
+def test_a_fresh_start_in_a_used_run_directory_starts_an_empty_history(tmp_path):
+    """A run that died before its first checkpoint (so --resume auto starts fresh), or one started again with
+    --resume off: the earlier lines are moved aside, not left in place as if the new run had logged them."""
+    from trainer.presets import load_preset
+    from trainer.train.metrics import MetricsLogger
+    earlier = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in earlier))
+    cfg = load_preset("tiny_cpu", ["logging.progress_bar=false"])
+    metrics = MetricsLogger(cfg, tmp_path, 0, 1000, 1, {})
+    metrics.log({"step": 1, "loss": 2.5, "lr": 1e-3})
+    metrics.close()
+    assert rows_of(tmp_path) == [{"step": 1, "loss": 2.5, "lr": 1e-3}]  # no event: nothing was resumed
+    moved = rows_of(tmp_path, REWOUND_FILE)
+    assert [{k: v for k, v in r.items() if k != "rewound_by"} for r in moved] == earlier
+    assert {(r["rewound_by"]["checkpoint"], r["rewound_by"]["step"]) for r in moved} == {(None, 0)}
+
+
 TRACKER_PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path

@@ -9,7 +9,9 @@ A resume from the checkpoint of step S rewinds it first: lines past S (steps the
 them again) move to `metrics.rewound.jsonl`, each with `rewound_by` naming that resume, metrics.jsonl is rewritten
 whole (temp file + rename), and one event line marks the resume:
     {"step": S, "event": "resume", "checkpoint": "<tag>", "world_size": W}
-So metrics.jsonl holds each step's lines once, as the run's surviving history saw them.
+So metrics.jsonl holds each step's lines once, as the run's surviving history saw them. A fresh start in a directory
+that already has lines (a run that died before its first checkpoint, or one started again with --resume off) moves
+them all the same way, with no event: the new history starts empty, nothing is deleted.
 
 MFU counts model FLOPs only (no recomputation): FLOPs per token = 6·N + 12·L·h·s (PaLM appendix B),
 N = all parameters, L layers, h hidden size, s sequence length; the peak is the GPU table's
@@ -61,9 +63,10 @@ class Resumed:
     wandb_run_id: Optional[str]       # recorded in that checkpoint's trainer state
 
 
-def rewind_metrics(run_dir: Path, step: int, tag: str, world_size: int) -> int:
+def rewind_metrics(run_dir: Path, step: int, tag: Optional[str], world_size: int) -> int:
     """Rank 0, before a resumed run logs: lines past `step` move to metrics.rewound.jsonl, metrics.jsonl is rewritten
-    atomically with the resume event appended. Returns how many lines moved. A line a crash cut short moves too."""
+    atomically with the resume event appended (`tag` None: a fresh start, step 0, no event). Returns how many lines
+    moved. A line a crash cut short moves too."""
     path = run_dir / METRICS_FILE
     lines = path.read_text().splitlines() if path.is_file() else []
     kept, moved = [], []
@@ -79,9 +82,14 @@ def rewind_metrics(run_dir: Path, step: int, tag: str, world_size: int) -> int:
                                         else {"unparsable": line, "rewound_by": rewound_by}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-    event = {"step": step, "event": "resume", "checkpoint": tag, "world_size": world_size}
-    write_text_atomic(str(path), "".join(line + "\n" for line in kept + [json.dumps(event)]), flag="train.output_dir")
+    event = [json.dumps({"step": step, "event": "resume", "checkpoint": tag, "world_size": world_size})] if tag else []
+    write_text_atomic(str(path), "".join(line + "\n" for line in kept + event), flag="train.output_dir")
     return len(moved)
+
+
+def has_history(run_dir: Path) -> bool:
+    path = run_dir / METRICS_FILE
+    return path.is_file() and path.stat().st_size > 0
 
 
 def _parse(line: str) -> Optional[dict]:
@@ -108,16 +116,29 @@ class MetricsLogger:
         self.wandb: Optional[trackers.WandbTracker] = None
         self.file = None
         if self.enabled:
-            if resumed is not None:
-                moved = rewind_metrics(run_dir, resumed.step, resumed.tag, world_size)
-                if moved:
-                    print(f"metrics: {moved} line(s) past step {resumed.step} (lost with the crash, trained again "
-                          f"now) moved to {run_dir / REWOUND_FILE}", flush=True)
+            rewound_to = self._rewind(run_dir, resumed, world_size)
             self.file = open(run_dir / METRICS_FILE, "a")
             self.wandb = self._start_wandb(run_dir, config_dict, resumed)
-            self.trackers = [t for t in (self.wandb, self._start_tensorboard(run_dir, resumed)) if t is not None]
+            self.trackers = [t for t in (self.wandb, self._start_tensorboard(run_dir, rewound_to)) if t is not None]
         self.bar = None
         self.sample_rows: list[list] = []  # wandb tables are immutable: each eval logs the rows so far
+
+    @staticmethod
+    def _rewind(run_dir: Path, resumed: Optional[Resumed], world_size: int) -> Optional[int]:
+        """The step the run's history is rewound to: the checkpoint's, 0 for a fresh start in a used directory, None
+        for a fresh directory."""
+        if resumed is not None:
+            moved = rewind_metrics(run_dir, resumed.step, resumed.tag, world_size)
+            if moved:
+                print(f"metrics: {moved} line(s) past step {resumed.step} (lost with the crash, trained again now) "
+                      f"moved to {run_dir / REWOUND_FILE}", flush=True)
+            return resumed.step
+        if has_history(run_dir):
+            moved = rewind_metrics(run_dir, 0, None, world_size)
+            print(f"metrics: a fresh start in a used run directory: its earlier {moved} line(s) moved to "
+                  f"{run_dir / REWOUND_FILE}", flush=True)
+            return 0
+        return None
 
     def _start_wandb(self, run_dir: Path, config_dict: dict, resumed: Optional[Resumed]):
         logging_cfg = self.config.logging
@@ -129,10 +150,10 @@ class MetricsLogger:
         return trackers.WandbTracker(logging_cfg, run_dir, redact(config_dict), self.tags(), run_id,
                                      resumed.step if resumed and run_id else None, self.config.name)
 
-    def _start_tensorboard(self, run_dir: Path, resumed: Optional[Resumed]):
+    def _start_tensorboard(self, run_dir: Path, rewound_to: Optional[int]):
         if not self.config.logging.tensorboard:
             return None  # tensorboard is never imported in this mode
-        return trackers.TensorBoardTracker(run_dir, resumed.step if resumed else None)
+        return trackers.TensorBoardTracker(run_dir, rewound_to)
 
     def tags(self) -> list[str]:
         """logging.tags plus the preset, the task and the hardware (e.g. preset:tiny_cpu, task:pretrain, hw:2xcpu)."""
