@@ -88,8 +88,10 @@ def worker(args) -> int:
             "model.num_kv_heads=4", f"model.intermediate_size={args.hidden * 8 // 3 // 64 * 64}",
             f"model.vocab_size={args.vocab}", "model.max_position_embeddings=128", "data.seq_len=64",
             "train.micro_batch_size=1", "train.grad_accum=1", f"hardware.gpus_per_node={world}",
-            f"deepspeed.zero_optimization.stage={stage}", "deepspeed.zero_optimization.reduce_bucket_size=5.0e+7",
-            "deepspeed.zero_optimization.allgather_bucket_size=5.0e+7", "deepspeed.optimizer.params.torch_adam=true",
+            dsc.set_override("zero_optimization.stage", stage),
+            dsc.set_override("zero_optimization.reduce_bucket_size", 5e7),
+            dsc.set_override("zero_optimization.allgather_bucket_size", 5e7),
+            dsc.set_override("optimizer.params.torch_adam", True),
         ]), world).config
         model, hf_ds_config = build_model(cfg, rank)
         params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

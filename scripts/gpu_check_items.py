@@ -276,9 +276,10 @@ def run_variant(ctx, name: str, variant: dict, mfu_per_token_s: float, deadline:
 # ============================================================================================ memory
 
 def memory_overrides(ctx, row: dict) -> list[str]:
+    from trainer.ds import set_override
     attention = "flash_attention_2" if flash_available() or ctx.dry_run else "sdpa"
     return base_overrides(ctx, row["micro_batch"]) + [
-        f"model.num_layers={MEMORY_LAYERS}", f"deepspeed.zero_optimization.stage={row['stage']}",
+        f"model.num_layers={MEMORY_LAYERS}", set_override("zero_optimization.stage", row["stage"]),
         f"model.gradient_checkpointing={str(row['checkpointing']).lower()}", f"model.liger={str(row['liger']).lower()}",
         f"model.attn_implementation={attention}", f"model.tokenizer={TINY_TOKENIZER}", "train.precision=bf16"]
 
@@ -467,8 +468,9 @@ def fp16_block() -> str:
 
 
 def prepare_fp16(ctx) -> dict:
+    from trainer.ds import set_override
     cmd, out = tiny_train_command(ctx, "fp16", 1, ["train.precision=fp16", fp16_block(),
-                                                   "deepspeed.zero_optimization.stage=3"])
+                                                   set_override("zero_optimization.stage", 3)])
     return {"command": cmd, "run_dir": str(out)}
 
 
@@ -491,9 +493,11 @@ def measure_fp16(ctx, prepared, deadline):
 
 
 def prepare_zeropp(ctx) -> dict:
+    from trainer.ds import set_override
     ranks = max(ctx.gpu_count, 2) if ctx.dry_run else ctx.gpu_count
-    cmd, out = tiny_train_command(ctx, "zeropp", ranks, ["train.precision=bf16", "deepspeed.zero_optimization.stage=3",
-                                                         "deepspeed.zero_optimization.zero_quantized_weights=true"])
+    zeropp = [set_override("zero_optimization.stage", 3),
+              set_override("zero_optimization.zero_quantized_weights", True)]
+    cmd, out = tiny_train_command(ctx, "zeropp", ranks, ["train.precision=bf16", *zeropp])
     return {"command": cmd, "run_dir": str(out), "ranks": ranks}
 
 
