@@ -33,6 +33,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeRO-3 with the weights offloaded to CPU or NVMe, for models that do not fit; auto = "
                              "the planner's choice from the model, batch, context and free memory")
     parser.add_argument("--nvme-path", help="directory on NVMe for --zero-inference nvme")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let transformers run the model's and tokenizer's own Python code (auto_map, *.py); "
+                             "off unless given here: a saved config cannot turn it on")
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # set by launchers
 
 
@@ -60,7 +63,7 @@ def check_arguments(args, batch_size: int = 1) -> Request:
 
 
 def _checked_request(args, batch_size: int) -> Request:
-    source = resolve_source(args.model)
+    source = resolve_source(args.model, args.trust_remote_code)
     tokenizer = load_tokenizer_for(source)
     hf_config = architecture(source)
     world = ranks.launched_world_size()

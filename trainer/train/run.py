@@ -233,13 +233,13 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
         return None, 0
+    checkpoint.verify(path, comm_device())  # before any file in it is read, its own trainer state included
     saved_state, saved_config = checkpoint.read_trainer_state(path)
     checkpoint.check_same_model(saved_config, dataclasses.asdict(cfg.model), path)
     if saved_state.step > cfg.train.max_steps:
         raise UserError(f"checkpoint {path} is at step {saved_state.step}, past train.max_steps={cfg.train.max_steps}: "
                         f"nothing to train and nothing was written; raise train.max_steps (e.g. --set train.max_steps="
                         f"{2 * saved_state.step}) or resume an earlier checkpoint with --resume PATH")
-    checkpoint.verify(path, comm_device())
     newer = [p.name for p in checkpoint.complete_checkpoints(ckpt_dir) if p.name > path.name]
     if newer and path.parent.resolve() == ckpt_dir.resolve():
         print0(f"notice: resuming {path.name} although newer checkpoints exist ({', '.join(newer)}); they are set "
