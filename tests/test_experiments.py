@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_raw, with_faults
+from distributed import REPO, last_wins, launch, launch_raw, with_faults
 from trainer import provenance
 from trainer.train.metrics import REWOUND_FILE, rewind_metrics
 
@@ -37,7 +37,7 @@ RUN = TINY + STAGES["z2"] + [
 
 def train_args(out, *extra) -> list[str]:
     args = ["train.py", "--preset", "tiny_cpu"]
-    for item in RUN + [f"train.output_dir={out}", *extra]:
+    for item in last_wins(RUN + [f"train.output_dir={out}", *extra]):
         args += ["--set", item]
     return args
 

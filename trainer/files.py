@@ -84,10 +84,11 @@ def read_text(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, al
 
 
 def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict:
-    """A JSON file whose top level is an object; NaN/Infinity (not JSON, though Python writes them) refused."""
+    """A JSON file whose top level is an object; NaN/Infinity (not JSON, though Python writes them) and a key given
+    twice in one object refused."""
     text = read_text(path, what, max_bytes)
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicate_members)
     except json.JSONDecodeError as err:
         raise UserError(f"{what} {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") from None
     except ValueError as err:
@@ -95,6 +96,16 @@ def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BY
     except RecursionError:
         raise UserError(f"{what} {path}: nested too deeply to be a config") from None
     return _expect_mapping(value, what, path, "a JSON object ({...})")
+
+
+def _refuse_duplicate_members(pairs: list) -> dict:
+    """JSON keeps the last of two equal keys without a word (DeepSpeed's own reader refuses them): refuse them."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {short(key, 60)} in one object; JSON would keep only the last: merge them")
+        seen[key] = value
+    return seen
 
 
 def _refuse_constant(name: str):

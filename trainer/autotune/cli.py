@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import numbers
 from .. import ds as dsc
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
@@ -46,9 +47,9 @@ def autotune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the autotuner maximises (default throughput)")
     parser.add_argument("--full", action="store_true", help="after the micro-batches, also tune each stage's ZeRO "
                                                             "buckets and overlap (fast=false: many more runs)")
-    parser.add_argument("--profile-steps", type=int, nargs=2, default=(3, 5), metavar=("START", "END"),
+    parser.add_argument("--profile-steps", type=numbers.COUNT, nargs=2, default=(3, 5), metavar=("START", "END"),
                         help="steps timed in each experiment (default 3 5)")
-    parser.add_argument("--master-port", type=int, default=29500, help="first experiment's port (each adds one)")
+    parser.add_argument("--master-port", type=numbers.PORT, default=29500, help="first experiment's port (each adds one)")
     parser.add_argument("--dry-run", action="store_true", help="print the tuning config and the command; run nothing")
     parser.add_argument("--from-results", metavar="DIR", help="write the preset from a finished autotuning results "
                                                               "dir (no tuning)")

@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..launch.command import command_for
 from ..options import add_preset_arguments, load_and_resolve
 from ..plan.estimate import gb, plan_for_resolved
-from ..presets import load_preset
+from ..presets import load_preset, with_overrides
 from ..resolve import Resolved, resolve
 from .findings import Diagnosis, Proposal, first_error_line
 from .logtext import read_log
@@ -54,7 +54,7 @@ def doctor(args) -> int:
 
 
 def _resolve(args, extra: list[str]) -> Resolved:
-    return resolve(load_preset(args.preset, args.overrides + extra), args.world_size)
+    return resolve(load_preset(args.preset, with_overrides(args.overrides, extra)), args.world_size)
 
 
 def memory_effect(args, resolved: Resolved, proposal: Optional[Proposal]) -> Optional[str]:
@@ -78,7 +78,7 @@ def rerun_command(args, resolved: Resolved, d: Diagnosis) -> str:
     way the failed run was (deepspeed's runner, or torchrun), with --world-size and every override carried
     over. When the changed config does not resolve on this machine (an NVMe path that exists only on the
     cluster), the line is laid out from the run's config and says so."""
-    overrides = args.overrides + d.proposal.overrides
+    overrides = with_overrides(args.overrides, d.proposal.overrides)
     launch = dict(world_size=args.world_size, launcher=d.launcher, env=d.proposal.env)
     try:
         changed = _resolve(args, d.proposal.overrides)  # offload may change: --bind_cores_to_rank with it

@@ -91,10 +91,11 @@ _ZERO_SWITCHES = ("stage", "round_robin_gradients", "sub_group_size", "zero_hpz_
 
 
 def set_override(path: str, value: Any) -> str:
-    """`deepspeed.PATH=VALUE` for `--set` (JSON is YAML flow syntax; null deletes the key)."""
+    """`deepspeed.PATH=VALUE` for `--set` (JSON is YAML flow syntax; null deletes the key). A mapping is the whole
+    new block (an offload block for another device): `:=`, which replaces what the preset and template had."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return f"deepspeed.{path}={json.dumps(value)}"
+    return f"deepspeed.{path}{':=' if isinstance(value, dict) else '='}{json.dumps(value)}"
 
 
 def zero_overrides(current: dict, target: dict) -> list[str]:

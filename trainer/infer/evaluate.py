@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 
+from .. import numbers
 from .. import ranks
 from ..config import Config
 from ..errors import UserError
@@ -33,9 +34,9 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the preset's (or run's) config, e.g. data.seq_len=512")
     parser.add_argument("--task", choices=("pretrain", "sft"), help="with --data: how to read it")
-    parser.add_argument("--seq-len", type=int, help="with --data: tokens per sequence")
-    parser.add_argument("--eval-sequences", type=int, help="sequences to evaluate (default: train.eval_sequences)")
-    parser.add_argument("--batch-size", type=int, help="sequences per forward (default: train.micro_batch_size)")
+    parser.add_argument("--seq-len", type=numbers.COUNT, help="with --data: tokens per sequence")
+    parser.add_argument("--eval-sequences", type=numbers.COUNT, help="sequences to evaluate (default: train.eval_sequences)")
+    parser.add_argument("--batch-size", type=numbers.COUNT, help="sequences per forward (default: train.micro_batch_size)")
     parser.add_argument("-o", "--output", help="write the JSON here instead of stdout (rank 0)")
 
 

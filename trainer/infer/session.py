@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .. import numbers
 from .. import ranks
 from ..distributed import end_distributed, start_distributed
 from ..errors import UserError
@@ -25,7 +26,7 @@ class Session:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="SRC",
                         help="HF model directory or hub id, a run directory, a checkpoint directory, a LoRA adapter")
-    parser.add_argument("--tp", type=int, help="tensor-parallel ranks (AutoTP): 1 or the number of ranks launched "
+    parser.add_argument("--tp", type=numbers.COUNT, help="tensor-parallel ranks (AutoTP): 1 or the number of ranks launched "
                                                "(default: the number launched)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), help="default: bf16 on GPUs that have it, else fp32")
     parser.add_argument("--kernel-inject", action="store_true", help="DeepSpeed's fused inference kernels (CUDA)")
@@ -36,7 +37,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="let transformers run the model's and tokenizer's own Python code (auto_map, *.py); "
                              "off unless given here: a saved config cannot turn it on")
-    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # set by launchers
+    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, help=argparse.SUPPRESS)  # set by launchers
 
 
 def default_dtype() -> str:

@@ -21,7 +21,7 @@ from ..config import Config
 from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
 from ..errors import UserError
 from ..launch.fabric import report_network_env
-from ..presets import blamed, load_preset, preset_path, set_keys
+from ..presets import blamed, load_preset, preset_path, set_keys, with_overrides
 from ..redact import redact
 from ..resolve import Resolved, resolve
 from . import checkpoint, elastic
@@ -60,7 +60,8 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
         return 0
     resolved, universal_dir = elastic.adapt(resolved, resume_path, set_keys(overrides), comm_device(),
-                                            lambda extra: configure(preset, overrides + extra, rehearse, world_size)[0])
+                                            lambda extra: configure(preset, with_overrides(overrides, extra), rehearse,
+                                                                     world_size)[0])
     cfg = resolved.config
     record = run_record(resolved) if rank == 0 else resolved.record()  # only rank 0 writes it (git runs once)
     job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None)
