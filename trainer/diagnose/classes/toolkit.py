@@ -196,6 +196,8 @@ OP_LOADING = re.compile(r"(Using \S+ as PyTorch extensions root|Emitting ninja b
 EXTENSIONS_ROOT = re.compile(r"Using (\S+) as PyTorch extensions root")
 LOCK_FILE = re.compile(r"(/\S+/lock)\b")
 OP_MODULE = re.compile(r"(?:Building|Loading) extension module (\w+)")
+BUILDING_NOW = re.compile(r"is being built by (pid \d+ \([^)]*\))")  # the trainer's own words (trainer/jit_locks.py)
+STALE = re.compile(r"stale JIT lock")
 
 
 def find_stopped_at_op_loading(log) -> Optional[int]:
@@ -215,6 +217,12 @@ def diagnose_jit_lock(f: Found) -> Diagnosis:
                                "the run stopped while loading a JIT-built op (a stale lock file, or a build still "
                                "running)"), f.line)
     pattern = lock or f"{root or '~/.cache/torch_extensions/<py>_<cuda>'}/*/lock"
+    building = next(iter(f.log.all(BUILDING_NOW)), None)
+    if building is not None and not f.log.has(STALE):
+        d.proposal = Proposal(f"let the build that holds the lock finish ({building.group(1)})", [],
+                              f"the trainer saw {building.group(1)} working in the op's directory: the ranks wait for "
+                              f"it. If it never finishes (`top`, `ps -o etime -p PID`), stop it, then `rm -f {pattern}`")
+        return d
     d.proposal = Proposal(f"remove the stale lock: rm -f {pattern}", [],
                           "torch's JIT loader lets one process build an op while the others wait for <build dir>/lock "
                           "to disappear; a build that was killed (timeout, preemption, Ctrl-C) leaves it behind and every "
