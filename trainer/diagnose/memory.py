@@ -168,8 +168,9 @@ def _pinned(f: Found) -> Optional[Proposal]:
     if not (WSL.search(f.log.text) or PINNED.search(context)):
         return None
     overrides = dsc.unpinned_offload_overrides(f.resolved.ds)
-    where = "WSL2 limits page-locked host memory" if WSL.search(f.log.text) else "the allocation that failed pins host memory"
-    return Proposal("stop pinning host memory" if overrides else "stop pinning host memory (pin_memory=False)", overrides,
+    where = ("WSL2 limits page-locked host memory" if WSL.search(f.log.text) else
+             "the allocation that failed pins host memory")
+    return Proposal("stop pinning host memory" + ("" if overrides else " (pin_memory=False)"), overrides,
                     f"{where}: pinned (page-locked) buffers of the CPU offload or the data loader fail as a CUDA "
                     f"out-of-memory error while the GPU still has room; unpinned copies are slower but work "
                     f"(DeepSpeed honours pin_memory=false since 0.10.1)")

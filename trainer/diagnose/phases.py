@@ -41,11 +41,13 @@ RULES = [
     _rule("loading", r"from_pretrained|_load_pretrained_model|_load_state_dict_into\w*|load_sharded_checkpoint|"
                      r"_post_init_method|_convert_to_deepspeed_param|_?from_config|load_model_and_tokenizer"),
     _rule("init", r"initialize|deepspeed_init|_prepare_deepspeed|_configure_\w*optimizer|_configure_distributed_model|"
-                  r"_broadcast_model|initialize_optimizer_states|_setup_for_real_optimizer|_create_fp(16|32)_partitions|"
-                  r"_create_param_groups_fp16_partitions|_setup_zero_optimizer", file=r"deepspeed|accelerate|transformers"),
+                  r"_broadcast_model|initialize_optimizer_states|_setup_for_real_optimizer|"
+                  r"_create_fp(16|32)_partitions|_create_param_groups_fp16_partitions|_setup_zero_optimizer",
+          file=r"deepspeed|accelerate|transformers"),
     _rule("init", r"__init__", file=r"deepspeed[\\/](runtime[\\/](engine|zero)|__init__)"),
     _rule("resume", r"load_checkpoint|_load_checkpoint|_load_zero_checkpoint|load_universal\w*|_load_optimizer_state|"
-                    r"_get_all_zero_checkpoint_state_dicts|_load_from_checkpoint|_load_rng_state|load_module_state_dict"),
+                    r"_get_all_zero_checkpoint_state_dicts|_load_from_checkpoint|_load_rng_state|"
+                    r"load_module_state_dict"),
     _rule("save", r"save_checkpoint|_save_checkpoint|_save_zero_checkpoint|save_16bit_model|"
                   r"_zero3_consolidated_16bit_state_dict|save_pretrained|save_model|_save_optimizer_and_scheduler"),
     _rule("eval", r"evaluate|evaluation_loop|prediction_step|eval_step|_maybe_log_save_evaluate|run_evaluation|"
@@ -64,14 +66,17 @@ RULES = [
 
 # Without a traceback (a kill, a watchdog), the last of these lines before the failure names the phase.
 LINE_PHASES = [
-    ("resume", re.compile(r"(Attempting to resume|load_checkpoint|_get_all_zero_checkpoint_state_dicts|optim_states\.pt)")),
+    ("resume", re.compile(r"(Attempting to resume|load_checkpoint|_get_all_zero_checkpoint_state_dicts|"
+                          r"optim_states\.pt)")),
     ("loading", re.compile(r"(from_pretrained|_load_pretrained_model|load_state_dict|Loading checkpoint shards|"
-                           r"modeling_utils\.py|partition_parameters\.py|zero\.Init|loading weights file|Loading model)")),
+                           r"modeling_utils\.py|partition_parameters\.py|zero\.Init|loading weights file|"
+                           r"Loading model)")),
     ("init", re.compile(r"(deepspeed\.initialize|in initialize\b|DeepSpeedEngine\(|_configure_optimizer|"
                         r"_configure_zero_optimizer|initialize_optimizer_states|_create_fp32_partitions|"
                         r"DeepSpeedZeroOptimizer|initializing optimizer states|creating fp(16|32) partitions|"
                         r"DeepSpeedZeRoOffload initialize)")),
-    ("save", re.compile(r"(Saving model checkpoint|saving checkpoint|save_checkpoint|zero_pp_rank_\d+_mp_rank_\d+_optim)")),
+    ("save", re.compile(r"(Saving model checkpoint|saving checkpoint|save_checkpoint|"
+                        r"zero_pp_rank_\d+_mp_rank_\d+_optim)")),
     ("eval", re.compile(r"(Running Evaluation|\*+ Running evaluation|eval_loss|Evaluating)")),
     ("training", re.compile(r"(step=\d+|'loss':|\bloss[=:]\s*\d|Epoch \d|global_step|Running training)")),
 ]

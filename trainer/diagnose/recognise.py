@@ -1,29 +1,31 @@
 """The recognisers: a table of (failure, how to find its evidence line, handler), most specific first.
 
-| failure              | recognised by                                                   | next change                          |
-|----------------------|-----------------------------------------------------------------|--------------------------------------|
-| ssh_launch           | the launcher's ssh check / pdsh failing on a hostfile node      | passwordless ssh (the exact steps)   |
-| version              | a row of classes/versions.yaml: its signature, the log's versions | the fixed release, or the known-good pin |
-| jit_lock             | a rank waiting on a JIT build's lock file (FileBaton, py-spy)   | remove the stale lock                |
-| launch_args          | argparse: unrecognized arguments (--local_rank: the launcher's) | the script accepts it / the command  |
-| port_in_use          | the rendezvous port cannot be bound (in use, privileged)        | another --master_port                |
-| cuda_toolkit         | nvcc too old for the GPU, toolkit vs torch CUDA, no kernel image | the toolkit / wheel that matches     |
-| zero3_device_map     | ZeRO-3 with device_map / low_cpu_mem_usage in from_pretrained   | load without them (zero.Init places) |
-| zero3_load / stage3_save | torch.Size([0]) placeholders; 16-bit weights not gathered    | load under zero.Init / gather on save |
-| ckpt_topology        | a ZeRO checkpoint loaded on another data-parallel size          | the elastic (universal) resume       |
-| offload_optimizer    | ZeRO-Offload with a client optimizer                            | DeepSpeedCPUAdam                     |
-| nvme_aio             | "buffer nbytes != file bytes", an aio assertion                 | check the NVMe path, then CPU offload |
-| load_oom / cuda_oom / init_oom | CUDA OOM, by the phase of its traceback (phases.py)   | the cheapest change that fits (ladder.py) |
-| shm                  | /dev/shm exhausted: bus error, exit -7, NCCL's shm segment      | a larger /dev/shm                    |
-| host_oom             | signal 9 as each launcher says it, a bare "Killed"              | sharded load, offload out of host RAM, swap |
-| fp16_loss_scale      | "Current loss scale already at minimum", overflow at 1 or 0     | bf16, or fp32 without bf16           |
-| op_build             | a JIT op build failing (cpu_adam, fused_adam, async_io, ...)    | the toolchain fix, then a fallback   |
-| not_distributed / batch_triad | no launcher variables; the triad at the wrong world size | launch the ranks / accumulation for the world |
-| nccl_network         | NCCL transport errors (socket interface, IB, system error)      | the layer's setting, NCCL_DEBUG=INFO |
-| nccl_desync / nccl_barrier_timeout / nccl_timeout | NCCL watchdog, collective fingerprints | by pattern (see collectives.py) |
-| config_message       | an exception whose message says what to change (and names keys) | that change, as overrides when the preset has the keys |
-| jit_lock (weak)      | a log that stops while loading a JIT op                         | remove the stale lock                |
-| unrecognised         | nothing above: the exception, the library, the versions, the plan | what to attach to a bug report     |
+| failure           | recognised by                                                 | next change                       |
+|-------------------|---------------------------------------------------------------|-----------------------------------|
+| ssh_launch        | the launcher's ssh check / pdsh failing on a hostfile node    | passwordless ssh (exact steps)    |
+| version           | a row of classes/versions.yaml: signature, the run's versions | the fixed release or the good pin |
+| jit_lock          | a rank waiting on a JIT build's lock file (FileBaton, py-spy) | remove the stale lock             |
+| launch_args       | argparse's unrecognized arguments (--local_rank: launcher's)  | the script accepts it             |
+| port_in_use       | the rendezvous port cannot be bound (in use, privileged)      | another --master_port             |
+| cuda_toolkit      | nvcc too old for the GPU, toolkit vs torch, no kernel image   | the matching toolkit / wheel      |
+| zero3_device_map  | ZeRO-3 with device_map / low_cpu_mem_usage in from_pretrained | load without them (zero.Init)     |
+| zero3_load        | a full state dict loaded into torch.Size([0]) placeholders    | load under zero.Init              |
+| stage3_save       | 16-bit weights not gathered at save time                      | gather on save / zero_to_fp32     |
+| ckpt_topology     | a ZeRO checkpoint loaded on another data-parallel size        | the elastic (universal) resume    |
+| offload_optimizer | ZeRO-Offload with a client optimizer                          | DeepSpeedCPUAdam                  |
+| nvme_aio          | "buffer nbytes != file bytes", an aio assertion               | check the NVMe path, CPU offload  |
+| load/cuda/init_oom | CUDA OOM, by the phase of its traceback (phases.py)          | the cheapest change that fits     |
+| shm               | /dev/shm exhausted: bus error, exit -7, NCCL's shm segment    | a larger /dev/shm                 |
+| host_oom          | signal 9 as each launcher says it, a bare "Killed"            | sharded load, offload, swap       |
+| fp16_loss_scale   | "Current loss scale already at minimum", overflow at 1 or 0   | bf16, or fp32 without bf16        |
+| op_build          | a JIT op build failing (cpu_adam, fused_adam, async_io, ...)  | the toolchain fix, then fallback  |
+| not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
+| batch_triad       | the batch triad at another world size                         | accumulation for that world       |
+| nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
+| nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
+| config_message    | an exception whose message says what to change (names keys)   | that change (overrides if it can) |
+| jit_lock (weak)   | a log that stops while loading a JIT op                       | remove the stale lock             |
+| unrecognised      | nothing above: exception, library, phase, versions, the plan  | what to attach to a bug report    |
 
 An OOM or a kill before an NCCL error is the cause of the NCCL error, so memory comes before collectives; a
 message that states its own fix comes after every specific class, whose advice knows more than the message.
@@ -34,6 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
 from .classes import checkpoint, fallback, launch, messages, network, toolkit, versions
@@ -142,6 +145,7 @@ def diagnose(r: Resolved, text: str, reresolve: Optional[Reresolve] = None,
     none, the fallback still says what failed, where, and what to report."""
     log = Log.of(text)
     seen = run_versions(log.text, recorded_versions)
+    reresolve = _remembered(reresolve) if reresolve else None
     for recogniser in RECOGNISERS:
         index = _find_version(log, seen) if recogniser.failure == "version" else recogniser.find(log)
         if index is None:
@@ -150,6 +154,23 @@ def diagnose(r: Resolved, text: str, reresolve: Optional[Reresolve] = None,
         return _launched_like(log, recogniser.handler(Found(r, log, index, match, reresolve, seen)))
     index = fallback.failure_line(log)
     return fallback.diagnose_unknown(Found(r, log, index or 0, None, reresolve, seen))
+
+
+def _remembered(reresolve: Reresolve) -> Reresolve:
+    """The OOM ladder prices the same configs more than once (alone, then stacked): resolve each only once."""
+    done: dict[tuple, object] = {}
+
+    def resolved_with(extra: list[str]):
+        key = tuple(extra)
+        if key not in done:
+            try:
+                done[key] = reresolve(extra)
+            except UserError as err:  # remembered too: the same overrides fail the same way
+                done[key] = err
+        if isinstance(done[key], UserError):
+            raise done[key]
+        return done[key]
+    return resolved_with
 
 
 def _find_version(log: Log, seen: dict[str, str]) -> Optional[int]:

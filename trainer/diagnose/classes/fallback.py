@@ -79,7 +79,8 @@ def diagnose_unknown(f: Found) -> Diagnosis:
     exception = re.match(r"^(?:\[rank\d+\]:\s*)?([\w.]+?(?:Error|Exception|Exit|Interrupt))\b", log.line(index))
     kind = exception.group(1).rsplit(".", 1)[-1] if exception else "a failure"
     where = "" if phase == "unknown" else f" {phases.WORDS[phase]}"
-    d = Diagnosis("unrecognised", f"{kind} raised in {library}{where}", log.line(index))
+    raised = f" raised in {library}" if library != "unknown" else " (the log shows no traceback)"
+    d = Diagnosis("unrecognised", f"{kind}{raised}{where}", log.line(index))
     message = log.joined(index, following=2)  # "Failed to import X ...:" and, wrapped, the error it names
     hint = next((text for pattern, text in HINTS if pattern.search(message)), None)
     if hint:
@@ -94,8 +95,8 @@ def diagnose_unknown(f: Found) -> Diagnosis:
     d.advice.append(f"versions in the log: {seen}; installed where the doctor runs: {here}")
     plan = planned(f.resolved)
     if plan is not None:
-        d.advice.append(f"preset {f.resolved.config.name} plans {gb(plan.gpu_total)} of {gb(plan.gpu_budget)} GB per GPU "
-                        f"and {gb(plan.cpu_bytes_per_node)} GB host RAM per node (`python -m trainer plan`)")
+        d.advice.append(f"preset {f.resolved.config.name} plans {gb(plan.gpu_total)} of {gb(plan.gpu_budget)} GB per "
+                        f"GPU and {gb(plan.cpu_bytes_per_node)} GB host RAM per node (`python -m trainer plan`)")
     d.advice.append("to report it: the whole log of every rank (not only rank 0's tail; NCCL_DEBUG=INFO for "
                     "distributed failures), the command line, the DeepSpeed config, `pip list` and `nvidia-smi`, to "
                     + TRACKERS.get(library, "the project that owns the script (the innermost frame of your code)"))

@@ -43,9 +43,9 @@ def diagnose_launch_args(f: Found) -> Diagnosis:
         return d
     d = Diagnosis("launch_args", f"{script} refused arguments it does not define: {' '.join(args)}", f.line)
     d.proposal = Proposal("fix the command line", [],
-                          f"{script}'s parser has no {', '.join(a.split('=')[0] for a in args)}: a misspelt flag, a flag "
-                          f"of another version of the script, or an argument meant for the launcher placed after the "
-                          f"script name (launcher flags go before it). `{script} --help` lists what it takes")
+                          f"{script}'s parser has no {', '.join(a.split('=')[0] for a in args)}: a misspelt flag, a "
+                          f"flag of another version of the script, or an argument meant for the launcher placed after "
+                          f"the script name (launcher flags go before it). `{script} --help` lists what it takes")
     return d
 
 

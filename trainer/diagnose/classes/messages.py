@@ -52,10 +52,14 @@ def instructions(message: str) -> list[str]:
 
 
 def find_message(log: Log) -> Optional[int]:
-    """The last exception whose message tells the reader what to change."""
+    """The last exception whose message tells the reader what to change; without an exception line (a message
+    pasted alone), the line that opens a list of mismatching settings."""
     index = log.last(EXCEPTION)
     if index is None:
-        return None
+        listed = log.first(MISMATCH_LINE)
+        if listed is None:
+            return None
+        return listed - 1 if listed > 0 and log.lines[listed - 1].strip() else listed  # the list's heading
     message = message_at(log, index)
     return index if instructions(message) or any(MISMATCH_LINE.match(m) for m in message.split("\n")) else None
 

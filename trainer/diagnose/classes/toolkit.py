@@ -225,10 +225,10 @@ def diagnose_jit_lock(f: Found) -> Diagnosis:
         return d
     d.proposal = Proposal(f"remove the stale lock: rm -f {pattern}", [],
                           "torch's JIT loader lets one process build an op while the others wait for <build dir>/lock "
-                          "to disappear; a build that was killed (timeout, preemption, Ctrl-C) leaves it behind and every "
-                          "later run waits for ever. First check that nothing is building (`pgrep -af 'ninja|nvcc|cc1plus'`"
-                          f" shows no build in that directory), then remove it (`ls -la {pattern}` shows its age); the "
-                          "next run builds or loads the op at once")
+                          "to disappear; a build that was killed (timeout, preemption, Ctrl-C) leaves it behind and "
+                          "every later run waits for ever. First check that nothing is building (`pgrep -af "
+                          f"'ninja|nvcc|cc1plus'` shows no build in that directory), then remove it (`ls -la {pattern}` "
+                          "shows its age); the next run builds or loads the op at once")
     d.advice.append("this trainer looks for such lock files before DeepSpeed loads its ops (train and preflight) and "
                     "names the file, its age and the removal command every 30 s while a rank waits on one; give each "
                     "job its own TORCH_EXTENSIONS_DIR when builds may be killed")
