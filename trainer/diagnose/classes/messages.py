@@ -85,8 +85,9 @@ def named_keys(message: str, paths: dict) -> list[tuple[str, object]]:
     return found
 
 
-def named_settings(message: str, paths: dict = {}) -> list[tuple[str, object]]:  # noqa: B006 (read only)
-    """(key, value) pairs the message asks for; the value is None when it names a key without one."""
+def named_settings(message: str, paths: Optional[dict] = None) -> list[tuple[str, object]]:
+    """(key, value) pairs the message asks for - written as settings, or keys of `paths` (the preset's DeepSpeed
+    config) named in the text; the value is None when it names a key without one."""
     found: list[tuple[str, object]] = []
     for line in message.split("\n"):
         if (m := MISMATCH_LINE.match(line)):
@@ -97,7 +98,8 @@ def named_settings(message: str, paths: dict = {}) -> list[tuple[str, object]]: 
         if m.group(1).lower() not in ("these", "it", "them", "the", "this"):
             found.append((m.group(1), _value(m.group(2))))
     named = {key.rsplit(".", 1)[-1] for key, _ in found}
-    return found + [(path, value) for path, value in named_keys(message, paths) if path.rsplit(".", 1)[-1] not in named]
+    return found + [(path, value) for path, value in named_keys(message, paths or {})
+                    if path.rsplit(".", 1)[-1] not in named]
 
 
 def _value(text: str) -> object:
