@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import random
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import ranks
+from . import jit_locks, ranks
 
 
 def start_distributed(timeout_s: int = 1800) -> int:
@@ -33,6 +34,9 @@ def start_distributed(timeout_s: int = 1800) -> int:
         # the world size, yet AutoTP's layers call it regardless: under torchrun (LOCAL_WORLD_SIZE) it segfaults
         os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
     remove_shm_buffer()  # a stale one of a crashed job on this port would be read by the peers before reset
+    # init_distributed builds DeepSpeed's CPU all-reduce op, deepspeed.initialize its optimizers: a lock file left
+    # by a killed build would make them wait for ever in silence
+    jit_locks.check_and_watch(_to_stderr)
     timeout = datetime.timedelta(seconds=timeout_s)
     # DeepSpeed builds its data/model-parallel groups with new_group(timeout=None), which takes torch's
     # default (30 min gloo, 10 min NCCL), not the world group's: set the default itself, so every
@@ -41,6 +45,10 @@ def start_distributed(timeout_s: int = 1800) -> int:
     distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
     deepspeed.init_distributed(timeout=timeout)
     return dist.get_rank()
+
+
+def _to_stderr(message: str) -> None:
+    print(f"[rank {os.environ.get('RANK', '0')}] {message}", file=sys.stderr, flush=True)
 
 
 def end_distributed(succeeded: bool = True) -> None:

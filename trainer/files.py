@@ -135,15 +135,61 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 def read_log(path: str | Path, max_bytes: int = MAX_LOG_BYTES) -> str:
     """A run's log for `doctor`: the last `max_bytes` (the failure is at the end), bad bytes replaced, control
-    characters dropped, lines over MAX_LOG_LINE cut; an empty log and a binary file are named as such."""
-    data = read_bytes(path, "log file", max_bytes, tail=True)
+    characters dropped, lines over MAX_LOG_LINE cut. A gzip, bzip2 or xz log is decompressed (its tail kept);
+    UTF-16 (Windows' `>` redirect) is decoded; an empty log, a zip archive and a binary file are named as such."""
+    file = regular_file(path, "log file")
+    head = _head(file)
+    codec = next((c for magic, c in _COMPRESSED.items() if head.startswith(magic)), None)
+    if head.startswith(b"PK\x03\x04"):
+        raise UserError(f"log file {path} is a zip archive: extract the log from it and give that file")
+    data = _decompressed_tail(file, codec, max_bytes) if codec else read_bytes(path, "log file", max_bytes, tail=True)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        data = data.decode("utf-16", errors="replace").encode("utf-8")
     if not data.strip():
         raise UserError(f"log file {path} is empty: give the failed run's log (stdout and stderr of every rank)")
-    head = data[:8192]
-    if head.count(b"\0") > len(head) // 10:
+    if _looks_binary(data[:8192]):
         raise UserError(f"log file {path} is a binary file, not a log: give the failed run's text log")
     text = _CONTROL.sub("", data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n"))
     return "\n".join(_cut(line) for line in text.split("\n"))
+
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "lzma"}
+MAX_DECOMPRESSED = 4 << 30  # a compressed "log" that inflates past this is not a log (or a decompression bomb)
+
+
+def _head(file: Path, count: int = 8) -> bytes:
+    try:
+        with open(file, "rb") as handle:
+            return handle.read(count)
+    except OSError as err:
+        raise UserError(f"log file {file}: cannot read it ({err.strerror})") from None
+
+
+def _decompressed_tail(file: Path, codec: str, max_bytes: int) -> bytes:
+    """The last `max_bytes` of a compressed log, streamed (the whole file is never held)."""
+    import bz2
+    import gzip
+    import lzma
+    opener = {"gzip": gzip.open, "bz2": bz2.open, "lzma": lzma.open}[codec]
+    tail, total = bytearray(), 0
+    try:
+        with opener(file, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                total += len(chunk)
+                if total > MAX_DECOMPRESSED:
+                    raise UserError(f"log file {file} ({codec}) inflates past {MAX_DECOMPRESSED:,} bytes: not a log")
+                tail += chunk
+                del tail[:-max_bytes]
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise UserError(f"log file {file} is {codec}-compressed but does not decompress ({err}): is it whole?") from None
+    return bytes(tail)
+
+
+def _looks_binary(head: bytes) -> bool:
+    """NUL bytes or control characters a terminal log does not hold (tab, newlines, escape sequences aside) in
+    more than a few percent of the bytes: random bytes have ~11%, a core dump or an image more."""
+    controls = sum(1 for b in head if (b < 32 and b not in (9, 10, 12, 13, 27)) or b == 127)
+    return head.count(0) > len(head) // 100 or controls > len(head) * 0.03
 
 
 def _cut(line: str) -> str:
