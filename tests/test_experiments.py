@@ -213,12 +213,14 @@ def test_rewind_moves_lines_past_the_checkpoint_and_marks_the_resume(tmp_path):
              {"step": 3, "loss": 2.4}, {"step": 3, "skipped_step": True}]
     text = "".join(json.dumps(line) + "\n" for line in lines) + '{"step": 4, "lo'  # a line the crash cut short
     (tmp_path / "metrics.jsonl").write_text(text)
-    assert rewind_metrics(tmp_path, 2, "step_00000002", 4) == 3
+    rewound = rewind_metrics(tmp_path, 2, "step_00000002", 4)
+    assert (rewound.moved, rewound.not_metrics) == (3, 1)
     assert rows_of(tmp_path) == lines[:3] + [{"step": 2, "event": "resume", "checkpoint": "step_00000002",
                                               "world_size": 4}]
     rewound = rows_of(tmp_path, REWOUND_FILE)
-    assert [{k: v for k, v in r.items() if k != "rewound_by"} for r in rewound] == \
-        lines[3:] + [{"unparsable": '{"step": 4, "lo'}]
+    assert [{k: v for k, v in r.items() if k not in ("rewound_by", "problem")} for r in rewound] == \
+        lines[3:] + [{"unparsable": '{"step": 4, "lo', "line": 6}]
+    assert rewound[-1]["problem"].startswith("not valid JSON")
     assert {r["rewound_by"]["checkpoint"] for r in rewound} == {"step_00000002"}
 
 
