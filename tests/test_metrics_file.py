@@ -134,6 +134,22 @@ def test_each_hostile_value_is_drawn_a_gap_or_its_line_named(tmp_path, literal, 
         assert "not finite or beyond +-1e+300: drawn as gaps" in notes
 
 
+EXTREMES = [("1e300", "-1e300"), ("5e-324", "1e300"), ("-5e-324", "1e-300"), ("1e299", "1e300"), ("0", "1e300"),
+            ("1e300", "1e300")]
+
+
+def test_extreme_values_that_are_drawn_share_an_axis_without_overflow(tmp_path):
+    """Pairs at the ends of what is drawn (+-1e300, the smallest subnormal) on linear and log axes, at steps 0
+    and 2**53: every figure renders."""
+    for i, (a, b) in enumerate(EXTREMES):
+        lines = [f'{{"step": {step}, "loss": {v}, "lr": {v}, "grad_norm": {v}}}'.encode()
+                 for step, v in ((0, a), (2 ** 53, b))]
+        (metrics,) = read_runs([str(run_with(tmp_path, f"run{i}", b"\n".join(lines)))])
+        figure = report_figure([metrics])
+        assert png_bytes(figure).startswith(PNG_MAGIC)
+        assert drawn(figure, f"run{i}:loss") == ([0, 2 ** 53], [float(a), float(b)])
+
+
 FOREIGN_LINES = [  # a line that is no metrics line, and what its note says
     (b'{"step": 2, "loss": 2.', "not valid JSON"),
     (b"\xff\xfe\xfd", "not UTF-8 text (byte 0xff at column 1)"),
@@ -288,7 +304,8 @@ def test_fuzzed_files_draw_the_forward_history_or_say_why_not(tmp_path):
             (metrics,) = read_runs([str(run)])
         except UserError as err:
             assert "has no train or eval line yet" in str(err), err
-            assert not any(points for k, points in expected["kinds"].items() if k in TRAIN_KEYS or k.startswith(EVAL_PREFIX))
+            assert not any(points for kind, points in expected["kinds"].items()
+                           if kind in TRAIN_KEYS or kind.startswith(EVAL_PREFIX))
             continue
         assert metrics.bad_lines == expected["refused"]
         for kind, points in expected["kinds"].items():
@@ -355,36 +372,41 @@ def test_many_eval_sources_are_capped_with_a_note(tmp_path):
 # --- report: files and paths -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", [b"", b"\n\n  \n", b"\xff\xfe\x00\x01", b'{"step": 3, "samples": []}\n'])
-def test_a_file_with_nothing_to_draw_is_a_named_error(tmp_path, content):
-    run = run_with(tmp_path, "run", content)
-    result = run_cli("report", str(run), "-o", str(tmp_path / "out.png"))
+def test_a_file_with_nothing_to_draw_is_a_named_error(tmp_path):
+    for name, content in (("empty", b""), ("blank", b"\n\n  \n"), ("samples", b'{"step": 3, "samples": []}\n')):
+        run = run_with(tmp_path, name, content)
+        with pytest.raises(UserError, match=f"metrics file {run / 'metrics.jsonl'} has no train or eval line yet"):
+            read_runs([str(run)])
+    binary = run_with(tmp_path, "binary", b"\xff\xfe\x00\x01")
+    result = run_cli("report", str(binary), "-o", str(tmp_path / "out.png"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"metrics file {run / 'metrics.jsonl'} has no train or eval line yet" in result.stderr
-    if content.startswith(b"\xff"):
-        assert f"e.g. {run / 'metrics.jsonl'}:1: not UTF-8" in result.stderr
+    assert f"metrics file {binary / 'metrics.jsonl'} has no train or eval line yet" in result.stderr
+    assert f"e.g. {binary / 'metrics.jsonl'}:1: not UTF-8 text (byte 0xff at column 1)" in result.stderr
     assert not (tmp_path / "out.png").exists()
 
 
 def test_a_directory_where_the_metrics_file_goes_is_named(tmp_path):
     (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)
     (tmp_path / "loose.jsonl").mkdir()
-    for given in (tmp_path / "run", tmp_path / "run" / "metrics.jsonl", tmp_path / "loose.jsonl"):
-        result = run_cli("report", str(given), "-o", str(tmp_path / "out.png"))
-        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-        assert "is a directory: give a file" in result.stderr, result.stderr
+    for given in (tmp_path / "run" / "metrics.jsonl", tmp_path / "loose.jsonl"):
+        with pytest.raises(UserError, match=f"metrics file {given} is a directory: give a file"):
+            read_runs([str(given)])
+    result = run_cli("report", str(tmp_path / "run"), "-o", str(tmp_path / "out.png"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"metrics file {tmp_path / 'run' / 'metrics.jsonl'} is a directory: give a file" in result.stderr
 
 
-@pytest.mark.parametrize("link", ["hard", "symbolic"])
-def test_the_output_is_never_the_input(tmp_path, link):
+def test_the_output_is_never_the_input(tmp_path):
     run = run_with(tmp_path, "run", good(1) + b"\n" + good(2) + b"\n")
     before = (run / "metrics.jsonl").read_bytes()
-    target = run / "report.png"
-    (os.link if link == "hard" else os.symlink)(run / "metrics.jsonl", target)
-    result = run_cli("report", str(run), "-o", str(target))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"-o {target} is the metrics file of {run}" in result.stderr
-    assert (run / "metrics.jsonl").read_bytes() == before
+    os.link(run / "metrics.jsonl", run / "hard.png")
+    os.symlink(run / "metrics.jsonl", run / "soft.html")
+    for target in (run / "hard.png", run / "soft.html"):
+        result = run_cli("report", str(run), "-o", str(target))
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert f"-o {target} is the metrics file of {run}: the report would replace the run's history" \
+            in result.stderr
+        assert (run / "metrics.jsonl").read_bytes() == before
     same_name = run_cli("report", str(run / "metrics.jsonl"), "-o", str(run / "metrics.jsonl"))
     assert same_name.returncode == 2 and "must end in .png or .html" in same_name.stderr
     assert (run / "metrics.jsonl").read_bytes() == before
