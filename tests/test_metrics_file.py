@@ -188,7 +188,8 @@ def test_lines_that_are_no_metrics_lines_are_skipped_and_named_and_the_rest_is_d
     for (number, message), note in zip(expected, notes):
         assert note.startswith(f"{file}:{number}: ") and message in note, (number, note)
     assert metrics.bad_lines == len(FOREIGN_LINES) + 1
-    assert f"{file}: 2 more line(s) skipped" in notes[20]  # the rest counted, not named one by one
+    assert notes[20].startswith(f"{file}: 22 line(s) skipped in all (the first 20 are named above), the others "
+                                f"are drawn; fix or delete them")  # the rest counted, not named one by one
     figure = report_figure([metrics])
     assert drawn(figure, "run:loss")[0] == [n for n in range(1, len(data)) if n % 2]  # every good line
     result = run_cli("report", str(run), "-o", str(tmp_path / "out.png"))
@@ -200,7 +201,8 @@ def test_lines_that_are_no_metrics_lines_are_skipped_and_named_and_the_rest_is_d
 def test_a_torn_last_line_is_named_as_one(tmp_path):
     run = run_with(tmp_path, "run", good(1) + b"\n" + '{"step": 2, "x": "\u00e9'.encode()[:-1])
     (metrics,) = read_runs([str(run)])
-    (note,) = metrics.notes()
+    note, total = metrics.notes()
+    assert total.startswith(f"{run / 'metrics.jsonl'}: 1 line(s) skipped in all, the others are drawn")
     assert note.startswith(f"{run / 'metrics.jsonl'}:2: not UTF-8 text (byte 0xc3 at column 19) (the last line "
                            f"has no newline: a write cut short")
 
@@ -352,8 +354,10 @@ def test_a_crash_loop_of_resumes_draws_a_bounded_number_of_marks(tmp_path):
     assert 0 < len(marks) <= MAX_MARKS * 6   # six panels
     assert metrics.resumes.count == 30_000 and sum(n for _, _, n in metrics.resumes.ranges()) == 30_000
     assert any("30,000 resume(s) drawn as" in n for n in metrics.notes())
-    from trainer.report.cli import final_values
+    from trainer.report.cli import final_values, report_html
     assert final_values(metrics)["resumes"].endswith("... (30,000 in all)")
+    page = report_html([metrics], b"")
+    assert "<h2>Notes</h2>" in page and "30,000 resume(s) drawn as" in page
     legend = [t.get_text() for t in figure.legends[0].get_texts()]
     assert any(t.startswith("loop: 30,000 resumes merged into") for t in legend)
     assert png_bytes(figure).startswith(PNG_MAGIC)
@@ -364,7 +368,7 @@ def test_many_eval_sources_are_capped_with_a_note(tmp_path):
     lines = [good(1)] + [json.dumps({"step": s, "eval_loss": 1.0, f"eval_loss/src{s}": 1.0}).encode()
                          for s in range(2, 40)]
     (metrics,) = read_runs([str(run_with(tmp_path, "run", b"\n".join(lines)))])
-    assert len(metrics.eval_sources()) == MAX_EVAL_SOURCES
+    assert len(metrics.eval_sources()) == MAX_EVAL_SOURCES and len(metrics.series) == MAX_EVAL_SOURCES + 6
     assert any("eval sources past the first" in n and f"{38 - MAX_EVAL_SOURCES:,} value(s)" in n
                for n in metrics.notes())
 

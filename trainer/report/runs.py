@@ -87,9 +87,10 @@ class RunMetrics:
         """What the figure leaves out or merges, each naming the file (and line) it comes from."""
         notes = list(self.notes_before)
         notes += [f"{self.file}:{number}: {problem}; line skipped" for number, problem in self.named_lines]
-        if self.bad_lines > len(self.named_lines):
-            notes.append(f"{self.file}: {self.bad_lines - len(self.named_lines):,} more line(s) skipped, not "
-                         f"metrics lines (only the first {MAX_NAMED_LINES} are named)")
+        if self.bad_lines:
+            named = f" (the first {MAX_NAMED_LINES} are named above)" if self.bad_lines > MAX_NAMED_LINES else ""
+            notes.append(f"{self.file}: {self.bad_lines:,} line(s) skipped in all{named}, the others are drawn; "
+                         f"fix or delete them (a line cut short by a crash or a full disk can go)")
         if self.undrawn_source_values:
             notes.append(f"{self.file}: eval sources past the first {MAX_EVAL_SOURCES} met (from the end of the "
                          f"file) are not drawn: {', '.join(self.undrawn_sources)}, ...; "
@@ -149,6 +150,7 @@ class _History:
         self.metrics = metrics
         self.resumed_to = math.inf                 # the lowest step a resume later in the file went back to
         self.floors: dict[str, int] = {}           # per series: the lowest step a later line of it has
+        self.eval_sources = 0                      # eval_loss/<source> series met
 
     def survives(self, kind: str, step: int) -> bool:
         """Whether a line of `kind` at `step` is in the history: no later resume went back before it, and no later
@@ -183,6 +185,8 @@ class _History:
         floors, resumed_to = self.floors, self.resumed_to
         for key, value in values:
             floor = floors.get(key)
+            if floor is None and not self._room_for(key):
+                continue
             if floor is None or step < floor:   # survives(key, step), inline
                 floors[key] = step
                 if step <= resumed_to:
@@ -200,16 +204,22 @@ class _History:
         self.resumed_to = min(self.resumed_to, step)
         return None
 
-    def _add_to(self, key: str, step: int, value: float) -> None:
+    def _room_for(self, key: str) -> bool:
+        """Whether a series not met yet is kept: an eval source past the first MAX_EVAL_SOURCES is only counted
+        (a file of a million source names would otherwise be a million series)."""
         metrics = self.metrics
-        series = metrics.series.get(key)
+        if not key.startswith(EVAL_SOURCE) or self.eval_sources < MAX_EVAL_SOURCES:
+            self.eval_sources += key.startswith(EVAL_SOURCE)
+            return True
+        metrics.undrawn_source_values += 1
+        if key not in metrics.undrawn_sources and len(metrics.undrawn_sources) < 3:
+            metrics.undrawn_sources.append(key)
+        return False
+
+    def _add_to(self, key: str, step: int, value: float) -> None:
+        series = self.metrics.series.get(key)
         if series is None:
-            if key.startswith(EVAL_SOURCE) and len(metrics.eval_sources()) >= MAX_EVAL_SOURCES:
-                metrics.undrawn_source_values += 1
-                if key not in metrics.undrawn_sources and len(metrics.undrawn_sources) < 3:
-                    metrics.undrawn_sources.append(key)
-                return
-            series = metrics.series[key] = Series()
+            series = self.metrics.series[key] = Series()
         series.add(step, value)
 
 
