@@ -7,6 +7,8 @@ older commit of it.
 
 Files, written once to --workdir (seeded, so every run of the script reads the same bytes):
 
+  tiny        two train lines: the floor of any `python -m trainer` command (its imports, torch among them;
+              ~380 MB and ~5 s of CPU here), which every other case includes
   resumes     a 1,000-step run whose metrics.jsonl then holds --resumes resume events (each at a random earlier
               step, as a crash loop restarting from random checkpoints would leave): ~14 MB for 300,000
   long        a --steps-step run (the trainer's train line at every step, an eval line every 1,000 steps,
@@ -21,6 +23,7 @@ and the exit status: a run past --timeout is killed and shown as `>T` (its ratio
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -28,7 +31,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import io
 import time
 from pathlib import Path
 
@@ -58,6 +60,11 @@ def write_resumes(path: Path, resumes: int) -> None:
             out.write(resume_line(rng.randrange(1, TRAIN_STEPS_BEFORE_RESUMES)) + "\n")
 
 
+def write_tiny(path: Path, lines: int) -> None:
+    rng = random.Random(0)
+    path.write_text("".join(train_line(step, rng) + "\n" for step in range(1, lines + 1)))
+
+
 def write_long(path: Path, steps: int) -> None:
     rng = random.Random(2)
     with open(path, "w") as out:
@@ -77,7 +84,7 @@ def write_one_line(path: Path, megabytes: int) -> None:
 
 
 def make_files(workdir: Path, args) -> dict[str, Path]:
-    makers = {"resumes": (write_resumes, args.resumes), "long": (write_long, args.steps),
+    makers = {"tiny": (write_tiny, 2), "resumes": (write_resumes, args.resumes), "long": (write_long, args.steps),
               "one_line": (write_one_line, args.one_line_mb)}
     files = {}
     for case in args.cases:
@@ -137,8 +144,8 @@ def shown(result: dict, timeout: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", help="a git revision of this repository to compare against (e.g. 7928f52)")
-    parser.add_argument("--cases", nargs="+", default=["resumes", "long", "one_line"],
-                        choices=["resumes", "long", "one_line"])
+    parser.add_argument("--cases", nargs="+", default=["tiny", "resumes", "long", "one_line"],
+                        choices=["tiny", "resumes", "long", "one_line"])
     parser.add_argument("--resumes", type=int, default=300_000)
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--one-line-mb", type=int, default=100)
