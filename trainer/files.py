@@ -12,13 +12,14 @@ or a crash leaves the old file (or none), never part of the new one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import yaml
 
@@ -301,12 +302,22 @@ def write_text_atomic(target: str, text: str, flag: str = "-o") -> Path:
 
 def write_bytes_atomic(target: str, data: bytes, flag: str = "-o") -> Path:
     """`write_text_atomic` for bytes (a PNG)."""
+    with atomic_writer(target, flag) as handle:
+        handle.write(data)
+    return Path(target).expanduser()
+
+
+@contextlib.contextmanager
+def atomic_writer(target: str, flag: str = "-o") -> Iterator[BinaryIO]:
+    """A binary handle on a temporary file beside `target`, for a file written in pieces (a rewritten
+    metrics.jsonl of any size): when the block ends it is fsynced and renamed over `target`; an exception in the
+    block removes it and leaves `target` as it was. An OSError is a UserError naming the flag."""
     path = check_target(target, flag)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, _mode_for(path))  # mkstemp makes 0600; a replaced file keeps its mode
@@ -316,7 +327,6 @@ def write_bytes_atomic(target: str, data: bytes, flag: str = "-o") -> Path:
             raise
     except OSError as err:
         raise UserError(f"{flag} {target}: cannot write it ({err.strerror}); nothing was written") from None
-    return path
 
 
 def _mode_for(path: Path) -> int:
