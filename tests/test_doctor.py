@@ -21,7 +21,7 @@ from trainer.diagnose.doctor import diagnose
 from trainer.diagnose.logtext import EVIDENCE_CHARS, Log
 from trainer.launch.command import train_command
 from trainer.plan.estimate import plan_for_resolved
-from trainer.presets import load_preset
+from trainer.presets import load_preset, with_overrides
 from trainer.resolve import resolve
 
 LOGS = Path(__file__).resolve().parent / "logs"
@@ -36,7 +36,7 @@ def run_doctor(preset: str, log: str, overrides: list[str] | None = None, nvme_d
                text: str | None = None):
     base, nvme_dir = overrides or [], nvme_dir or NVME_DIR
     d = diagnose(resolved(preset, base), text if text is not None else (LOGS / log).read_text(),
-                 lambda extra: resolved(preset, base + extra))
+                 lambda extra: resolved(preset, with_overrides(base, extra)))
     assert_pasteable(preset, base, d, nvme_dir)  # the strict loader accepts every proposed change
     return d
 
@@ -63,7 +63,7 @@ def test_the_cheapest_change_that_fits_comes_first_not_the_first_rung():
     d = run_doctor("7b_8xa100", "cuda_oom.log", base)
     assert d.proposal.step.startswith("3. ZeRO stage 2 -> 3"), d.proposal.step
     assert "fits" in d.proposal.estimate and "does not fit" not in d.proposal.estimate
-    micro = resolved("7b_8xa100", base + ["train.micro_batch_size=4", "train.grad_accum=32"])
+    micro = resolved("7b_8xa100", with_overrides(base, ["train.micro_batch_size=4", "train.grad_accum=32"]))
     assert not plan_for_resolved(micro).fits_gpu  # the rung the fixed order would have proposed first
 
 
@@ -141,7 +141,7 @@ def test_an_oom_inside_deepspeed_initialize_is_a_start_up_oom():
 def test_oom_while_loading_under_zero_init():
     d = run_doctor("70b_8xa100", "oom_zero_init.log")
     assert d.failure == "load_oom" and "GPU memory" in d.title
-    assert d.proposal.overrides == ['deepspeed.zero_optimization.offload_param={"device": "cpu", "pin_memory": true}']
+    assert d.proposal.overrides == ['deepspeed.zero_optimization.offload_param:={"device": "cpu", "pin_memory": true}']
 
 
 def test_host_oom_while_loading_below_stage_3():
@@ -296,10 +296,11 @@ def test_cli_text_json_and_exit_codes():
 
 def test_the_rerun_command_carries_the_world_size_and_the_launcher():
     report = json.loads(run_cli("doctor", "7b_8xa100", "tests/logs/cuda_oom.log", "--world-size", "4",
-                                "--set", "train.grad_accum=8", "--json").stdout)
+                                "--set", "train.grad_accum=8", "--set", "train.lr=0.0002", "--json").stdout)
     assert "--num_gpus 4" in report["command"] and "--world-size 4" in report["command"]
     assert_the_trainer_accepts(report["command"], "7b_8xa100", world_size=4)
-    assert "--set train.grad_accum=8" in report["command"]  # the run's own overrides come along
+    assert "--set train.lr=0.0002" in report["command"]  # the run's own overrides come along,
+    assert report["command"].count("train.grad_accum=") == 1  # those the proposal changes replaced, not repeated
 
 
 @pytest.mark.parametrize("preset, log", [("70b_32xa100", "cuda_oom.log"), ("7b_8xa100", "cuda_oom.log"),

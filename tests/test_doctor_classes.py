@@ -16,6 +16,7 @@ import yaml
 from distributed import run_cli
 from doctor_checks import assert_the_trainer_accepts
 from test_doctor import LOGS, resolved, run_doctor
+from trainer.presets import with_overrides
 from trainer.diagnose.classes import versions
 from trainer.diagnose.logtext import Log
 
@@ -122,7 +123,7 @@ def test_a_message_naming_a_key_and_a_value_becomes_that_override():
     assert d.failure == "config_message"
     assert d.proposal.overrides == ["deepspeed.zero_optimization.contiguous_gradients=true"]
     from trainer import ds as dsc
-    assert dsc.contiguous_gradients(resolved("7b_8xa100", base + d.proposal.overrides).ds)
+    assert dsc.contiguous_gradients(resolved("7b_8xa100", with_overrides(base, d.proposal.overrides)).ds)
 
 
 def test_a_message_asking_for_what_the_preset_already_has_came_from_another_config():

@@ -238,7 +238,7 @@ def plan_args(target: str) -> list[str]:
 
 
 @pytest.mark.parametrize("command", [export_args, plan_args], ids=["export", "plan"])
-@pytest.mark.parametrize("target,says", [("", "-o '': empty"), ("/dev/full", "not a regular file"),
+@pytest.mark.parametrize("target,says", [("", ": empty"), ("/dev/full", "is a character device"),
                                          ("{dir}", "a directory"), ("{dir}/no/such/ds.json", "does not exist")])
 def test_bad_output_target_is_refused_before_any_work(command, target, says, tmp_path, capsys):
     refused(capsys, command(target.format(dir=tmp_path)), "-o", says)
@@ -280,8 +280,9 @@ def test_a_written_output_replaces_the_old_one_whole_and_keeps_its_mode(existing
 
 @pytest.mark.parametrize("command", ["show", "lint"])
 def test_world_size_zero_is_an_error_not_the_presets_world_size(command, capsys):
-    refused(capsys, [command, "tiny_cpu", "--world-size", "0"], "--world-size 0: the world size must be >= 1",
-            "in the command line")
+    assert main([command, "tiny_cpu", "--world-size", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --world-size: '0' must be >= 1" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("override,says", [

@@ -304,9 +304,9 @@ def test_each_eval_source_gets_its_own_dashed_line(tmp_path):
 
 
 @pytest.mark.parametrize("target, message", [
-    ("report.pdf", "-o {}: the file name must end in .png or .html"),
-    ("report", "-o {}: the file name must end in .png or .html (that is what is written); add the suffix"),
-    ("missing/report.png", "-o {}: directory {} does not exist"),
+    ("report.pdf", "argument -o/--output: report '{}': the name must end in .png or .html"),
+    ("report", "argument -o/--output: report '{}': the name must end in .png or .html"),
+    ("missing/report.png", "argument -o/--output: report '{}': directory {} does not exist"),
 ])
 def test_a_bad_output_is_refused_before_anything_is_read(tmp_path, target, message):
     path = tmp_path / target
@@ -386,8 +386,9 @@ def test_plan_chart_from_the_cli_and_a_plan_that_fits_nowhere(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--chart", "{}/plan.svg"], "--chart {}/plan.svg: the file name must end in .png"),
-    (["--chart", "{}/missing/plan.png"], "--chart {}/missing/plan.png: directory {}/missing does not exist"),
+    (["--chart", "{}/plan.svg"], "argument --chart: chart '{}/plan.svg': the name must end in .png"),
+    (["--chart", "{}/missing/plan.png"], "argument --chart: chart '{}/missing/plan.png': directory {}/missing does "
+                                         "not exist"),
     (["--chart", "{}/plan.png", "--inference"], "--chart is for training plans"),
 ])
 def test_a_bad_chart_target_is_refused(tmp_path, args, message):

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from . import numbers
+from . import numbers, paths
 from .errors import UserError
 
 
@@ -48,6 +48,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, modules
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -58,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.passthrough and args.command not in PASSTHROUGH:
             parser.error(f"arguments after `--` ({' '.join(args.passthrough)}): only {', '.join(PASSTHROUGH)} "
                          f"takes them")
+        command_parser = subcommands(parser)[args.command]
+        clash = paths.check_distinct(command_parser, args)
+        if clash:
+            command_parser.error(clash)
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else 2
     try:

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Iterator
 import yaml
 
 from .errors import UserError, short
+from .paths import what_is
 
 
 MAX_CONFIG_BYTES = 4 << 20     # a preset, a template, a scenario or a config.json is a few KB
@@ -38,16 +39,15 @@ MAX_YAML_NODES = 100_000       # nodes after alias expansion; a preset has a few
 def regular_file(path: str | Path, what: str) -> Path:
     """`path` as an existing regular file, or a UserError saying what it is instead."""
     file = Path(path).expanduser()
-    try:
-        mode = file.stat().st_mode
-    except FileNotFoundError:
-        raise UserError(f"{what} {str(path)!r} does not exist") from None
-    except OSError as err:
-        raise UserError(f"{what} {path}: cannot read it ({err.strerror})") from None
-    if stat.S_ISDIR(mode):
+    found = what_is(file)
+    if found == "missing":
+        raise UserError(f"{what} {str(path)!r} does not exist")
+    if found == "a directory":
         raise UserError(f"{what} {path} is a directory: give a file")
-    if not stat.S_ISREG(mode):
-        raise UserError(f"{what} {path} is not a regular file (a device, a FIFO or a socket): give a file")
+    if found.startswith("unreadable"):
+        raise UserError(f"{what} {path}: cannot read it ({found})")
+    if found != "a regular file":
+        raise UserError(f"{what} {path} is {found}, not a regular file: give a file")
     return file
 
 

@@ -36,4 +36,5 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", default=None, help="'auto', a checkpoint path, or 'off' (overrides train.resume)")
     parser.add_argument("--rehearse", action="store_true",
                         help="run the preset's DeepSpeed features on a shrunk model with the ranks present")
-    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, default=-1, help=argparse.SUPPRESS)  # launcher
+    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, default=-1,
+                        help=argparse.SUPPRESS)  # launcher

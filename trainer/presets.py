@@ -185,15 +185,18 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
 
 def with_overrides(overrides: list[str], changes: list[str]) -> list[str]:
     """`overrides` with `changes` (the trainer's own --set items: a resume, the doctor's proposal, a batch kept
-    across topologies) taking the place of any item that sets the same key or a section around it, so the result
-    never sets a key twice."""
-    changed = set_keys(changes)
+    across topologies) taking the place of any item that sets the same key or a section around it -- and a later
+    change the place of an earlier one -- so the result never sets a key twice."""
+    result = list(overrides)
+    for change in changes:
+        key = _override_key(change)[0]
+        result = [item for item in result if not _overlap(_override_key(item)[0], key)] + [change]
+    return result
 
-    def touches(item: str) -> bool:
-        dotted = item.split("=", 1)[0].strip().rstrip(":")
-        return any(dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + ".") for key in changed)
 
-    return [item for item in overrides if not touches(item)] + list(changes)
+def _overlap(a: list[str], b: list[str]) -> bool:
+    """One key is the other or lies inside it (`train` and `train.lr`)."""
+    return a[:len(b)] == b or b[:len(a)] == a
 
 
 def set_keys(overrides: list[str]) -> set[str]:

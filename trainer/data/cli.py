@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import numbers
+from .. import numbers, paths
 from ..config import DataConfig, ModelConfig
 from ..errors import UserError
 from ..presets import load_preset
@@ -31,8 +31,10 @@ def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", help="without --preset: a local file/directory or a hub dataset name")
     parser.add_argument("--tokenizer", help="without --preset: tokenizer directory or hub id")
     parser.add_argument("--task", choices=("pretrain", "sft"), default="pretrain", help="without --preset")
-    parser.add_argument("--seq-len", type=numbers.COUNT, default=2048, help="without --preset, sft: samples are fitted to it")
-    parser.add_argument("--out", help="without --preset: the output directory (new, empty, or an interrupted run)")
+    parser.add_argument("--seq-len", type=numbers.COUNT, default=2048,
+                        help="without --preset, sft: samples are fitted to it")
+    parser.add_argument("--out", type=paths.output_dir("output directory"),
+                        help="without --preset: the output directory (new, empty, or an interrupted run)")
     parser.add_argument("--records-per-shard", type=numbers.COUNT, default=RECORDS_PER_SHARD,
                         help=f"records per shard (default {RECORDS_PER_SHARD:,}); the unit a rerun keeps")
     parser.add_argument("--num-proc", type=numbers.PROCESSES, default=numbers.available_cores(),

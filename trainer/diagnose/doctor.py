@@ -20,6 +20,7 @@ import shlex
 import sys
 from typing import Optional
 
+from .. import paths
 from .. import ds as dsc
 from ..errors import UserError
 from ..launch.command import command_for
@@ -37,9 +38,9 @@ __all__ = ["diagnose", "doctor", "doctor_arguments", "rerun_command"]
 
 def doctor_arguments(parser: argparse.ArgumentParser) -> None:
     add_preset_arguments(parser)
-    parser.add_argument("log", help="the failed run's log or traceback file")
+    parser.add_argument("log", type=paths.input_file("log file"), help="the failed run's log or traceback file")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    parser.add_argument("--run-dir", help="the failed run's directory, for the versions its config.resolved.yaml "
+    parser.add_argument("--run-dir", type=paths.input_dir("run directory"), help="the failed run's directory, for the versions its config.resolved.yaml "
                                           "recorded (default: the log's directory, when it holds one)")
 
 

@@ -25,7 +25,9 @@ import torch
 
 from ..config import Config
 from ..data.records import looks_like_path
-from ..errors import UserError
+from ..errors import UserError, clip
+from ..files import read_json_object, read_yaml_mapping
+from ..paths import what_is
 from ..presets import REPO_ROOT, config_from_dict
 from ..remote_code import load_kwargs, refused, saved_permission_ignored
 from ..train import checkpoint
@@ -54,15 +56,19 @@ def resolve_source(src: str, trust_remote_code: bool = False) -> ModelSource:
 
 def _resolve(src: str) -> ModelSource:
     path = Path(src).expanduser()
-    if not path.exists():
+    found = what_is(path)
+    if found == "missing":
         if looks_like_path(src) or not src.strip():
             raise UserError(f"--model {src!r}: no such file or directory; give an HF model directory, a run directory "
                             f"(train.output_dir), a checkpoint directory or a hub id")
         return ModelSource("hub", src, f"hub model {src}")
-    if not path.is_dir():
-        raise UserError(f"--model {src}: a file, not a directory; give the directory that holds config.json (an HF "
+    if found != "a directory":
+        raise UserError(f"--model {src}: {found}, not a directory; give the directory that holds config.json (an HF "
                         f"model), a run directory, or a checkpoint directory")
+    if (path / "config.json").exists() and what_is(path / "config.json") != "a regular file":
+        raise UserError(f"--model {src}: its config.json is {what_is(path / 'config.json')}, not a file")
     if (path / "config.json").is_file():
+        read_json_object(path / "config.json", "model config")  # a JSON object, before transformers reads it
         return ModelSource("hf", str(path), f"HF model {path}")
     if (path / "adapter_config.json").is_file():
         return ModelSource("lora", str(path), f"LoRA adapter {path} (merged into its base)")
@@ -99,12 +105,10 @@ def run_source(run_dir: Path) -> ModelSource:
 
 def run_config(run_dir: Path) -> Optional[Config]:
     """The run's resolved config (config.resolved.yaml), for evaluating it with its own data settings."""
-    import yaml
     path = run_dir / "config.resolved.yaml"
-    if not path.is_file():
+    if not path.exists():
         return None
-    raw = yaml.safe_load(path.read_text())
-    return _saved_config(raw, path)
+    return _saved_config(read_yaml_mapping(path, "run's saved config"), path)
 
 
 # sections a saved record adds to the config: what resolution derived, and which code and stack produced the run
@@ -201,9 +205,12 @@ def load_model(source: ModelSource, dtype: torch.dtype, attention: str = "sdpa")
         try:
             model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=attention,
                                                          **permission(source, source.path, "model"))
-        except (OSError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - truncated safetensors, shapes that do not match, a config of
+            # another kind: transformers and safetensors raise their own types; every one is this directory's fault
             raise refused(err, source.path, ALLOW_CODE) or UserError(
-                f"--model {source.path}: cannot load it with transformers ({err})") from None
+                f"--model {source.path}: cannot load it with transformers ({type(err).__name__}: "
+                f"{clip(str(err), 400)}); is the directory complete (config.json and every weight file whole)?") \
+                from None
     elif source.kind == "lora":
         from ..model import load_lora_merged
         model = load_lora_merged(source.path, dtype, attention, source.trust_remote_code)

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Optional
 
-from .. import numbers
+from .. import numbers, paths
 from ..errors import UserError
 from ..options import add_train_arguments
 from ..presets import load_preset
@@ -48,7 +48,8 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="deepspeed (default), torchrun, slurm (writes and submits an sbatch script), or local "
                              "(this node's ranks, PID 1 safe; the default when --nnodes/--node-rank is given)")
-    parser.add_argument("--hostfile", help="DeepSpeed hostfile (`host slots=N` per line): the nodes to run on")
+    parser.add_argument("--hostfile", type=paths.input_file("hostfile"),
+                        help="DeepSpeed hostfile (`host slots=N` per line): the nodes to run on")
     parser.add_argument("--fabric", help=f"network profile exported to every rank: {', '.join(shipped_profiles())}, "
                                          f"a path to an .env file, or several joined by commas (ib,debug)")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, write nothing, exit 0")

@@ -46,7 +46,8 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1")
     parser.add_argument("--master-addr", default=None,
                         help="address of node 0 (local: default 127.0.0.1; deepspeed: the first host's `hostname -I`)")
-    parser.add_argument("--master-port", type=numbers.PORT, default=None, help="rendezvous port on node 0 (default 29500)")
+    parser.add_argument("--master-port", type=numbers.PORT, default=None,
+                        help="rendezvous port on node 0 (default 29500)")
     parser.add_argument("--failure-grace-s", type=numbers.GRACE_SECONDS, default=5.0,
                         help="after one rank fails, seconds the others get to exit before they are killed")
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from .. import paths
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
 from ..pictures import check_suffix, png_bytes, save_png
@@ -24,7 +25,7 @@ SUFFIXES = (".png", ".html")
 def report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
                         help="run directories (train.output_dir) or their metrics.jsonl; several share the axes")
-    parser.add_argument("-o", "--output", required=True,
+    parser.add_argument("-o", "--output", required=True, type=paths.output_file("report", suffixes=(".png", ".html")),
                         help="report.png (the figure) or report.html (the figure and a table of final values)")
 
 
