@@ -3,9 +3,9 @@ is read once, not at every start.
 
 The cache key of prepared data (`prepare.prepared_path`) is derived from these hashes. Names, sizes and mtimes
 (the key before) keep a key through an edit whose mtime was put back (`touch -r`), so a run trained on the stale
-cache. Reading a source at every start costs about 3.4 s per GB on the 2-core development machine
-(scripts/bench_verify.py), so each file's hash is remembered with the stat fields that change whenever its bytes
-can have changed: inode, size, mtime and ctime. The kernel sets ctime on every write, truncate, chmod and rename,
+cache. Reading a source at every start would cost about 1 s per GB (1.1-1.3 GB/s of SHA-256 on one core of
+the development machine, scripts/bench_verify.py), so each file's hash is remembered with the stat fields that
+change whenever its bytes can have changed: inode, size, mtime and ctime. The kernel sets ctime on every write, truncate, chmod and rename,
 and no user can set it back (utime sets mtime and atime only), so a file that still has the remembered four has
 the remembered bytes. A hash is remembered only when the file did not change while it was read and its ctime is
 a second old: timestamps are coarser than writes, and a write just after the read could leave all four as they
