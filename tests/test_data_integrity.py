@@ -253,25 +253,29 @@ def test_a_world_writable_cache_directory_without_the_sticky_bit_is_refused(cach
     assert len(build_datasets(cfg, tokenizer, seed=0).train) > 0
 
 
-def test_a_planted_temporary_link_is_not_followed(tmp_path, tokenizer):
-    """prepare_into_cache once prepared into `.<key>.<pid>.tmp` after an rmtree of that name: a link planted there
-    (a shared cache directory) led the rmtree and the shards into the victim's directory."""
+@pytest.mark.parametrize("victim_holds", [["thesis.tex"], []], ids=["a victims directory", "an empty directory"])
+def test_a_planted_temporary_link_is_not_followed(tmp_path, tokenizer, victim_holds):
+    """prepare_into_cache once prepared into `.<key>.<pid>.tmp` after an rmtree of that name: a link planted there (a
+    shared cache directory) led the shards into the directory it names -- a victim's, or an empty one of the
+    attacker's, which then became the cache entry (renamed link and all) for the attacker to rewrite at will."""
     source = tmp_path / "pretrain.jsonl"
     shutil.copyfile(CORPUS, source)
     cfg = config(source, tmp_path / "cache")
-    key = prepared_path(cfg, str(source), tokenizer).name
+    entry = prepared_path(cfg, str(source), tokenizer)
     victim = tmp_path / "victim"
     victim.mkdir()
-    (victim / "thesis.tex").write_text("years of work")
-    (tmp_path / "cache").mkdir(exist_ok=True)
-    planted = tmp_path / "cache" / f".{key}.{os.getpid()}.tmp"
+    for name in victim_holds:
+        (victim / name).write_text("years of work")
+    entry.parent.mkdir()
+    planted = entry.parent / f".{entry.name}.{os.getpid()}.tmp"
     planted.symlink_to(victim)
     data = build_datasets(cfg, tokenizer, seed=0)
     assert len(data.train) > 0
-    assert [p.name for p in victim.iterdir()] == ["thesis.tex"]
-    assert (victim / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in victim.iterdir()) == victim_holds
+    assert all((victim / name).read_text() == "years of work" for name in victim_holds)
     assert planted.is_symlink() and os.readlink(planted) == str(victim)
-    leftovers = [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".tmp") and p != planted]
+    assert entry.is_dir() and not entry.is_symlink()
+    leftovers = [p.name for p in entry.parent.iterdir() if p.name.endswith(".tmp") and p != planted]
     assert leftovers == []
 
 
