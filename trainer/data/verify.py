@@ -174,7 +174,7 @@ def check_manifest(manifest: dict, path: Path, cfg: DataConfig, tokenizer) -> No
 
 # --- what one rank checks without reading the shards ----------------------------------------------------------------
 
-def inspect(prepared: Prepared, cfg, tokenizer) -> Checked:
+def inspect(prepared: Prepared, cfg: DataConfig, tokenizer) -> Checked:
     """The manifest against this run, the directory entries and the counts (a few stat calls per shard)."""
     checked = Checked(prepared)
     root = prepared.path
@@ -248,7 +248,8 @@ def identity_problems(prepared: Prepared, manifest: dict) -> list[str]:
     recorded = manifest.get("identity")
     if recorded == expected:
         return []
-    differs = sorted(k for k in set(expected) | set(recorded or {}) if (recorded or {}).get(k) != expected.get(k))
+    recorded = recorded if isinstance(recorded, dict) else {}
+    differs = sorted(k for k in set(expected) | set(recorded) if recorded.get(k) != expected.get(k))
     return [f"{prepared.path / shards.MANIFEST} records another {', '.join(differs) or 'identity'} than this run's "
             f"key {prepared.path.name} stands for ({prepared.source} as it is now, this tokenizer and these data "
             f"settings): another corpus or setting was filed under this run's key"]
