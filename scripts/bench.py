@@ -384,7 +384,7 @@ def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     import deepspeed
     import torch.distributed as dist
     from trainer.data import apply_chat_template, build_datasets, load_tokenizer
-    from trainer.distributed import rank0_first, seed_everything
+    from trainer.distributed import seed_everything
 
     resolved = resolve_checked(spec, ds_config)
     if not dist.is_initialized():
@@ -393,7 +393,7 @@ def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     cfg = resolved.config
     seed_everything(cfg.train.seed, rank)
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)
-    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
+    data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective
     from trainer.model import build_model
     model, hf_ds_config = build_model(cfg, rank)
     probe.attach(model)

@@ -94,6 +94,9 @@ class DataConfig:
                                       "its own eval split.", factory=list)
     cache_dir: Optional[str] = doc("Where sources are prepared (default ~/.cache/deepspeed-preset-trainer/"
                                    "prepared), one directory per source + tokenizer + settings.", None)
+    trust_shared_cache: bool = doc("Use entries of data.cache_dir that another user owns (a cache shared with people "
+                                   "you trust); off: such an entry is refused, since whoever can write it chooses what "
+                                   "the run trains on. Sizes and SHA-256s are checked either way.", False)
     auto_prepare_max_gb: float = doc("Local sources up to this size are prepared on first use by rank 0; "
                                      "larger ones and hub datasets need `python -m trainer prepare-data`.", 1.0,
                                      kind=GIGABYTES)

@@ -20,7 +20,7 @@ from ..config import DataConfig, ModelConfig
 from ..errors import UserError
 from ..presets import load_preset
 from .build import RECORDS_PER_SHARD, sources_of
-from .prepare import is_prepared, prepare, prepared_path
+from .prepare import check_cache_parent, is_prepared, prepare, prepared_path
 from .tokenize import load_tokenizer
 
 
@@ -47,6 +47,9 @@ def prepare_data(args) -> int:
         if is_prepared(str(out)) and out == Path(source).expanduser():
             print(f"prepare-data: {source} is prepared data already", file=sys.stderr)
             continue
+        if args.preset:  # into the automatic cache, which training verifies as this user's
+            out.parent.mkdir(parents=True, exist_ok=True)
+            check_cache_parent(out.parent)
         with contextlib.redirect_stdout(sys.stderr):
             manifest = prepare(data_cfg, source, tokenizer, out, args.records_per_shard, args.num_proc, progress=True)
         counts = {split: f"{info['tokens']:,} tokens in {info['documents']:,} documents"

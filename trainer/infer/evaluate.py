@@ -50,8 +50,7 @@ def evaluate(args) -> int:
     cfg = data_config(args, request.source.config, int(request.hf_config.max_position_embeddings))
     with open_session(args, request) as session:
         from ..data import build_datasets
-        from ..distributed import rank0_first
-        data = rank0_first(lambda: build_datasets(cfg.data, session.tokenizer, cfg.train.seed))
+        data = build_datasets(cfg.data, session.tokenizer, cfg.train.seed)  # collective: verified on every rank
         runner = session.runner
         eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
                            batch_size(args, cfg), runner.replica, runner.replicas)

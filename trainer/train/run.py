@@ -18,7 +18,7 @@ import yaml
 from .. import ds as dsc
 from .. import provenance, ranks
 from ..config import Config
-from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
+from ..distributed import comm_device, seed_everything, start_distributed
 from ..errors import UserError
 from ..launch.fabric import report_network_env
 from ..presets import blamed, load_preset, preset_path, set_keys, with_overrides
@@ -138,7 +138,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
     check_vocab(tokenizer, cfg)
-    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
+    data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective: rank 0 prepares, the ranks verify
     print0(f"data: {data.stats}", rank=rank)
     check_enough_batches(data, resolved)
     prepare_run_dir(run_dir, record or resolved.record(), rank)
