@@ -53,8 +53,17 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, modules = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((word for word in argv if word in COMMANDS), "trainer")
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # Ctrl-C, during the imports too: what was written is whole (outputs are atomic)
+        print(f"\n{command}: interrupted (Ctrl-C); nothing half-written was left", file=sys.stderr)
+        return 130
+
+
+def run(argv: list[str]) -> int:
+    parser, modules = build_parser()
     cut = argv.index("--") if "--" in argv else len(argv)  # `launch P -- --resume auto`: passed on to the ranks
     try:  # a bad flag is argparse's exit 2 (usage + "error: argument --flag: ..."), returned like any other
         args = parser.parse_args(argv[:cut])
@@ -73,9 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: what was written is whole (every output is written atomically)
-        print(f"\n{args.command}: interrupted (Ctrl-C); nothing half-written was left", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

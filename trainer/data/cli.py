@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 
 from .. import numbers, paths
 from ..config import DataConfig, ModelConfig
 from ..errors import UserError
-from ..presets import load_preset
+from ..options import load_and_resolve
 from .build import RECORDS_PER_SHARD, sources_of
 from .prepare import check_cache_parent, is_prepared, prepare, prepared_path
-from .tokenize import load_tokenizer
+from .tokenize import apply_chat_template, load_tokenizer
 
 
 def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,9 +61,10 @@ def preset_jobs(args) -> list[tuple]:
     if args.source or args.out or args.tokenizer:
         raise UserError("--preset prepares the preset's own sources where its training looks; drop --source, "
                         "--tokenizer and --out (or drop --preset)")
-    with contextlib.redirect_stdout(sys.stderr):
-        cfg = load_preset(args.preset, args.overrides)
-    tokenizer = load_tokenizer(cfg.model)
+    with contextlib.redirect_stdout(sys.stderr):  # the config training would get: every check train makes
+        cfg = load_and_resolve(argparse.Namespace(preset=args.preset, overrides=args.overrides,
+                                                  world_size=None)).config
+    tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # as training renders chat records
     return [(cfg.data, tokenizer, source, prepared_path(cfg.data, source, tokenizer))
             for _, source, _ in sources_of(cfg.data)]
 

@@ -167,9 +167,37 @@ def check_output_dir(out: Path, wanted: dict) -> None:
     mark = out / ".identity.json"
     if not mark.is_file():
         raise DataError(f"{out} holds other files, not prepared data: choose an empty or new output directory")
-    if json.loads(mark.read_text()) != wanted:
-        raise DataError(f"{out} holds prepared data of another source, tokenizer or setting; choose another "
-                        f"output directory or delete it")
+    try:
+        recorded = json.loads(mark.read_text())
+    except (OSError, ValueError):
+        recorded = None  # a torn mark: nothing can be continued from it
+    if recorded == wanted:
+        return
+    if not _finished_shards(out):  # a preparation that stopped before its first shard: nothing to keep
+        _remove_unfinished(out)
+        return
+    raise DataError(f"{out} holds prepared data of another source, tokenizer or setting; choose another "
+                    f"output directory or delete it")
+
+
+def _finished_shards(out: Path) -> list[Path]:
+    return [marker for split in shards.SPLITS for marker in (out / split).glob("[0-9]*.json")] + \
+        ([out / shards.MANIFEST] if (out / shards.MANIFEST).exists() else [])
+
+
+def _remove_unfinished(out: Path) -> None:
+    """What an earlier preparation left before it finished a shard (its identity mark, empty split directories,
+    temporary files): only names a preparation writes, so nothing else in `out` is touched."""
+    (out / ".identity.json").unlink(missing_ok=True)
+    for split in shards.SPLITS:
+        directory = out / split
+        if directory.is_dir():
+            for leftover in directory.iterdir():
+                if leftover.name.startswith(".") and leftover.name.endswith(".tmp") or \
+                        leftover.suffix in (".tokens", ".docs", ".labels"):
+                    leftover.unlink()
+            if not any(directory.iterdir()):
+                directory.rmdir()
 
 
 def _tokenize_shard(records: datasets.Dataset, fmt: str, cfg: DataConfig, tokenizer, dtype: np.dtype,
@@ -222,11 +250,18 @@ def encode_texts(texts: list[str], tokenizer, num_proc: int) -> tuple[np.ndarray
             results = [_encode_part(part) for part in parts]
         else:
             import multiprocessing
-            with multiprocessing.get_context("fork").Pool(len(parts)) as pool:
+            with multiprocessing.get_context("fork").Pool(len(parts), initializer=_ignore_interrupts) as pool:
                 results = pool.map(_encode_part, parts)
     finally:
         _ENCODER, _TEXTS = None, []
     return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C reaches every process of the terminal's group: the workers leave it to the parent, which stops them
+    and reports it once (instead of one KeyboardInterrupt traceback per worker)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _encode_part(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

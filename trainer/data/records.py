@@ -125,6 +125,10 @@ def _read_jsonl_with_arrow(path: Path) -> Optional[datasets.Dataset]:
     if not data.strip() or re.search(rb"(^|\n)[ \t\r]*(\n|$)", data.rstrip(b"\n")):
         return None
     try:
+        data.decode("utf-8")  # Arrow's reader takes bad UTF-8 and fails later, far from the line
+    except UnicodeDecodeError:
+        return None
+    try:
         table = pa_json.read_json(pa.BufferReader(data))
     except (pa.ArrowException, OSError):
         return None
@@ -181,13 +185,16 @@ def _read_parquet(path: Path) -> datasets.Dataset:
 
 def _numbered_lines(path: Path):
     """(1-based line number, text) of each non-blank line."""
+    offset = 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path} line {number}: not valid UTF-8 ({e.reason}); re-encode the file "
-                                f"as UTF-8") from None
+                raise DataError(f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1}, file offset {offset + e.start}: {e.reason}); re-encode the file as "
+                                f"UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            offset += len(raw)
             if line.strip():
                 yield number, line
 
