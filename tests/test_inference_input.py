@@ -51,7 +51,7 @@ def test_directory_that_is_neither_hf_nor_checkpoint(capsys, tmp_path):
 
 def test_a_file_as_model(capsys, tmp_path):
     (tmp_path / "model.bin").write_bytes(b"\0" * 8)
-    assert "a file, not a directory" in refused(capsys, "generate", "--model", str(tmp_path / "model.bin"),
+    assert "a regular file, not a directory" in refused(capsys, "generate", "--model", str(tmp_path / "model.bin"),
                                                 "--prompt", "Hi")
 
 

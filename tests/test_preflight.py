@@ -41,10 +41,13 @@ def test_sizes_parse_binary_units_and_bad_ones_are_named():
 
 
 def test_bad_settings_are_refused_before_any_rank_starts():
-    result = run_cli("preflight", "--sizes", "1X", "--iters", "0")
+    result = run_cli("preflight", "--iters", "0")
     assert result.returncode == 2
-    assert "--iters 0 must be >= 1" in result.stderr and "--sizes '1X'" in result.stderr  # both at once
-    assert "Traceback" not in result.stderr
+    assert "argument --iters: '0' must be >= 1" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("preflight", "--sizes", "1X,1000G", "--world-size", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--sizes '1X,1000G'" in result.stderr and "'1X'" in result.stderr and "'1000G'" in result.stderr
+    assert "--world-size 3, but 1 rank(s) are running" in result.stderr  # the rest reported together
 
 
 # --- nodes, pairs, slow links (pure; made-up hostnames) -------------------------------------------------------

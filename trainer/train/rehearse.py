@@ -46,7 +46,8 @@ def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozense
     data = tiny_data(cfg, notices)
     ds, ds_notices = dsc.rehearsal_changes(cfg.deepspeed, world_size, str(run_dir / "nvme"), on_cpu)
     notices += ds_notices
-    (run_dir / "nvme").mkdir(parents=True, exist_ok=True)
+    if dsc.nvme_offloads(ds):  # the rehearsal's NVMe stand-in must exist to resolve; made only when it is used
+        (run_dir / "nvme").mkdir(parents=True, exist_ok=True)
     precision = cfg.train.precision
     if on_cpu and precision != "fp32":
         notices.append(f"{precision} -> fp32 (CPU ranks)")
