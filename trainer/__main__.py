@@ -35,6 +35,10 @@ PASSTHROUGH = ("launch",)  # commands that take `-- ARGS`
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if command_word(argv) == "launch":  # its signal handlers come first, before the heavy imports below
+        from .launch.signals import GUARD
+        GUARD.install()
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
     # `deepspeed --module trainer <command>` puts --local_rank=N before the command
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
@@ -43,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module_name, help_text) in COMMANDS.items():
         modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
         getattr(modules[name], f"{name.replace('-', '_')}_arguments")(sub.add_parser(name, help=help_text))
-    argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # `launch P -- --resume auto`: passed on to the ranks
     args = parser.parse_args(argv[:cut])
     args.passthrough = argv[cut + 1:]
@@ -54,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The command argparse will find: the first known command word before `--`."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return next((word for word in argv[:cut] if word in COMMANDS), None)
 
 
 if __name__ == "__main__":

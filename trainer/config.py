@@ -14,11 +14,13 @@ from typing import Any, ClassVar, Literal, Optional, Union
 AUTO = "auto"
 
 
-def doc(text: str, default: Any = None, factory: Any = None):
-    """A dataclass field with its one-line documentation kept in the field's metadata."""
+def doc(text: str, default: Any = None, factory: Any = None, multiline: bool = False):
+    """A dataclass field with its one-line documentation kept in the field's metadata. Strings are one line
+    (names and paths reach launch scripts and log lines) unless the field is `multiline` (prose: prompts)."""
+    metadata = {"doc": text, "multiline": multiline}
     if factory is not None:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -130,7 +132,8 @@ class TrainConfig:
     eval_sequences: int = doc("Sequences per evaluation: the first N of each eval split in a fixed order (all of it "
                               "when shorter), the same set at every world size and micro-batch.", 256)
     sample_prompts: list[str] = doc("Prompts completed greedily at every eval (metrics.jsonl `samples`, a wandb "
-                                    "table); every rank takes part, so it works under ZeRO-3 and AutoTP.", factory=list)
+                                    "table); every rank takes part, so it works under ZeRO-3 and AutoTP.", factory=list,
+                                    multiline=True)
     sample_max_new_tokens: int = doc("Tokens generated per sample prompt.", 32)
     save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500)
     keep_last: int = doc("Checkpoints of this run's history kept on disk (older ones are deleted; other histories are "

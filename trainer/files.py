@@ -18,7 +18,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -236,13 +236,15 @@ def check_target(target: str, flag: str = "-o") -> Path:
     return path
 
 
-def write_text_atomic(target: str, text: str, flag: str = "-o") -> Path:
+def write_text_atomic(target: str, text: str, flag: str = "-o", mode: Optional[int] = None) -> Path:
     """Write `text` to a temporary file beside `target`, then rename it over `target`: a full disk or a crash
-    leaves the old file (or none), never part of the new one. Problems are a UserError naming the flag."""
-    return write_bytes_atomic(target, text.encode("utf-8"), flag)
+    leaves the old file (or none), never part of the new one. Problems are a UserError naming the flag.
+    `mode` (0o600 for a file that must stay private) is set before the rename; by default a replaced file
+    keeps its mode and a new one gets the umask's."""
+    return write_bytes_atomic(target, text.encode("utf-8"), flag, mode)
 
 
-def write_bytes_atomic(target: str, data: bytes, flag: str = "-o") -> Path:
+def write_bytes_atomic(target: str, data: bytes, flag: str = "-o", mode: Optional[int] = None) -> Path:
     """`write_text_atomic` for bytes (a PNG)."""
     path = check_target(target, flag)
     try:
@@ -252,7 +254,7 @@ def write_bytes_atomic(target: str, data: bytes, flag: str = "-o") -> Path:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, _mode_for(path))  # mkstemp makes 0600; a replaced file keeps its mode
+            os.chmod(tmp, _mode_for(path) if mode is None else mode)  # mkstemp makes 0600
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
