@@ -30,6 +30,9 @@ def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[
     if topology.launcher == "slurm":
         return run_slurm(args, resolved, topology, fabric, train_args)
     over_pdsh = topology.launcher == "deepspeed" and topology.nodes > 1
+    if over_pdsh:  # before anything is written
+        words = launcher_words(args, resolved, topology, (), train_args)
+        check_pdsh_words(words[words.index(script_path()):], words[0])
     run_dir = Path(resolved.config.train.output_dir)
     with (deepspeed_env_file(fabric, run_dir, args.dry_run) if over_pdsh else contextlib.nullcontext()) as env_file:
         return start_launcher(args, resolved, topology, fabric, train_args, env_file)
@@ -45,8 +48,6 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
         if args.dry_run:
             print_deepspeed_env(env_file)
     words = launcher_words(args, resolved, topology, tuple(env.items()), train_args)
-    if topology.launcher == "deepspeed" and topology.nodes > 1:
-        check_pdsh_words(words[words.index(script_path(), len(env)):], words[len(env)])
     print_command(words)
     if args.dry_run:
         return 0

@@ -1,0 +1,242 @@
+"""The launch under attack (issue 22): every test is the attack itself, run for real.
+
+- Slurm: the generated job.sbatch is run by bash with stub `sbatch`/`scontrol`/`srun` on PATH (Slurm cannot
+  run here); `$(touch MARKER)`, backquotes, quotes and newlines in output dirs, preset names and paths,
+  overrides, partitions and the Python path either are refused by name or arrive as data: no marker appears.
+- Hostfiles and --master-addr: a host `-oProxyCommand=...` (an ssh option that runs a command) is refused
+  with its file:line before DeepSpeed's runner could hand it to ssh.
+- Secrets in the user's ~/.deepspeed_env reach the ranks (through DeepSpeed's own pdsh export) but never the
+  run directory, the printed command or the launch's output; the files the launch writes there are 0600.
+- Signals from the first instant: a SIGTERM while the launch is still importing, at the last moment before
+  the ranks start, or between two ranks' starts is obeyed, with the exit code it promises.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from conftest import TINY
+from distributed import REPO, new_port, read_metrics
+from trainer.errors import UserError
+from trainer.launch.hostfile import parse_hostfile
+from trainer.launch.shell import ShellVariable, host_problem, join, quote
+from trainer.launch.slurm import SlurmJob, sbatch_script
+
+DS_RUNNER = pytest.importorskip("deepspeed.launcher.runner")
+
+# the stand-ins for Slurm: sbatch runs the job at once (as if every node were free), scontrol names one node,
+# srun runs its command once as node 0
+SBATCH = """#!/bin/bash
+export SLURM_JOB_ID=4242 SLURM_JOB_NODELIST=localhost
+echo "$@" >> "$(dirname "$0")/sbatch.calls"
+exec bash "${@: -1}"
+"""
+SCONTROL = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && echo localhost
+"""
+SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do shift; done
+export SLURM_NODEID=0 SLURM_PROCID=0 SLURM_LOCALID=0
+exec "$@"
+"""
+# a stand-in Python for the node launcher: records the words it was started with, one per NUL
+RECORDING_PYTHON = """#!/bin/bash
+printf '%s\\0' "$@" > "$ARGV_FILE"
+"""
+PAYLOADS = ["$(touch {m}1)", "`touch {m}2`", "'; touch {m}3; '", '"; touch {m}4; "', "\\$(touch {m}5)"]
+
+
+def tool(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def slurm_bin(tmp_path: Path) -> Path:
+    folder = tmp_path / "slurm-bin"
+    for name, text in (("sbatch", SBATCH), ("scontrol", SCONTROL), ("srun", SRUN)):
+        tool(folder, name, text)
+    return folder
+
+
+def markers(root: Path) -> list[Path]:
+    """Marker files a payload made: anywhere under `root`, or in the repository (a job's working directory)."""
+    return list(root.rglob("MARK*")) + list(REPO.glob("MARK*"))
+
+
+def launch(args: list[str], env: dict | None = None, cwd: Path = REPO, timeout: int = 600):
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trainer", "launch", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sets(items: list[str]) -> list[str]:
+    return [word for item in items for word in ("--set", item)]
+
+
+# --- 1. Slurm script injection ----------------------------------------------------------------------------------
+
+def test_a_generated_sbatch_script_passes_every_hostile_word_as_data(tmp_path):
+    """The script's body, run by bash with stub scontrol/srun: the node launcher (a recording stand-in, at a
+    path full of shell syntax) receives every word exactly as written, and no payload ran."""
+    words = [p.format(m="MARK") for p in PAYLOADS]  # relative: a path component holds no /
+    python = tool(tmp_path / f"py {words[0]} {words[2]}", "python", RECORDING_PYTHON)
+    workdir = tmp_path / f"cwd {words[1]} {words[3]}"
+    workdir.mkdir()
+    job = SlurmJob(nodes=1, gpus_per_node=0, ranks_per_node=2, time="01:00:00", grace_s=60,
+                   run_dir=str(tmp_path / "run"), job_name="benign")
+    env = (("TRAINER_TEST_NOTE", words[2]), ("NCCL_SOCKET_IFNAME", "^lo,docker0"))
+    overrides = [f"logging.run_name={w}" for w in words]
+    script = sbatch_script(job, f"{tmp_path}/{words[4]}.yaml", overrides, 2, env, ["--resume", words[0]],
+                           str(python), str(workdir), 29601)
+    (tmp_path / "job.sbatch").write_text(script)
+    argv_file = tmp_path / "argv"
+    proc = subprocess.run(["bash", str(tmp_path / "job.sbatch")], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path,
+                          env={**os.environ, "PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}",
+                               "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost", "ARGV_FILE": str(argv_file)})
+    assert proc.returncode == 0, proc.stderr
+    assert markers(tmp_path) == []
+    received = argv_file.read_text().split("\0")[:-1]
+    assert received == ["-m", "trainer", "launch", "--launcher", "local", "--nproc-per-node", "2", "--master-port",
+                        "29601", "--preset", f"{tmp_path}/{words[4]}.yaml", "--world-size", "2",
+                        *sets(overrides), "--resume", words[0]]
+    assert (tmp_path / "run" / "hostfile.7").read_text() == "localhost slots=2\n"
+
+
+@pytest.mark.parametrize("flag, value", [("--partition", "gpu\ntouch {m}"), ("--account", "acct;touch {m}"),
+                                         ("--time", "01:00:00\ntouch {m}"), ("--partition", "$(touch {m})")])
+def test_a_hostile_sbatch_directive_value_is_refused_by_its_flag(tmp_path, flag, value):
+    marker = tmp_path / "MARK"
+    proc = launch(["tiny_cpu", "--launcher", "slurm", flag, value.format(m=marker),
+                   "--set", f"train.output_dir={tmp_path / 'run'}"],
+                  env={"PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{flag} {value.format(m=marker)!r}" in proc.stderr
+    assert "`#SBATCH` directive, which sbatch reads without a shell's quoting" in proc.stderr \
+        or "not a Slurm time" in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "slurm-bin" / "sbatch.calls").exists()
+    assert markers(tmp_path) == []
+
+
+def test_names_and_run_directories_that_would_be_commands_are_refused_by_key(tmp_path):
+    """A preset name or an output directory that lands in `#SBATCH` lines; a newline in a config string is
+    refused at resolve time, by key, for every launcher."""
+    marker = tmp_path / "MARK"
+    evil_preset = tmp_path / "p$(touch MARK).yaml"  # a file name holds no /: the marker is relative
+    evil_preset.write_text((REPO / "presets" / "tiny_cpu.yaml").read_text())
+    env = {"PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"}
+    by_name = launch([str(evil_preset), "--launcher", "slurm", "--set", f"train.output_dir={tmp_path / 'a'}"], env)
+    assert by_name.returncode == 2 and "error: name (the preset's name; --set name=JOB) 'p$(touch" in by_name.stderr
+    by_dir = launch(["tiny_cpu", "--launcher", "slurm", "--set", f"train.output_dir={tmp_path}/b $(touch {marker})"],
+                    env)
+    assert by_dir.returncode == 2 and "error: train.output_dir (the run directory) " in by_dir.stderr
+    for launcher in ("slurm", "local", "deepspeed"):
+        newline = launch(["tiny_cpu", "--launcher", launcher, "--dry-run",
+                          "--set", f'train.output_dir="{tmp_path}/c\\ntouch {marker}"', "--set", 'name="x\\ny"'], env)
+        assert newline.returncode == 2, newline.stdout
+        assert "train.output_dir: " in newline.stderr and "holds a newline (U+000A)" in newline.stderr
+        assert "  - name: 'x\\ny' holds a newline" in newline.stderr
+    assert markers(tmp_path) == [] and not (tmp_path / "slurm-bin" / "sbatch.calls").exists()
+
+
+@pytest.mark.multirank
+def test_a_slurm_job_with_hostile_values_runs_them_as_data(tmp_path):
+    """`launch --launcher slurm` for real: job.sbatch written and submitted (stub sbatch runs it), the node
+    launcher and its 2 ranks train 2 steps. The preset's directory, an override and a fabric value are full
+    of shell syntax; they arrive as data (the resolved config holds the override verbatim), nothing runs."""
+    words = [p.format(m=tmp_path / "MARK") for p in PAYLOADS]
+    preset_dir = tmp_path / " ".join(["presets", *[p.format(m="MARK") for p in PAYLOADS[:3]]])
+    preset_dir.mkdir()
+    (preset_dir / "benign.yaml").write_text((REPO / "presets" / "tiny_cpu.yaml").read_text())
+    fabric = tmp_path / "mine.env"
+    fabric.write_text(f"# a value with quotes, ; and spaces: fine in an export, and data\nTRAINER_NOTE={words[2]}\n")
+    out = tmp_path / "run"
+    run_name = f"a {words[0]} b {words[1]} c {words[2]} d {words[3]}"  # a YAML plain scalar: no `: ` nor ` #`
+    proc = launch([str(preset_dir / "benign.yaml"), "--launcher", "slurm", "--fabric", str(fabric),
+                   "--master-port", str(new_port()), *sets(TINY + ["train.max_steps=2", "train.save_every=0",
+                                                                   "train.eval_every=0", f"train.output_dir={out}",
+                                                                   f"logging.run_name={run_name}"])],
+                  env={"PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert markers(tmp_path) == []
+    assert (tmp_path / "slurm-bin" / "sbatch.calls").read_text() == f"{out}/job.sbatch\n"
+    assert [row["step"] for row in read_metrics(out)[0]] == [1, 2]
+    assert yaml.safe_load((out / "config.resolved.yaml").read_text())["logging"]["run_name"] == run_name
+
+
+# --- 2. Hosts ---------------------------------------------------------------------------------------------------
+
+HOSTILE_HOSTS = ["-oProxyCommand=touch${IFS}MARK", "-p2222", "a;touch${IFS}MARK", "$(touch${IFS}MARK)",
+                 "`touch${IFS}MARK`", "a|b", "node[1-4]", "a,b", "user@node1", "-", "node-", "1.2.3.999", "[::1]",
+                 "fe80::1%eth0", "a..b"]
+
+
+@pytest.mark.parametrize("host", HOSTILE_HOSTS)
+def test_a_host_that_is_not_a_name_or_address_is_refused_with_its_line(host):
+    with pytest.raises(UserError) as err:
+        parse_hostfile(f"# nodes\nworker-0 slots=1\n{host} slots=1\n", "hosts.txt")
+    assert f"hosts.txt:3: host {host!r}: " in str(err.value)
+
+
+def test_real_host_names_and_addresses_are_accepted():
+    for host in ["worker-0", "node_1.cluster.local", "gpu-a100-017", "10.0.0.1", "::1", "fe80::1", "localhost",
+                 "2001:db8::7"]:
+        assert host_problem(host) is None, host
+
+
+def test_a_proxycommand_host_never_reaches_ssh(tmp_path):
+    """DeepSpeed's own parser takes `-oProxyCommand=...` as a host and its ssh check would hand it to ssh as an
+    option; the launch refuses the file first, naming file:line, and nothing runs."""
+    marker = tmp_path / "MARK"
+    hosts = tmp_path / "hostfile"
+    hosts.write_text(f"localhost slots=1\n-oProxyCommand=touch${{IFS}}{marker} slots=1\n")
+    assert "-oProxyCommand=touch${IFS}" + str(marker) in DS_RUNNER._parse_hostfile(
+        hosts.read_text().splitlines(keepends=True))  # DeepSpeed would have taken it
+    proc = launch(["tiny_cpu", "--hostfile", str(hosts), "--set", "hardware.gpus_per_node=1",
+                   "--set", f"train.output_dir={tmp_path / 'run'}", "--master-addr", "127.0.0.1"])
+    assert proc.returncode == 2
+    assert f"{hosts}:2: host '-oProxyCommand=touch${{IFS}}{marker}': it starts with '-': ssh and pdsh would read " \
+           f"it as an option" in proc.stderr
+    assert markers(tmp_path) == [] and not (tmp_path / "run").exists()
+
+
+def test_a_master_addr_that_is_not_a_host_is_refused():
+    for launcher in ("local", "torchrun", "deepspeed"):
+        proc = launch(["tiny_cpu", "--launcher", launcher, "--master-addr=-oProxyCommand=id", "--dry-run"])
+        assert proc.returncode == 2 and "error: --master-addr '-oProxyCommand=id': it starts with '-'" in proc.stderr
+
+
+def test_arguments_deepspeeds_pdsh_runner_would_paste_into_a_shell_are_refused(tmp_path):
+    """Over pdsh DeepSpeed writes each training argument into the node's shell command (quoted only when it
+    holds a space): a `$(...)` there would run on every node. Refused for that launcher, by the word; the same
+    value is data for torchrun."""
+    marker = tmp_path / "MARK"
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    item = f"logging.run_name=x$(touch {marker})"
+    proc = launch(["tiny_cpu", "--hostfile", str(hosts), "--set", "hardware.gpus_per_node=1", "--set", item,
+                   "--master-addr", "127.0.0.1", "--set", f"train.output_dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2
+    assert "DeepSpeed's pdsh runner pastes these into the command line each node's shell runs" in proc.stderr
+    assert f"argument {item!r}: it holds $, which the node's shell reads inside double quotes" in proc.stderr
+    assert markers(tmp_path) == [] and not (tmp_path / "run").exists()
+    torchrun = launch(["tiny_cpu", "--launcher", "torchrun", "--set", item, "--dry-run"])
+    assert torchrun.returncode == 0 and quote(item) in torchrun.stdout
+
+
+def test_only_the_launchs_own_variables_are_expanded_by_the_shell():
+    assert join(["--node-rank", ShellVariable("SLURM_NODEID"), "$HOME", ShellVariable("MASTER_ADDR").followed_by(
+        ":29500")]) == "--node-rank \"$SLURM_NODEID\" '$HOME' \"$MASTER_ADDR\":29500"
