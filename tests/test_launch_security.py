@@ -240,3 +240,225 @@ def test_arguments_deepspeeds_pdsh_runner_would_paste_into_a_shell_are_refused(t
 def test_only_the_launchs_own_variables_are_expanded_by_the_shell():
     assert join(["--node-rank", ShellVariable("SLURM_NODEID"), "$HOME", ShellVariable("MASTER_ADDR").followed_by(
         ":29500")]) == "--node-rank \"$SLURM_NODEID\" '$HOME' \"$MASTER_ADDR\":29500"
+
+
+# --- 3. Secrets -------------------------------------------------------------------------------------------------
+
+SECRETS = {"WANDB_API_KEY": "wandb-secret-6c1f0a9e", "HF_TOKEN": "hf_secret_93be1d77"}
+# the stand-ins for the network: ssh answers DeepSpeed's reachability check; pdsh records the command line it was
+# given for the nodes (NUL-separated) instead of running it
+FAKE_SSH = "#!/bin/sh\nexit 0\n"
+RECORDING_PDSH = "#!/bin/bash\nprintf '%s\\0' \"$@\" > \"$PDSH_ARGV\"\n"
+
+
+def fake_home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    env_file = home / ".deepspeed_env"
+    env_file.write_text("# mine\n" + "".join(f"{k}={v}\n" for k, v in SECRETS.items()) + "NCCL_IB_HCA=mlx5_2\n")
+    env_file.chmod(0o600)
+    return home
+
+
+def assert_no_secret_under(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(v.encode() in data for v in SECRETS.values()), f"a secret value is in {path}"
+
+
+def test_secrets_in_the_users_deepspeed_env_reach_pdsh_but_not_the_run_directory_nor_the_output(tmp_path):
+    home, out = fake_home(tmp_path), tmp_path / "run"
+    net = tmp_path / "net"
+    tool(net, "ssh", FAKE_SSH)
+    tool(net, "pdsh", RECORDING_PDSH)
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    args = ["tiny_cpu", "--hostfile", str(hosts), "--fabric", "tcp", "--master-addr", "127.0.0.1",
+            "--master-port", str(new_port()), "--set", "hardware.gpus_per_node=1", "--set", f"train.output_dir={out}"]
+    env = {"HOME": str(home), "PATH": f"{net}:{os.environ['PATH']}", "PDSH_ARGV": str(tmp_path / "pdsh.argv")}
+    dry = launch([*args, "--dry-run"], env)
+    assert dry.returncode == 0, dry.stderr
+    assert not any(v in dry.stdout + dry.stderr for v in SECRETS.values())
+    assert f"{out}/deepspeed_env would hold (secrets as <redacted>" in dry.stdout
+    assert "WANDB_API_KEY=<redacted>\nHF_TOKEN=<redacted>\nNCCL_IB_HCA=mlx5_2" in dry.stdout
+    assert not out.exists()
+
+    proc = launch(args, env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "cmd = pdsh" in proc.stdout + proc.stderr  # DeepSpeed logged the pdsh command line, exports included...
+    assert not any(v in proc.stdout + proc.stderr for v in SECRETS.values())  # ...with the values redacted
+    exports = next(w for w in (tmp_path / "pdsh.argv").read_text().split("\0") if w.startswith("export "))
+    for name, value in SECRETS.items():  # what every node's shell runs: DeepSpeed's export of each secret
+        assert f"export {name}={value}; " in exports
+    assert "export NCCL_IB_DISABLE=1; " in exports and "export NCCL_IB_HCA=mlx5_2; " in exports
+    assert_no_secret_under(out)
+    for name in ("deepspeed_env", "launch.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    assert "WANDB_API_KEY=<redacted>\n" in (out / "deepspeed_env").read_text()
+    record = json.loads((out / "launch.json").read_text())["deepspeed_env"]
+    assert record["secrets"] == ["WANDB_API_KEY", "HF_TOKEN"] and record["record"] == str(out / "deepspeed_env")
+    assert not Path(record["path"]).is_relative_to(out) and not Path(record["path"]).exists()  # removed after
+
+
+def test_a_line_of_the_users_deepspeed_env_that_would_run_on_every_node_is_refused(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text(f"PATH=$PATH:/opt/bin\nX=$(touch {tmp_path}/MARK)\nnot a line\n")
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    proc = launch(["tiny_cpu", "--hostfile", str(hosts), "--set", "hardware.gpus_per_node=1", "--dry-run"],
+                  {"HOME": str(home)})
+    assert proc.returncode == 2
+    assert f"{home}/.deepspeed_env:2: the value of X: it holds $, which the node's shell reads as code" in proc.stderr
+    assert f"{home}/.deepspeed_env:3: 'not a line' is not NAME=value" in proc.stderr
+    assert ":1:" not in proc.stderr  # $PATH, a variable the node expands, is what DeepSpeed documents
+
+
+def test_a_fabric_profile_holding_a_secret_is_refused(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("NCCL_IB_HCA=mlx5\nHF_TOKEN=hf_abc\n")
+    proc = launch(["tiny_cpu", "--fabric", str(mine), "--dry-run"])
+    assert proc.returncode == 2 and f"{mine}:2: HF_TOKEN looks like a secret" in proc.stderr
+    assert "hf_abc" not in proc.stdout + proc.stderr
+
+
+def test_a_literal_secret_is_not_written_into_a_slurm_script(tmp_path):
+    proc = launch(["tiny_cpu", "--launcher", "slurm", "--dry-run", "--set",
+                   "deepspeed.comet={enabled: false, api_key: comet-93be1d}"])
+    assert proc.returncode == 2 and "comet-93be1d" not in proc.stdout + proc.stderr
+    assert "would write a secret into job.sbatch" in proc.stderr and "env:VARIABLE" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN",
+                                  "DB_PASSWORD", "OPENAI_API_KEY", "AWS_SESSION_TOKEN", "hfToken", "GPG_PASSPHRASE"])
+def test_secret_environment_names_look_secret(name):
+    from trainer.redact import looks_secret, redact_argv
+    assert looks_secret(name)
+    assert redact_argv([f"{name}=s3cr3t", "deepspeed"]) == [f"{name}=<redacted>", "deepspeed"]
+
+
+@pytest.mark.parametrize("name", ["NCCL_IB_HCA", "TOKENIZERS_PARALLELISM", "NCCL_SOCKET_IFNAME", "PYTHONPATH",
+                                  "max_new_tokens", "tokenizer", "NCCL_IB_GID_INDEX", "PWD", "MASTER_ADDR"])
+def test_harmless_names_do_not(name):
+    from trainer.redact import looks_secret
+    assert not looks_secret(name)
+
+
+# --- 4. Signals from the first instant ----------------------------------------------------------------------------
+
+SITE = "import os\nwith open(os.environ['START_LOG'], 'a') as f:\n    f.write(open('/proc/self/cmdline').read()" \
+       ".replace('\\0', ' ') + '\\n')\n"
+
+
+def recording_starts(tmp_path: Path) -> dict:
+    """An environment in which every Python process that starts writes its command line to START_LOG."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    return {"PYTHONPATH": f"{site}:{REPO}", "START_LOG": str(tmp_path / "starts.log")}
+
+
+def started(tmp_path: Path) -> list[str]:
+    log = tmp_path / "starts.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def local_launch(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "trainer", "launch", "tiny_cpu", "--master-port", str(new_port()), *extra,
+            *sets(TINY + ["train.max_steps=50", f"train.output_dir={out}"])]
+
+
+def popen(cmd: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def catches(pid: int, signum: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
+def wait_until(check, proc, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.005)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
+    try:
+        return proc.wait(timeout=timeout), proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("pid_1", [False, True], ids=["process", "pid_1"])
+def test_a_sigterm_while_the_launch_imports_starts_no_rank(tmp_path, pid_1):
+    """The reported attack: SIGTERM as soon as the launch catches it (it then still imports torch and DeepSpeed
+    and resolves the preset), as PID 1 of a container too, where an unhandled signal is dropped."""
+    out = tmp_path / "run"
+    cmd = local_launch(out)
+    proc = popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd] if pid_1 else cmd, recording_starts(tmp_path))
+    try:
+        if pid_1:
+            wait_until(lambda: psutil.Process(proc.pid).children(), proc)
+            target = psutil.Process(proc.pid).children()[0].pid
+        else:
+            target = proc.pid
+        wait_until(lambda: catches(target, signal.SIGTERM), proc)
+        os.kill(target, signal.SIGTERM)
+    finally:
+        code, output = finish(proc)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert "launch: SIGTERM received before any rank started: starting none" in output
+    assert "launch: stopped by SIGTERM before any rank started: nothing was started" in output
+    assert [line for line in started(tmp_path) if " train " in line] == []
+    assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("launcher", ["local", "deepspeed", "slurm"])
+def test_a_sigterm_at_the_last_moment_before_the_ranks_start_stops_the_launch(tmp_path, launcher):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    out = tmp_path / "run"
+    env = {**recording_starts(tmp_path), "TRAINER_LAUNCH_TEST_HOLD": f"before-ranks:{hold}",
+           "PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"}
+    proc = popen(local_launch(out, "--launcher", launcher), env)
+    try:
+        wait_until((hold / "held").exists, proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        (hold / "release").touch()
+    finally:
+        code, output = finish(proc)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert "launch: stopped by SIGTERM before any rank started: nothing was started" in output
+    assert [line for line in started(tmp_path) if "launch" not in line] == []  # no rank, no deepspeed runner
+    assert not (tmp_path / "slurm-bin" / "sbatch.calls").exists()
+
+
+@pytest.mark.multirank
+def test_a_sigterm_while_the_ranks_start_reaches_each_of_them(tmp_path):
+    """SIGTERM after rank 0 started and before rank 1 did: rank 0 gets it at once, rank 1 the moment it starts
+    (not the SIGKILL a rank waiting for a peer that never got the signal would get after --failure-grace-s)."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    proc = popen(local_launch(tmp_path / "run", "--launcher", "local", "--failure-grace-s", "120"),
+                 {"PYTHONPATH": str(REPO), "TRAINER_LAUNCH_TEST_HOLD": f"between-ranks:{hold}"})
+    try:
+        wait_until((hold / "held").exists, proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        sent = time.monotonic()
+        (hold / "release").touch()
+        code, output = finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert "launch: SIGTERM received, forwarding it to 1 rank(s)" in output
+    assert "launch: exit codes by rank: 0: 143, 1: 143" in output
+    assert time.monotonic() - sent < 60

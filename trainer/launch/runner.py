@@ -59,7 +59,7 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
         return stopped
     proc, finish = start_redacted([program, *words[len(env) + 1:]], {**os.environ, **env},
                                   env_file.env.secret_values if env_file else [])
-    code = supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s).run()
+    code = supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s, processes=[proc]).run()
     finish()
     return code
 

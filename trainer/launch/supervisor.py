@@ -66,8 +66,7 @@ def launch(args, extra: list[str] = ()) -> int:
     stopped = GUARD.stop_code()
     if stopped is not None:
         return stopped
-    start_ranks(train_args, nproc, args)
-    return Supervisor({}, args.failure_grace_s).run()
+    return Supervisor({}, args.failure_grace_s, processes=start_ranks(train_args, nproc, args)).run()
 
 
 def rank_arguments(args) -> list[str]:
@@ -102,10 +101,12 @@ def check_topology(args, nproc: int) -> None:
         raise UserError("; ".join(problems))
 
 
-def start_ranks(train_args: list[str], nproc: int, args, signals: LaunchSignals = GUARD) -> None:
+def start_ranks(train_args: list[str], nproc: int, args, signals: LaunchSignals = GUARD) -> list[subprocess.Popen]:
     """This node's ranks, started in the launcher's process group; each is adopted by `signals` the moment
-    it exists (a signal that came while the earlier ones started reaches it too)."""
+    it exists (a signal that came while the earlier ones started reaches it too). The caller keeps the
+    Popen objects: subprocess reaps the exited children of dropped ones, and their exit codes would be lost."""
     world = args.nnodes * nproc
+    ranks = []
     for local_rank in range(nproc):
         if local_rank:
             hold("between-ranks")
@@ -115,16 +116,19 @@ def start_ranks(train_args: list[str], nproc: int, args, signals: LaunchSignals 
                # what the deepspeed runner sets too (DeepSpeed's CPU shared-memory all-reduce reads LOCAL_SIZE)
                "LOCAL_SIZE": str(nproc), "CROSS_RANK": str(args.node_rank), "CROSS_SIZE": str(args.nnodes),
                "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(args.master_port), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", *train_args], env=env)
-        signals.adopt(proc.pid, rank)
+        ranks.append(subprocess.Popen([sys.executable, "-m", "trainer", "train", *train_args], env=env))
+        signals.adopt(ranks[-1].pid, rank)
+    return ranks
 
 
 class Supervisor:
     """Forwards signals to the ranks (through `signals`, whose children are the live ranks), reaps every child
     (PID 1 duty), and turns the ranks' exits into one code."""
 
-    def __init__(self, ranks: dict[int, int], failure_grace_s: float, signals: Optional[LaunchSignals] = None):
+    def __init__(self, ranks: dict[int, int], failure_grace_s: float, signals: Optional[LaunchSignals] = None,
+                 processes: list[subprocess.Popen] = ()):
         self.signals = signals or GUARD
+        self.processes = list(processes)  # held, so subprocess never reaps them behind reap()'s back
         self.installed_here = self.signals.install()  # False under `python -m trainer launch`: installed at start
         if ranks:
             self.signals.starting = True  # they exist: a signal from now on is theirs
