@@ -27,6 +27,7 @@ import yaml
 
 from conftest import TINY
 from distributed import REPO, new_port, read_metrics
+from loopback_ssh import install_if_missing, loopback_sshd
 from trainer.errors import UserError
 from trainer.launch.hostfile import parse_hostfile
 from trainer.launch.shell import ShellVariable, host_problem, join, quote
@@ -235,6 +236,10 @@ def test_arguments_deepspeeds_pdsh_runner_would_paste_into_a_shell_are_refused(t
     assert markers(tmp_path) == [] and not (tmp_path / "run").exists()
     torchrun = launch(["tiny_cpu", "--launcher", "torchrun", "--set", item, "--dry-run"])
     assert torchrun.returncode == 0 and quote(item) in torchrun.stdout
+    exported = launch(["tiny_cpu", "--hostfile", str(hosts), "--set", "hardware.gpus_per_node=1", "--dry-run"],
+                      {"PYTHONSTARTUP": f"$(touch {marker})"})  # DeepSpeed's runner exports PYTHON* variables
+    assert exported.returncode == 2 and "the environment variable PYTHONSTARTUP (DeepSpeed's runner exports" \
+        in exported.stderr
 
 
 def test_only_the_launchs_own_variables_are_expanded_by_the_shell():
@@ -304,14 +309,17 @@ def test_secrets_in_the_users_deepspeed_env_reach_pdsh_but_not_the_run_directory
 def test_a_line_of_the_users_deepspeed_env_that_would_run_on_every_node_is_refused(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".deepspeed_env").write_text(f"PATH=$PATH:/opt/bin\nX=$(touch {tmp_path}/MARK)\nnot a line\n")
+    (home / ".deepspeed_env").write_text(f"PATH=$PATH:/opt/bin\nX=$(touch {tmp_path}/MARK)\nhf_bare_token_1\n"
+                                         f"export Y=1\n")
     hosts = tmp_path / "hostfile"
     hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     proc = launch(["tiny_cpu", "--hostfile", str(hosts), "--set", "hardware.gpus_per_node=1", "--dry-run"],
                   {"HOME": str(home)})
     assert proc.returncode == 2
     assert f"{home}/.deepspeed_env:2: the value of X: it holds $, which the node's shell reads as code" in proc.stderr
-    assert f"{home}/.deepspeed_env:3: 'not a line' is not NAME=value" in proc.stderr
+    assert f"{home}/.deepspeed_env:3: not NAME=value: DeepSpeed's runner splits" in proc.stderr
+    assert f"{home}/.deepspeed_env:4: not NAME=value ('export Y' is no variable name)" in proc.stderr
+    assert "hf_bare_token_1" not in proc.stderr
     assert ":1:" not in proc.stderr  # $PATH, a variable the node expands, is what DeepSpeed documents
 
 
@@ -343,6 +351,58 @@ def test_secret_environment_names_look_secret(name):
 def test_harmless_names_do_not(name):
     from trainer.redact import looks_secret
     assert not looks_secret(name)
+
+
+@pytest.fixture(scope="module")
+def ssh_path(tmp_path_factory):
+    """A PATH whose `ssh` reaches a private sshd on 127.0.0.1 (tests/loopback_ssh.py, as test_multinode)."""
+    why = install_if_missing()
+    if why:
+        pytest.skip(f"DeepSpeed's pdsh launcher: {why}")
+    with loopback_sshd(tmp_path_factory.mktemp("sshd"), new_port()) as bin_dir:
+        yield f"{bin_dir}:{os.environ['PATH']}"
+
+
+def ranks_environment(out: Path, proc: subprocess.Popen) -> dict[str, dict]:
+    """{RANK: the secrets in its environment} of the ranks training into `out` (children of sshd, not of the
+    launch: found by their command line), while the launch runs."""
+    seen: dict[str, dict] = {}
+    while proc.poll() is None and len(seen) < 2:
+        for process in psutil.process_iter():
+            try:
+                env = process.environ()
+                if "RANK" in env and f"train.output_dir={out}" in process.cmdline():
+                    seen[env["RANK"]] = {name: env.get(name) for name in SECRETS}
+            except psutil.Error:
+                continue
+        time.sleep(0.3)
+    return seen
+
+
+@pytest.mark.multirank
+def test_over_real_pdsh_every_rank_gets_the_secret_and_the_run_directory_does_not(tmp_path, ssh_path):
+    """DeepSpeed's multi-node runner over pdsh and a loopback sshd: the ranks on both "nodes" have the secrets
+    from ~/.deepspeed_env (an ssh session inherits nothing: they came through DS_ENV_FILE's private copy); the
+    run directory, launch.json and the launch's output hold none of them; the private copy is gone after."""
+    home, out = fake_home(tmp_path), tmp_path / "run"
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    cmd = [sys.executable, "-m", "trainer", "launch", "tiny_cpu", "--hostfile", str(hosts), "--fabric", "tcp",
+           "--master-addr", "127.0.0.1", "--master-port", str(new_port()),
+           *sets(TINY + ["hardware.gpus_per_node=1", "train.max_steps=20", "train.save_every=0", "train.eval_every=0",
+                         f"train.output_dir={out}"])]
+    proc = popen(cmd, {"HOME": str(home), "PATH": ssh_path, "PYTHONPATH": str(REPO)})
+    try:
+        seen = ranks_environment(out, proc)
+    finally:
+        code, output = finish(proc, timeout=900)
+    assert code == 0, output[-4000:]
+    assert "pdsh -S -f 1024 -w localhost,127.0.0.1" in output
+    assert seen == {"0": SECRETS, "1": SECRETS}
+    assert not any(v in output for v in SECRETS.values())
+    assert_no_secret_under(out)
+    record = json.loads((out / "launch.json").read_text())["deepspeed_env"]
+    assert not Path(record["path"]).exists() and stat.S_IMODE((out / "deepspeed_env").stat().st_mode) == 0o600
 
 
 # --- 4. Signals from the first instant ----------------------------------------------------------------------------

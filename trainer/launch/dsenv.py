@@ -102,9 +102,9 @@ def parse_user_env(text: str, source: str) -> list[tuple[str, str]]:
             continue
         name, sep, value = (part.strip() for part in line.partition("="))
         where = f"{source}:{number}"
-        if not sep or not NAME.match(name):
-            problems.append(f"{where}: {line[:60]!r} is not NAME=value (DeepSpeed's runner splits each line at "
-                            f"'=' and exports NAME on every node)")
+        if not sep or not NAME.match(name):  # the line itself is not quoted: it may be a bare secret
+            problems.append(f"{where}: not NAME=value{f' ({name[:40]!r} is no variable name)' if sep else ''}: "
+                            f"DeepSpeed's runner splits each line at '=' and exports NAME on every node")
         elif export_value_problem(value, variables=True):
             problems.append(f"{where}: the value of {name}: {export_value_problem(value, variables=True)}; "
                             f"write it without them")

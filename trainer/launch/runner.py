@@ -20,7 +20,7 @@ from .command import Rendezvous, cpu_offloaded, train_argv
 from .dsenv import EnvFile, deepspeed_env_file, start_redacted
 from .fabric import Fabric
 from .record import print_command, record_launch, script_path
-from .shell import pdsh_word_problem
+from .shell import export_value_problem, pdsh_word_problem
 from .signals import GUARD
 from .slurm import SlurmJob, sbatch_script
 from .topology import Topology
@@ -75,16 +75,28 @@ def print_deepspeed_env(env_file: EnvFile) -> None:
 
 
 def check_pdsh_words(remote: list[str], program: str) -> None:
-    """What DeepSpeed's pdsh runner pastes into the command line each node's shell runs (`cd <cwd>; <python>
-    -m deepspeed.launcher.launch ... <script> <arguments>`) must reach it intact: refused here otherwise."""
+    """What DeepSpeed's pdsh runner pastes into the command line each node's shell runs (`export NAME=value;
+    ... cd <cwd>; <python> -m deepspeed.launcher.launch ... <script> <arguments>`) must reach it intact:
+    refused here otherwise. (The DS_ENV_FILE lines are checked where they are read, `dsenv`.)"""
     named = [("the working directory (each node runs `cd` to it)", os.getcwd()),
              ("the Python of DeepSpeed's runner", interpreter(program))] + [("argument", w) for w in remote]
     problems = [f"{what} {word!r}: {pdsh_word_problem(word)}" for what, word in named if pdsh_word_problem(word)]
+    prefixes = exported_prefixes()
+    problems += [f"the environment variable {name} (DeepSpeed's runner exports every {'*, '.join(prefixes)}* "
+                 f"variable to each node): {export_value_problem(value)}" for name, value in sorted(os.environ.items())
+                 if name.startswith(prefixes) and export_value_problem(value)]
     if problems:
         raise UserError("launch --hostfile: DeepSpeed's pdsh runner pastes these into the command line each node's "
-                        "shell runs, unquoted:\n  " + "\n  ".join(problems) + "\nput such a value in a preset "
-                        "file (--preset FILE.yaml), launch from a plain directory, or use --launcher torchrun or "
+                        "shell runs:\n  " + "\n  ".join(problems) + "\nput such a value in a preset file (--preset "
+                        "FILE.yaml), launch from a plain directory, fix the variable, or use --launcher torchrun or "
                         "slurm (they pass arguments as data)")
+
+
+def exported_prefixes() -> tuple[str, ...]:
+    """The variables DeepSpeed's runner copies from its environment into every node's `export`s."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.launcher.runner import EXPORT_ENVS
+    return tuple(EXPORT_ENVS) + tuple(get_accelerator().export_envs())
 
 
 def interpreter(program: str) -> str:

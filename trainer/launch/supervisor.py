@@ -32,6 +32,7 @@ from typing import Optional
 
 from ..errors import UserError
 from ..redact import redact_argv
+from .shell import join
 from .signals import GUARD, LaunchSignals, hold, send
 
 
@@ -60,7 +61,7 @@ def launch(args, extra: list[str] = ()) -> int:
     check_topology(args, nproc)
     world = args.nnodes * nproc
     print(f"launch: {nproc} rank(s) on node {args.node_rank} of {args.nnodes} (world {world}), rendezvous "
-          f"{args.master_addr}:{args.master_port}: python -m trainer train {' '.join(redact_argv(train_args))}",
+          f"{args.master_addr}:{args.master_port}: python -m trainer train {join(redact_argv(train_args))}",
           file=sys.stderr, flush=True)
     GUARD.install()  # `python -m trainer launch` did at its first instant; this is for a caller in-process
     stopped = GUARD.stop_code()
