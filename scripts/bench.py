@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def drive(args) -> int:
-    from trainer.presets import load_preset
+    from trainer.presets import load_preset, with_overrides
     from trainer.resolve import declared_world_size, resolve
 
     contenders = list(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))
@@ -84,9 +84,9 @@ def drive(args) -> int:
 
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    overrides = [*args.overrides, f"train.max_steps={args.steps}", "train.eval_every=0", "train.save_every=0",
-                 "train.stop_after=null", "train.export_hf=false", "train.resume=null",
-                 "logging.progress_bar=false", "logging.wandb_mode=disabled"]
+    overrides = with_overrides(args.overrides, [
+        f"train.max_steps={args.steps}", "train.eval_every=0", "train.save_every=0", "train.stop_after=null",
+        "train.export_hf=false", "train.resume=null", "logging.progress_bar=false", "logging.wandb_mode=disabled"])
     config = load_preset(args.preset, overrides)
     ranks = args.ranks or declared_world_size(config)
     resolved = resolve(config, ranks)  # once: every contender gets this DeepSpeed JSON
@@ -384,7 +384,7 @@ def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     import deepspeed
     import torch.distributed as dist
     from trainer.data import apply_chat_template, build_datasets, load_tokenizer
-    from trainer.distributed import rank0_first, seed_everything
+    from trainer.distributed import seed_everything
 
     resolved = resolve_checked(spec, ds_config)
     if not dist.is_initialized():
@@ -393,7 +393,7 @@ def setup(spec: dict, ds_config: dict, probe: ModelProbe):
     cfg = resolved.config
     seed_everything(cfg.train.seed, rank)
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)
-    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
+    data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective
     from trainer.model import build_model
     model, hf_ds_config = build_model(cfg, rank)
     probe.attach(model)
@@ -459,7 +459,8 @@ def trainer_worker(spec: dict, ds_config: dict, clock: StepClock, probe: ModelPr
             clock.tick(step)
 
     hooks = BenchHooks()
-    overrides = [*spec["overrides"], f"train.output_dir={spec['run_dir']}"]
+    from trainer.presets import with_overrides
+    overrides = with_overrides(spec["overrides"], [f"train.output_dir={spec['run_dir']}"])
     exit_code = run_training(spec["preset"], overrides, world_size=spec["world_size"], hooks=hooks)
     if exit_code:
         raise RuntimeError(f"run_training returned {exit_code}")

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from trainer import ds as dsc
 from trainer.plan import memory as mem
-from trainer.presets import load_preset
+from trainer.presets import load_preset, with_overrides
 from trainer.resolve import resolve
 
 
@@ -129,8 +129,8 @@ def main() -> int:
     rank = start_distributed()
     world = dist.get_world_size()
     base = load_preset(args.preset, args.overrides)
-    overrides = args.overrides + shrink_overrides(args, base, on_gpu) + [
-        f"hardware.gpus_per_node={world}", "hardware.nodes=1"] + ([] if on_gpu else ["hardware.gpu=cpu"])
+    overrides = with_overrides(args.overrides, shrink_overrides(args, base, on_gpu) + [
+        f"hardware.gpus_per_node={world}", "hardware.nodes=1"] + ([] if on_gpu else ["hardware.gpu=cpu"]))
     resolved = resolve(load_preset(args.preset, overrides), world)
     cfg, ds = resolved.config, resolved.ds
     stage, precision = dsc.zero_stage(ds), dsc.precision(ds)

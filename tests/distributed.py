@@ -65,8 +65,34 @@ def launch(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dic
     return output
 
 
+def last_wins(items: list[str]) -> list[str]:
+    """Test configs are a base plus changes (TINY + a stage + this test's keys): each later item replaces an earlier
+    one of the same key, as the trainer's own changes do (`with_overrides`), so the command line sets each key once
+    (the trainer refuses a key given twice)."""
+    from trainer.presets import with_overrides
+    folded: list[str] = []
+    for item in items:
+        folded = with_overrides(folded, [item])
+    return folded
+
+
+def argv_last_wins(argv: list[str]) -> list[str]:
+    """A command line whose `--set` items are folded by `last_wins` (the other words kept in place)."""
+    items = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--set"]
+    rest, skip = [], False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+        elif word == "--set" and i + 1 < len(argv):
+            skip = True
+        else:
+            rest.append(word)
+    return rest + [word for item in last_wins(items) for word in ("--set", item)]
+
+
 def run_many(runs: list[dict], workdir: Path, timeout: int = 1500) -> tuple[str, list]:
     """Run several trainings in one launch (tests/workers/run_many.py); returns (output, report)."""
+    runs = [{**run, "overrides": last_wins(run["overrides"])} for run in runs]
     spec = workdir / "spec.json"
     report = workdir / "report.json"
     spec.write_text(json.dumps({"runs": runs, "report": str(report)}))

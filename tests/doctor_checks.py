@@ -7,7 +7,7 @@ import re
 import shlex
 
 from trainer.options import add_train_arguments
-from trainer.presets import load_preset
+from trainer.presets import load_preset, with_overrides
 from trainer.resolve import resolve
 
 ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
@@ -58,6 +58,6 @@ def assert_pasteable(preset: str, base: list[str], d, nvme_dir: str | None = Non
     applied = list(base)
     for proposal in ([d.proposal] if d.proposal else []) + d.then:
         stack = d.failure in LADDERS and proposal is not d.proposal
-        assert_resolves(preset, (applied if stack else list(base)) + proposal.overrides, nvme_dir)
+        assert_resolves(preset, with_overrides(applied if stack else list(base), proposal.overrides), nvme_dir)
         if stack or proposal is d.proposal:
-            applied += proposal.overrides
+            applied = with_overrides(applied, proposal.overrides)

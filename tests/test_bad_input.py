@@ -40,12 +40,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 from conftest import TINY, nvme_overrides
+from distributed import argv_last_wins
 from rule_cases import CASES
 from trainer.__main__ import main
 from trainer.config import DataConfig, ModelConfig
 from trainer.data import DataError, build_datasets, load_tokenizer
 from trainer.errors import ConfigError, UserError
-from trainer.presets import PRESET_DIR, list_presets, load_preset
+from trainer.presets import PRESET_DIR, list_presets, load_preset, with_overrides
 from trainer.resolve import resolve
 
 TOKENIZER_DIR = ROOT / "data" / "tiny" / "tokenizer"
@@ -55,9 +56,9 @@ DS_SECRET = "comet-secret-5a6f20"   # a secret written into the preset's DeepSpe
 RUN_NAME = "bad-input-suite-run"
 # The tiny architecture, 2 optimizer steps, one checkpoint at the end, resolved for the one rank of a
 # plain `python train.py` run (RUN[:2]).
-RUN = ["--world-size", "1", *[a for o in TINY for a in ("--set", o)],
-       "--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "train.eval_every=0",
-       "--set", "train.save_every=0", "--set", "logging.progress_bar=false"]
+RUN = ["--world-size", "1", *[a for o in with_overrides(TINY, [
+    "train.max_steps=2", "train.warmup_steps=1", "train.eval_every=0", "train.save_every=0",
+    "logging.progress_bar=false"]) for a in ("--set", o)]]
 STEP_DIR = "checkpoints/step_00000002"
 
 
@@ -205,7 +206,7 @@ def test_wrong_type(override, fragments, tmp_path, capsys):
       "data-parallel size 2", "give two of the three"]),
     (["deepspeed.train_micro_batch_size_per_gpu=4"],
      ["train.micro_batch_size=8", "deepspeed.train_micro_batch_size_per_gpu=4", "disagree"]),
-    (["train.micro_batch_size=0"], ["train.micro_batch_size", "positive integer or 'auto'"]),
+    (["train.micro_batch_size=0"], ["train.micro_batch_size=0 must be >= 1", "(from --set"]),
 ])
 def test_inconsistent_batch_triad(overrides, fragments, tmp_path, capsys):
     message = export_error(capsys, tmp_path, "tiny_cpu", overrides)
@@ -393,7 +394,7 @@ def refused_runs(checkpoint_run, tmp_path_factory):
         preset = [] if "--preset" in args else ["--preset", "tiny_cpu"]
         base = RUN[2:] if name == "more_ranks_declared_than_running" else RUN
         # later arguments win: a case's own --preset / --set replace the tiny run's
-        spec_cases[name] = [*preset, *base, *sets(f"train.output_dir={outputs[name]}"), *args]
+        spec_cases[name] = argv_last_wins([*preset, *base, *sets(f"train.output_dir={outputs[name]}"), *args])
     spec = root / "spec.json"
     spec.write_text(json.dumps({"cases": spec_cases, "report": str(root / "report.json")}))
     before = {"run_dir": tree(run_dir), "root": tree(root)}

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_command, launch_raw, read_metrics, run_many, with_faults
+from distributed import REPO, last_wins, launch, launch_command, launch_raw, read_metrics, run_many, with_faults
 from trainer.train import checkpoint, integrity
 
 pytestmark = pytest.mark.multirank
@@ -35,7 +35,7 @@ def tag(step: int) -> str:
 
 def train_args(out, *extra) -> list[str]:
     args = ["train.py", "--preset", "tiny_cpu"]
-    for item in BASE + [f"train.output_dir={out}", *extra]:
+    for item in last_wins(BASE + [f"train.output_dir={out}", *extra]):
         args += ["--set", item]
     return args
 

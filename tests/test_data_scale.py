@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, read_metrics
+from distributed import REPO, last_wins, launch, read_metrics
 from trainer.config import DataConfig, ModelConfig, SourceConfig
 from trainer.data import DataError, MicroBatchLoader, build_datasets, load_tokenizer
 from trainer.data.prepare import prepared_path
@@ -71,6 +71,8 @@ def test_a_second_build_reads_the_cache_without_tokenizing(tmp_path, tokenizer, 
     cfg = DataConfig(source=source, seq_len=32, cache_dir=str(tmp_path / "cache"))
     first = build_datasets(cfg, tokenizer, seed=0)
     import trainer.data.prepare as prepare_module
+    # pretraining text is tokenized by encode_texts (tokenize_records is the SFT path): both must stay unused
+    monkeypatch.setattr(prepare_module, "encode_texts", lambda *a, **k: pytest.fail("tokenized again"))
     monkeypatch.setattr(prepare_module, "tokenize_records", lambda *a, **k: pytest.fail("tokenized again"))
     again = build_datasets(cfg, tokenizer, seed=0)
     ids = np.arange(8)
@@ -200,8 +202,8 @@ def recorded(run_dir: Path) -> dict[int, Counter]:
 
 def recording_run(out: Path, *extra: str, ranks: int = 2) -> str:
     args = ["tests/workers/train_recording_batches.py", "--preset", "tiny_cpu"]
-    for item in TINY + STAGES["z0"] + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4",
-                                       f"train.output_dir={out}", *extra]:
+    for item in last_wins(TINY + STAGES["z0"] + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4",
+                                                 f"train.output_dir={out}", *extra]):
         args += ["--set", item]
     return launch(args, ranks=ranks)
 

@@ -7,6 +7,7 @@ tests/logs/real/ (test_doctor_corpus.py).
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -15,10 +16,12 @@ import pytest
 from distributed import run_cli
 from doctor_checks import assert_pasteable, assert_the_trainer_accepts
 from trainer import ds as dsc
+from trainer.diagnose import phases
 from trainer.diagnose.doctor import diagnose
-from trainer.diagnose.logtext import EVIDENCE_CHARS
+from trainer.diagnose.logtext import EVIDENCE_CHARS, Log
 from trainer.launch.command import train_command
-from trainer.presets import load_preset
+from trainer.plan.estimate import plan_for_resolved
+from trainer.presets import load_preset, with_overrides
 from trainer.resolve import resolve
 
 LOGS = Path(__file__).resolve().parent / "logs"
@@ -33,7 +36,7 @@ def run_doctor(preset: str, log: str, overrides: list[str] | None = None, nvme_d
                text: str | None = None):
     base, nvme_dir = overrides or [], nvme_dir or NVME_DIR
     d = diagnose(resolved(preset, base), text if text is not None else (LOGS / log).read_text(),
-                 lambda extra: resolved(preset, base + extra))
+                 lambda extra: resolved(preset, with_overrides(base, extra)))
     assert_pasteable(preset, base, d, nvme_dir)  # the strict loader accepts every proposed change
     return d
 
@@ -45,8 +48,31 @@ def test_cuda_oom_walks_the_ladder_skipping_rungs_taken():
     steps = [p.step for p in d.then]
     assert not any("checkpointing" in s for s in steps)  # rung 2 already taken
     assert steps[0].startswith("3. ZeRO stage 2 -> 3")
-    assert [s.split(".")[0] for s in steps] == ["3", "4", "4b", "5", "6", "7"]
+    # the rest in order of cost, each on top of the ones before, while it lowers the planner's estimate: smaller
+    # stage-3 buffers, NVMe and LoRA free no GPU memory once both offloads are on
+    assert [s.split(".")[0] for s in steps] == ["3", "4", "4b"]
+    # every change is priced: the log's 74 GiB + 1.95 GiB calibrate the estimate, and each step fits
+    assert all(p.estimate.endswith("fits (calibrated with the log)") for p in [d.proposal, *d.then])
     assert any("expandable_segments" in a for a in d.advice)
+
+
+def test_the_cheapest_change_that_fits_comes_first_not_the_first_rung():
+    """Issue 24's 13B-like case: on ZeRO-2 the model states alone overflow the GPU, so no smaller micro-batch
+    or checkpointing can fit; the first proposal is the cheapest change the planner says fits."""
+    base = ["hardware.gpus_per_node=2", "train.grad_accum=16", "train.micro_batch_size=8"]
+    d = run_doctor("7b_8xa100", "cuda_oom.log", base)
+    assert d.proposal.step.startswith("3. ZeRO stage 2 -> 3"), d.proposal.step
+    assert "fits" in d.proposal.estimate and "does not fit" not in d.proposal.estimate
+    micro = resolved("7b_8xa100", with_overrides(base, ["train.micro_batch_size=4", "train.grad_accum=32"]))
+    assert not plan_for_resolved(micro).fits_gpu  # the rung the fixed order would have proposed first
+
+
+def test_when_nothing_on_the_ladder_fits_the_doctor_says_so():
+    # a 64k-token sequence on one 16 GB V100: the activations alone are several times the GPU
+    d = run_doctor("7b_2xv100", "cuda_oom.log", ["hardware.gpu=v100-16g", "hardware.gpus_per_node=1",
+                                                 "model.max_position_embeddings=65536", "data.seq_len=65536"])
+    assert d.proposal is None and d.then == []
+    assert any("nothing on the OOM ladder fits" in a for a in d.advice)
 
 
 def test_cuda_oom_at_micro_1_proposes_checkpointing_then_stage_up():
@@ -57,12 +83,12 @@ def test_cuda_oom_at_micro_1_proposes_checkpointing_then_stage_up():
     assert d.proposal.step.startswith("3.") and d.proposal.overrides == ["deepspeed.zero_optimization.stage=3"]
 
 
-def test_cuda_oom_on_stage_3_with_optimizer_offload_goes_to_param_offload():
+def test_cuda_oom_on_stage_3_with_optimizer_offload_skips_a_param_offload_host_ram_cannot_hold():
     d = run_doctor("70b_8xa100", "cuda_oom.log")  # micro 1, checkpointing, ZeRO-3 + CPU optimizer
-    assert d.proposal.step.startswith("4b")
-    assert d.proposal.overrides == ['deepspeed.zero_optimization.offload_param={"device": "cpu", "pin_memory": true}']
-    r = resolved("70b_8xa100", d.proposal.overrides)
-    assert dsc.offload_param_device(r.ds) == "cpu"
+    param_offload = resolved("70b_8xa100", ['deepspeed.zero_optimization.offload_param={"device": "cpu", '
+                                            '"pin_memory": true}'])
+    assert not plan_for_resolved(param_offload).fits_cpu  # 70B of 16-bit parameters in 1 TB of host RAM, x1.5
+    assert d.proposal.step.startswith("6. NVMe") and "fits" in d.proposal.estimate
 
 
 def test_cuda_oom_ladder_up_to_nvme(tmp_path):
@@ -74,21 +100,48 @@ def test_cuda_oom_ladder_up_to_nvme(tmp_path):
     assert all(not p.step.startswith("7.") for p in d.then)
 
 
-def test_an_oom_at_start_up_or_in_the_step_skips_the_activation_rungs():
-    """Before the first step (deepspeed.initialize) and at the optimizer step no activations are live."""
-    text = (LOGS / "cuda_oom.log").read_text()
-    for frames in ("self._configure_optimizer(optimizer, model_parameters)", "engine.step()"):
-        d = run_doctor("7b_8xa100", "", text=text.replace("engine.backward(loss)", frames))
-        assert d.proposal.step.startswith("3.") and not any(p.step.startswith(("1.", "2.")) for p in d.then)
+PHASES = Path(__file__).resolve().parent / "logs" / "phases"
+
+
+@pytest.mark.parametrize("name", sorted(json.loads((PHASES / "phases.json").read_text())))
+def test_phase_from_real_tracebacks(name):
+    """Tracebacks users posted (tests/logs/phases/phases.json names each source): optimizer internals are the
+    step even without a frame called `step`, a step called from accelerate's backward is the step, an op built
+    inside deepspeed.initialize is start-up, a ZeRO checkpoint load is a resume."""
+    log = Log.of((PHASES / f"{name}.log").read_text())
+    expected = json.loads((PHASES / "phases.json").read_text())[name]["phase"]
+    assert phases.phase_of_frames(log.frames(len(log.lines) - 1)) == expected
+
+
+@pytest.mark.parametrize("log, expected", [("cuda_oom.log", "backward"), ("oom_zero_init.log", "loading"),
+                                           ("real/init_oom_1.log", "init")])
+def test_phase_of_the_oom_logs(log, expected):
+    text = Log.of((LOGS / log).read_text())
+    assert phases.phase(text, text.first(re.compile("out of memory"))) == expected
+
+
+def test_an_oom_in_the_optimizer_step_gets_the_states_rungs():
+    """The OOM of cuda_oom.log inside a real step traceback (DeepSpeed's stage-3 step under accelerate's
+    backward): no activations are live, so micro-batch and checkpointing are not proposed."""
+    lines = (LOGS / "cuda_oom.log").read_text().splitlines()
+    oom = next(line for line in lines if "OutOfMemoryError" in line)
+    step = (PHASES / "step_via_accelerate_backward.log").read_text()
+    d = run_doctor("7b_8xa100", "", text="\n".join(lines[:5] + ["[rank2]: Traceback (most recent call last):", step, oom]))
     assert d.failure == "cuda_oom" and "optimizer step" in d.title
-    d = run_doctor("7b_8xa100", "", text=text.replace("engine.backward(loss)", "deepspeed.initialize(model=m)"))
-    assert d.failure == "init_oom"
+    assert d.proposal.step.startswith("3.") and not any(p.step.startswith(("1.", "2.")) for p in d.then)
+
+
+def test_an_oom_inside_deepspeed_initialize_is_a_start_up_oom():
+    text = (LOGS / "cuda_oom.log").read_text().replace("engine.backward(loss)", "deepspeed.initialize(model=m)")
+    text = text.replace("line 2298, in backward", "line 2298, in _configure_zero_optimizer")
+    d = run_doctor("7b_8xa100", "", text=text)
+    assert d.failure == "init_oom" and d.proposal.step.startswith("3.")
 
 
 def test_oom_while_loading_under_zero_init():
     d = run_doctor("70b_8xa100", "oom_zero_init.log")
     assert d.failure == "load_oom" and "GPU memory" in d.title
-    assert d.proposal.overrides == ['deepspeed.zero_optimization.offload_param={"device": "cpu", "pin_memory": true}']
+    assert d.proposal.overrides == ['deepspeed.zero_optimization.offload_param:={"device": "cpu", "pin_memory": true}']
 
 
 def test_host_oom_while_loading_below_stage_3():
@@ -243,10 +296,11 @@ def test_cli_text_json_and_exit_codes():
 
 def test_the_rerun_command_carries_the_world_size_and_the_launcher():
     report = json.loads(run_cli("doctor", "7b_8xa100", "tests/logs/cuda_oom.log", "--world-size", "4",
-                                "--set", "train.grad_accum=8", "--json").stdout)
+                                "--set", "train.grad_accum=8", "--set", "train.lr=0.0002", "--json").stdout)
     assert "--num_gpus 4" in report["command"] and "--world-size 4" in report["command"]
     assert_the_trainer_accepts(report["command"], "7b_8xa100", world_size=4)
-    assert "--set train.grad_accum=8" in report["command"]  # the run's own overrides come along
+    assert "--set train.lr=0.0002" in report["command"]  # the run's own overrides come along,
+    assert report["command"].count("train.grad_accum=") == 1  # those the proposal changes replaced, not repeated
 
 
 @pytest.mark.parametrize("preset, log", [("70b_32xa100", "cuda_oom.log"), ("7b_8xa100", "cuda_oom.log"),

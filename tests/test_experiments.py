@@ -10,6 +10,7 @@ ships no Python one), TensorBoard's with its EventAccumulator.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_raw, with_faults
+from distributed import REPO, last_wins, launch, launch_raw, run_cli, with_faults
 from trainer import provenance
 from trainer.train.metrics import REWOUND_FILE, rewind_metrics
 
@@ -37,7 +38,7 @@ RUN = TINY + STAGES["z2"] + [
 
 def train_args(out, *extra) -> list[str]:
     args = ["train.py", "--preset", "tiny_cpu"]
-    for item in RUN + [f"train.output_dir={out}", *extra]:
+    for item in last_wins(RUN + [f"train.output_dir={out}", *extra]):
         args += ["--set", item]
     return args
 
@@ -213,12 +214,14 @@ def test_rewind_moves_lines_past_the_checkpoint_and_marks_the_resume(tmp_path):
              {"step": 3, "loss": 2.4}, {"step": 3, "skipped_step": True}]
     text = "".join(json.dumps(line) + "\n" for line in lines) + '{"step": 4, "lo'  # a line the crash cut short
     (tmp_path / "metrics.jsonl").write_text(text)
-    assert rewind_metrics(tmp_path, 2, "step_00000002", 4) == 3
+    rewound = rewind_metrics(tmp_path, 2, "step_00000002", 4)
+    assert (rewound.moved, rewound.not_metrics) == (3, 1)
     assert rows_of(tmp_path) == lines[:3] + [{"step": 2, "event": "resume", "checkpoint": "step_00000002",
                                               "world_size": 4}]
     rewound = rows_of(tmp_path, REWOUND_FILE)
-    assert [{k: v for k, v in r.items() if k != "rewound_by"} for r in rewound] == \
-        lines[3:] + [{"unparsable": '{"step": 4, "lo'}]
+    assert [{k: v for k, v in r.items() if k not in ("rewound_by", "problem")} for r in rewound] == \
+        lines[3:] + [{"unparsable": '{"step": 4, "lo', "line": 6}]
+    assert rewound[-1]["problem"].startswith("not valid JSON")
     assert {r["rewound_by"]["checkpoint"] for r in rewound} == {"step_00000002"}
 
 
@@ -260,3 +263,33 @@ def test_tensorboard_is_imported_only_when_on(tmp_path, enabled):
     modules = json.loads(proc.stdout.strip().splitlines()[-1])
     assert bool(modules) == enabled, modules
     assert (tmp_path / "tensorboard").is_dir() == enabled
+
+
+@pytest.mark.multirank
+def test_resume_auto_after_a_torn_metrics_line_on_two_ranks(tmp_path):
+    """A run stopped after step 4 (its checkpoint), then its metrics.jsonl torn as a kill in the middle of a write
+    leaves it: part of a JSON line, ending in half a UTF-8 character. `--resume auto` on 2 ranks goes on to step 6
+    (before, every resume died on the bad bytes): the torn bytes move to metrics.rewound.jsonl exactly, the notice
+    names the line, metrics.jsonl is all JSON with each step once, and report draws it with no note."""
+    out = tmp_path / "run"
+    common = TINY + STAGES["z2"] + ["train.max_steps=6", "train.save_every=4", "logging.progress_bar=false",
+                                    f"train.output_dir={out}"]
+
+    def args(*extra):
+        return ["train.py", "--preset", "tiny_cpu"] + [a for item in common + list(extra) for a in ("--set", item)]
+
+    launch(args("train.stop_after=4"))
+    lines = (out / "metrics.jsonl").read_bytes().count(b"\n")
+    torn = b'{"step": 5, "loss": 2.71, "lr": 0.001, "note": "\xe2\x82'
+    with open(out / "metrics.jsonl", "ab") as handle:
+        handle.write(torn)
+    output = launch(args("train.resume=auto"))
+    assert f"metrics: 1 line(s) of {out / 'metrics.jsonl'} were not metrics lines, moved to " \
+           f"{out / REWOUND_FILE} with their bytes: line {lines + 1}: not UTF-8 text" in output
+    rows = rows_of(out)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
+    assert {"step": 4, "event": "resume", "checkpoint": "step_00000004", "world_size": 2} in rows
+    (record,) = rows_of(out, REWOUND_FILE)
+    assert base64.b64decode(record["unparsable_base64"]) == torn and record["line"] == lines + 1
+    report = run_cli("report", str(out), "-o", str(tmp_path / "report.png"))
+    assert report.returncode == 0 and "note:" not in report.stderr, report.stderr

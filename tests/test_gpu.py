@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from conftest import STAGES, TINY
-from distributed import launch, read_metrics
+from distributed import last_wins, launch, read_metrics
 
 pytestmark = [pytest.mark.gpu]
 
@@ -17,7 +17,7 @@ GPU_RUN = TINY + ["hardware.gpu=h100-80g", "hardware.gpus_per_node=1", "train.ev
 def train(tmp_path, name, *extra) -> tuple[list[dict], str]:
     out = tmp_path / name
     args = ["train.py", "--preset", "tiny_cpu"]
-    for item in GPU_RUN + [f"train.output_dir={out}", *extra]:
+    for item in last_wins(GPU_RUN + [f"train.output_dir={out}", *extra]):
         args += ["--set", item]
     output = launch(args, ranks=1)
     return read_metrics(out)[0], output

@@ -191,3 +191,61 @@ def test_a_run_directory_written_with_provenance_reads_back(tmp_path):
     assert {"derived", "provenance"} <= set(yaml.safe_load((tmp_path / "config.resolved.yaml").read_text()))
     config = run_config(tmp_path)
     assert (config.name, config.train.lr) == ("tiny_cpu", 0.002)
+
+
+# --- model and run directories that are not what they claim (issue: hardening round 2) ------------------------
+
+
+def copy_model(tiny_models, tmp_path, name="gqa"):
+    import shutil
+    target = tmp_path / "model"
+    shutil.copytree(tiny_models[name], target)
+    return target
+
+
+@pytest.mark.parametrize("content,fragments", [
+    ("- a\n- list\n", ["run's saved config", "the top level is a list"]),
+    (b"train: {lr: \xff}\n", ["run's saved config", "not UTF-8"]),
+])
+def test_a_run_directory_whose_saved_config_is_not_a_mapping(capsys, tiny_models, tmp_path, content, fragments):
+    run = tmp_path / "run"
+    (run / "hf").mkdir(parents=True)
+    import shutil
+    shutil.copytree(tiny_models["gqa"], run / "hf", dirs_exist_ok=True)
+    target = run / "config.resolved.yaml"
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    message = refused(capsys, "generate", "--model", str(run), "--prompt", "Hi")
+    assert all(f in message for f in fragments), message
+
+
+def test_a_list_as_config_json(capsys, tiny_models, tmp_path):
+    model = copy_model(tiny_models, tmp_path)
+    (model / "config.json").write_text("[1, 2]")
+    message = refused(capsys, "generate", "--model", str(model), "--prompt", "Hi")
+    assert "model config" in message and "the top level is a list" in message
+
+
+def test_a_fifo_is_named_a_fifo(capsys, tmp_path):
+    import os
+    os.mkfifo(tmp_path / "pipe")
+    message = refused(capsys, "generate", "--model", str(tmp_path / "pipe"), "--prompt", "Hi")
+    assert "a FIFO, not a directory" in message
+
+
+@pytest.mark.parametrize("damage", ["truncated_weights", "other_shapes"])
+def test_weights_that_do_not_load_are_a_named_error(tiny_models, tmp_path, damage):
+    """Found while loading the weights (the ranks are up): still exit 2, the directory named, no traceback."""
+    import subprocess
+    import sys
+    model = copy_model(tiny_models, tmp_path)
+    if damage == "truncated_weights":
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        config = json.loads((model / "config.json").read_text())
+        config["intermediate_size"] = 2 * config["intermediate_size"]
+        (model / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "trainer", "generate", "--model", str(model), "--prompt", "Hi",
+                           "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and f"--model {model}" in proc.stderr, proc.stderr[-3000:]

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import STAGES, TINY
-from distributed import REPO, new_port, read_metrics
+from distributed import REPO, last_wins, new_port, read_metrics
 from trainer.train import checkpoint
 
 pytestmark = pytest.mark.multirank
@@ -26,7 +26,7 @@ RUN = TINY + STAGES["z2"] + ["train.max_steps=400", "train.save_every=0", "train
 def launch_command(out, *extra, launcher_args=()) -> list[str]:
     cmd = [sys.executable, "-m", "trainer", "launch", "--launcher", "local", "--master-port", str(new_port()),
            *launcher_args, "--preset", "tiny_cpu"]
-    for item in RUN + [f"train.output_dir={out}", *extra]:
+    for item in last_wins(RUN + [f"train.output_dir={out}", *extra]):
         cmd += ["--set", item]
     return cmd
 

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from conftest import TINY
+from distributed import last_wins
 from trainer.model import build_model, kernels_in_use
 from trainer.presets import load_preset
 from trainer.resolve import resolve
 
 
 def built(*overrides: str):
-    cfg = resolve(load_preset("tiny_cpu", TINY + list(overrides)), 1).config
+    cfg = resolve(load_preset("tiny_cpu", last_wins(TINY + list(overrides))), 1).config
     model, _ = build_model(cfg, 0)
     return model
 

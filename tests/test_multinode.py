@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import STAGES, TINY
-from distributed import REPO, losses, new_port
+from distributed import REPO, last_wins, losses, new_port
 from loopback_ssh import install_if_missing, loopback_sshd
 
 pytestmark = pytest.mark.multirank
@@ -24,7 +24,7 @@ ONE_RANK_PER_NODE = ["hardware.gpus_per_node=1"]
 
 
 def sets(items: list[str]) -> list[str]:
-    return [word for item in items for word in ("--set", item)]
+    return [word for item in last_wins(items) for word in ("--set", item)]
 
 
 def env_with(**extra) -> dict:

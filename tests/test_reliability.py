@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import STAGES, TINY
-from distributed import REPO, launch, launch_command, launch_raw, read_metrics, with_faults
+from distributed import REPO, last_wins, launch, launch_command, launch_raw, read_metrics, with_faults
 from trainer.train import checkpoint
 from trainer.train.guards import StepGuard
 
@@ -27,7 +27,7 @@ RUN = TINY + STAGES["z2"] + ["train.max_steps=12", "train.save_every=4", "train.
 
 def train_args(out, *extra) -> list[str]:
     args = ["train.py", "--preset", "tiny_cpu"]
-    for item in RUN + [f"train.output_dir={out}", *extra]:
+    for item in last_wins(RUN + [f"train.output_dir={out}", *extra]):
         args += ["--set", item]
     return args
 

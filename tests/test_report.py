@@ -252,20 +252,25 @@ def test_a_missing_run_or_metrics_file_is_named_with_a_fix(tmp_path):
     assert f"run directory {tmp_path / 'empty'} has no metrics.jsonl: is it a run's train.output_dir?" in message
 
 
-def test_every_bad_line_is_named_as_file_and_line(tmp_path):
+def test_every_bad_line_is_named_as_file_and_line_and_the_others_draw(tmp_path):
     run = run_dir(tmp_path, "run", GOOD, '{"step": 2, "loss": 6.8', "[1, 2]", '{"loss": 6.7}',
                   '{"step": 5, "loss": "low"}', '{"step": 6, "event": "resume"}', GOOD.replace('"step": 1', '"step": 7'),
                   '{"step": 8, "grad_norm": 1%s}' % ("0" * 400))
-    message = refused(run)
+    (metrics,) = read_runs([str(run)])
+    message = "\n".join(metrics.notes())
     file = run / "metrics.jsonl"
     assert f"{file}:2: not valid JSON" in message
     assert f"{file}:3: a metrics line is a JSON object" in message
-    assert f"{file}:4: \"step\" must be a whole number >= 0, got None" in message
+    assert f"{file}:4: \"step\" must be a whole number from 0 to 2**53, got None" in message
     assert f"{file}:5: 'loss' must be a number, got 'low'" in message
     assert f"{file}:6: a resume event has \"checkpoint\"" in message
     assert f"{file}:8: 'grad_norm' is too large to be a metric" in message
     assert ":1:" not in message and ":7:" not in message
-    assert "fix or delete the line" in message
+    assert message.count("; line skipped") == 6
+    assert drawn(report_figure([metrics]), "run:loss")[0] == [1, 7]
+    out = tmp_path / "report.png"
+    result = run_cli("report", str(run), "-o", str(out))
+    assert result.returncode == 0 and is_png(out) and f"note: {file}:5: 'loss' must be a number" in result.stderr
 
 
 def test_a_file_with_nothing_to_draw_and_several_bad_runs_at_once(tmp_path):
@@ -273,14 +278,16 @@ def test_a_file_with_nothing_to_draw_and_several_bad_runs_at_once(tmp_path):
     bad = run_dir(tmp_path, "bad", "{oops")
     message = refused(nothing, bad, tmp_path / "gone")
     assert f"metrics file {nothing / 'metrics.jsonl'} has no train or eval line yet" in message
-    assert f"{bad / 'metrics.jsonl'}:1: not valid JSON" in message
+    assert f"metrics file {bad / 'metrics.jsonl'} has no train or eval line yet: nothing to draw (the run logs " \
+           f"every logging.log_every steps); its 1 non-blank line(s) are not metrics lines, e.g. " \
+           f"{bad / 'metrics.jsonl'}:1: not valid JSON" in message
     assert "gone' does not exist" in message
 
 
 def test_a_non_finite_loss_is_drawn_as_a_gap_and_marked(tmp_path):
     run = run_dir(tmp_path, "run", GOOD, GOOD.replace('"step": 1', '"step": 2').replace("6.9", "NaN"))
     (metrics,) = read_runs([str(run)])
-    assert metrics.skipped == [2]
+    assert metrics.skipped.steps() == [2] and metrics.skipped.count == 1
     x, y = drawn(report_figure([metrics]), "run:loss")
     assert x == [1, 2] and y[0] == 6.9 and math.isnan(y[1])
 
@@ -297,9 +304,9 @@ def test_each_eval_source_gets_its_own_dashed_line(tmp_path):
 
 
 @pytest.mark.parametrize("target, message", [
-    ("report.pdf", "-o {}: the file name must end in .png or .html"),
-    ("report", "-o {}: the file name must end in .png or .html (that is what is written); add the suffix"),
-    ("missing/report.png", "-o {}: directory {} does not exist"),
+    ("report.pdf", "argument -o/--output: report '{}': the name must end in .png or .html"),
+    ("report", "argument -o/--output: report '{}': the name must end in .png or .html"),
+    ("missing/report.png", "argument -o/--output: report '{}': directory {} does not exist"),
 ])
 def test_a_bad_output_is_refused_before_anything_is_read(tmp_path, target, message):
     path = tmp_path / target
@@ -379,8 +386,9 @@ def test_plan_chart_from_the_cli_and_a_plan_that_fits_nowhere(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--chart", "{}/plan.svg"], "--chart {}/plan.svg: the file name must end in .png"),
-    (["--chart", "{}/missing/plan.png"], "--chart {}/missing/plan.png: directory {}/missing does not exist"),
+    (["--chart", "{}/plan.svg"], "argument --chart: chart '{}/plan.svg': the name must end in .png"),
+    (["--chart", "{}/missing/plan.png"], "argument --chart: chart '{}/missing/plan.png': directory {}/missing does "
+                                         "not exist"),
     (["--chart", "{}/plan.png", "--inference"], "--chart is for training plans"),
 ])
 def test_a_bad_chart_target_is_refused(tmp_path, args, message):

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from . import numbers, paths
 from .errors import UserError
 
 
@@ -34,29 +35,50 @@ COMMANDS = {
 PASSTHROUGH = ("launch",)  # commands that take `-- ARGS`
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if command_word(argv) == "launch":  # its signal handlers come first, before the heavy imports below
-        from .launch.signals import GUARD
-        GUARD.install()
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    """The whole command line (every command's flags) and the command modules."""
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
     # `deepspeed --module trainer <command>` puts --local_rank=N before the command
-    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():
         modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
         getattr(modules[name], f"{name.replace('-', '_')}_arguments")(sub.add_parser(name, help=help_text))
+    return parser, modules
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if command_word(argv) == "launch":  # its signal handlers come first, before the heavy imports below
+        from .launch.signals import GUARD
+        GUARD.install()
+    parser, modules = build_parser()
     cut = argv.index("--") if "--" in argv else len(argv)  # `launch P -- --resume auto`: passed on to the ranks
-    args = parser.parse_args(argv[:cut])
-    args.passthrough = argv[cut + 1:]
-    if args.passthrough and args.command not in PASSTHROUGH:
-        parser.error(f"arguments after `--` ({' '.join(args.passthrough)}): only {', '.join(PASSTHROUGH)} takes them")
+    try:  # a bad flag is argparse's exit 2 (usage + "error: argument --flag: ..."), returned like any other
+        args = parser.parse_args(argv[:cut])
+        args.passthrough = argv[cut + 1:]
+        if args.passthrough and args.command not in PASSTHROUGH:
+            parser.error(f"arguments after `--` ({' '.join(args.passthrough)}): only {', '.join(PASSTHROUGH)} "
+                         f"takes them")
+        command_parser = subcommands(parser)[args.command]
+        clash = paths.check_distinct(command_parser, args)
+        if clash:
+            command_parser.error(clash)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return int(getattr(modules[args.command], args.command.replace("-", "_"))(args) or 0)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was written is whole (every output is written atomically)
+        print(f"\n{args.command}: interrupted (Ctrl-C); nothing half-written was left", file=sys.stderr)
+        return 130
 
 
 def command_word(argv: list[str]) -> str | None:

@@ -10,14 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional, Union
 
+from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, POSITIVE, SEED, WHOLE_SECONDS,
+                      Kind)
+
 
 AUTO = "auto"
 
 
-def doc(text: str, default: Any = None, factory: Any = None, multiline: bool = False):
-    """A dataclass field with its one-line documentation kept in the field's metadata. Strings are one line
+def doc(text: str, default: Any = None, factory: Any = None, kind: Optional[Kind] = None, multiline: bool = False):
+    """A dataclass field with its one-line documentation (and, for numbers, the kind that says which values are
+    valid: trainer/numbers.py, checked when a preset is read) kept in the field's metadata. Strings are one line
     (names and paths reach launch scripts and log lines) unless the field is `multiline` (prose: prompts)."""
-    metadata = {"doc": text, "multiline": multiline}
+    metadata = {"doc": text, "kind": kind, "multiline": multiline}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -26,10 +30,10 @@ def doc(text: str, default: Any = None, factory: Any = None, multiline: bool = F
 @dataclass
 class HardwareConfig:
     gpu: str = doc("GPU type from trainer.hardware.GPUS (a100-80g, h100-80g, v100-32g, ...) or 'cpu'.", "cpu")
-    gpus_per_node: int = doc("Ranks per node (GPUs per node; CPU ranks for 'cpu').", 1)
-    nodes: int = doc("Number of nodes; world size = nodes x gpus_per_node.", 1)
-    cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB (planner: offload budget).", None)
-    nvme_gb: Optional[float] = doc("Local NVMe per node in GB (planner: ZeRO-Infinity budget).", None)
+    gpus_per_node: int = doc("Ranks per node (GPUs per node; CPU ranks for 'cpu').", 1, kind=COUNT)
+    nodes: int = doc("Number of nodes; world size = nodes x gpus_per_node.", 1, kind=COUNT)
+    cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB (planner: offload budget).", None, kind=GIGABYTES)
+    nvme_gb: Optional[float] = doc("Local NVMe per node in GB (planner: ZeRO-Infinity budget).", None, kind=GIGABYTES)
 
 
 # What LoRA can target in the Llama-style decoders (llama, mistral, qwen2): their linear layers, the two ends, and
@@ -42,9 +46,9 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2")
 @dataclass
 class LoraConfig:
     enabled: bool = doc("Train LoRA adapters (PEFT) instead of all weights.", False)
-    r: int = doc("LoRA rank.", 16)
-    alpha: int = doc("LoRA scaling numerator (scale = alpha / r).", 32)
-    dropout: float = doc("Dropout on the LoRA input.", 0.05)
+    r: int = doc("LoRA rank.", 16, kind=COUNT)
+    alpha: int = doc("LoRA scaling numerator (scale = alpha / r).", 32, kind=COUNT)
+    dropout: float = doc("Dropout on the LoRA input.", 0.05, kind=FRACTION)
     target_modules: list[str] = doc(
         "Module names that get adapters.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
@@ -54,29 +58,31 @@ class ModelConfig:
     name_or_path: Optional[str] = doc(
         "Local directory or hub id with pretrained weights; None trains the inline architecture from scratch.", None)
     family: str = doc("Architecture family of the inline config (a transformers model_type: llama, mistral, qwen2).", "llama")
-    hidden_size: int = doc("Model width h.", 4096)
-    num_layers: int = doc("Transformer blocks L.", 32)
-    num_heads: int = doc("Attention (query) heads.", 32)
-    num_kv_heads: Optional[int] = doc("Key/value heads (GQA); None means num_heads (MHA).", None)
-    intermediate_size: int = doc("SwiGLU MLP width.", 11008)
-    vocab_size: int = doc("Vocabulary size (the tokenizer must not exceed it).", 32000)
-    max_position_embeddings: int = doc("Longest sequence the model supports.", 4096)
+    hidden_size: int = doc("Model width h.", 4096, kind=COUNT)
+    num_layers: int = doc("Transformer blocks L.", 32, kind=COUNT)
+    num_heads: int = doc("Attention (query) heads.", 32, kind=COUNT)
+    num_kv_heads: Optional[int] = doc("Key/value heads (GQA); None means num_heads (MHA).", None, kind=COUNT)
+    intermediate_size: int = doc("SwiGLU MLP width.", 11008, kind=COUNT)
+    vocab_size: int = doc("Vocabulary size (the tokenizer must not exceed it).", 32000, kind=COUNT)
+    max_position_embeddings: int = doc("Longest sequence the model supports.", 4096, kind=COUNT)
     tie_word_embeddings: bool = doc("Share input embedding and LM head weights.", False)
-    rope_theta: float = doc("RoPE base frequency.", 10000.0)
+    rope_theta: float = doc("RoPE base frequency.", 10000.0, kind=POSITIVE)
     tokenizer: Optional[str] = doc("Tokenizer directory or hub id; None uses name_or_path.", None)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = doc(
         "Attention kernel; 'auto' = flash_attention_2 when flash-attn and CUDA are present, else sdpa.", "auto")
     liger: bool = doc("Apply Liger kernels (CUDA + liger-kernel only; a one-line warning elsewhere).", False)
     gradient_checkpointing: bool = doc("Recompute activations in backward (transformers gradient checkpointing).", False)
     trust_remote_code: bool = doc("Allow model/tokenizer code from the hub repo to run (off unless asked).", False)
-    init_std: float = doc("Std of the normal init for from-scratch weights (transformers' initializer_range).", 0.02)
+    init_std: float = doc(
+        "Std of the normal init for from-scratch weights (transformers' initializer_range).", 0.02, kind=POSITIVE)
     lora: LoraConfig = doc("LoRA fine-tuning through PEFT.", factory=LoraConfig)
 
 
 @dataclass
 class SourceConfig:
     path: str = doc("A prepared directory (python -m trainer prepare-data), a local file/directory, or a hub name.", "")
-    weight: float = doc("Share of the training samples drawn from this source (weights are normalised).", 1.0)
+    weight: float = doc(
+        "Share of the training samples drawn from this source (weights are normalised).", 1.0, kind=NONNEGATIVE)
     name: Optional[str] = doc("Name in logs and eval metrics (default: the path's last component).", None)
 
 
@@ -89,15 +95,20 @@ class DataConfig:
                                       "its own eval split.", factory=list)
     cache_dir: Optional[str] = doc("Where sources are prepared (default ~/.cache/deepspeed-preset-trainer/"
                                    "prepared), one directory per source + tokenizer + settings.", None)
+    trust_shared_cache: bool = doc("Use entries of data.cache_dir that another user owns (a cache shared with people "
+                                   "you trust); off: such an entry is refused, since whoever can write it chooses what "
+                                   "the run trains on. Sizes and SHA-256s are checked either way.", False)
     auto_prepare_max_gb: float = doc("Local sources up to this size are prepared on first use by rank 0; "
-                                     "larger ones and hub datasets need `python -m trainer prepare-data`.", 1.0)
-    split_seed: int = doc("Seed of the eval split (whole documents held out); part of the prepared data.", 0)
+                                     "larger ones and hub datasets need `python -m trainer prepare-data`.", 1.0,
+                                     kind=GIGABYTES)
+    split_seed: int = doc("Seed of the eval split (whole documents held out); part of the prepared data.", 0, kind=SEED)
     split: str = doc("Split of a hub dataset to read (slices work: 'train[:10%]').", "train")
     subset: Optional[str] = doc("Configuration of a hub dataset (datasets.load_dataset's name, e.g. sample-10BT).", None)
     eval_source: Optional[str] = doc("Separate eval data; None carves eval_fraction out of `source`.", None)
     eval_split: Optional[str] = doc("Split of a hub eval_source to read; None = the same as `split`.", None)
-    eval_fraction: float = doc("Share of records (documents) held out for eval when eval_source is None.", 0.05)
-    seq_len: int = doc("Tokens per training sequence.", 2048)
+    eval_fraction: float = doc(
+        "Share of records (documents) held out for eval when eval_source is None.", 0.05, kind=FRACTION)
+    seq_len: int = doc("Tokens per training sequence.", 2048, kind=COUNT)
     packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
     truncate: bool = doc("Cut records longer than seq_len; when off such records are an error.", False)
     text_field: str = doc("Column with raw text (pretrain).", "text")
@@ -108,7 +119,8 @@ class DataConfig:
         "Chat template for messages: chatml, llama-2, zephyr (trainer/data/templates/) or a Jinja file (absolute or "
         "relative to the repo root); replaces the tokenizer's own and is exported with it; None keeps the tokenizer's.",
         None)
-    num_workers: int = doc("Processes for tokenization when a source is prepared (datasets.map num_proc).", 1)
+    num_workers: int = doc(
+        "Processes for tokenization when a source is prepared (datasets.map num_proc).", 1, kind=COUNT)
 
 
 @dataclass
@@ -116,40 +128,44 @@ class TrainConfig:
     RENAMED: ClassVar[dict] = {"eval_batches": "replaced by train.eval_sequences: the sequences of one evaluation, "
                                                "independent of the world size; eval_batches x micro_batch_size x "
                                                "data-parallel ranks gives the old set's size"}
-    micro_batch_size: Union[int, str, None] = doc("Sequences per rank per forward (DeepSpeed train_micro_batch_size_per_gpu).", None)
-    grad_accum: Union[int, str, None] = doc("Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps).", None)
-    global_batch_size: Union[int, str, None] = doc("Sequences per optimizer step across data-parallel ranks.", None)
+    micro_batch_size: Union[int, str, None] = doc(
+        "Sequences per rank per forward (DeepSpeed train_micro_batch_size_per_gpu).", None, kind=COUNT)
+    grad_accum: Union[int, str, None] = doc(
+        "Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps).", None, kind=COUNT)
+    global_batch_size: Union[int, str, None] = doc(
+        "Sequences per optimizer step across data-parallel ranks.", None, kind=COUNT)
     precision: Literal["bf16", "fp16", "fp32"] = doc("Training precision; fills DeepSpeed bf16/fp16 'auto'.", "bf16")
-    lr: float = doc("Peak learning rate.", 3e-4)
-    min_lr: float = doc("Learning rate at the end of decay (WarmupCosineLR: as a ratio of lr).", 0.0)
-    betas: tuple[float, float] = doc("Adam betas.", (0.9, 0.95))
-    eps: float = doc("Adam epsilon.", 1e-8)
-    weight_decay: float = doc("Decoupled weight decay.", 0.1)
-    grad_clip: float = doc("Global gradient-norm clip (DeepSpeed gradient_clipping); 0 disables.", 1.0)
-    warmup_steps: int = doc("Linear warmup steps.", 100)
-    max_steps: int = doc("Optimizer steps to train.", 1000)
-    eval_every: int = doc("Evaluate every N optimizer steps (0 = only at the end).", 100)
+    lr: float = doc("Peak learning rate.", 3e-4, kind=POSITIVE)
+    min_lr: float = doc("Learning rate at the end of decay (WarmupCosineLR: as a ratio of lr).", 0.0, kind=NONNEGATIVE)
+    betas: tuple[float, float] = doc("Adam betas.", (0.9, 0.95), kind=FRACTION)
+    eps: float = doc("Adam epsilon.", 1e-8, kind=POSITIVE)
+    weight_decay: float = doc("Decoupled weight decay.", 0.1, kind=NONNEGATIVE)
+    grad_clip: float = doc(
+        "Global gradient-norm clip (DeepSpeed gradient_clipping); 0 disables.", 1.0, kind=NONNEGATIVE)
+    warmup_steps: int = doc("Linear warmup steps.", 100, kind=COUNT_OR_ZERO)
+    max_steps: int = doc("Optimizer steps to train.", 1000, kind=COUNT)
+    eval_every: int = doc("Evaluate every N optimizer steps (0 = only at the end).", 100, kind=COUNT_OR_ZERO)
     eval_sequences: int = doc("Sequences per evaluation: the first N of each eval split in a fixed order (all of it "
-                              "when shorter), the same set at every world size and micro-batch.", 256)
+                              "when shorter), the same set at every world size and micro-batch.", 256, kind=COUNT)
     sample_prompts: list[str] = doc("Prompts completed greedily at every eval (metrics.jsonl `samples`, a wandb "
                                     "table); every rank takes part, so it works under ZeRO-3 and AutoTP.", factory=list,
                                     multiline=True)
-    sample_max_new_tokens: int = doc("Tokens generated per sample prompt.", 32)
-    save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500)
+    sample_max_new_tokens: int = doc("Tokens generated per sample prompt.", 32, kind=COUNT)
+    save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500, kind=COUNT_OR_ZERO)
     keep_last: int = doc("Checkpoints of this run's history kept on disk (older ones are deleted; other histories are "
-                         "set aside in checkpoints/abandoned/, never deleted).", 3)
+                         "set aside in checkpoints/abandoned/, never deleted).", 3, kind=COUNT)
     checkpoint_checksums: bool = doc("Record every checkpoint file's SHA-256 in COMPLETE and check it on resume "
                                      "(one read of the checkpoint, split across ranks); off: sizes only.", True)
     checkpoint_writer: str = doc("How DeepSpeed writes checkpoint files: 'torch' (torch.save), 'fast' (DeepSpeed's "
                                  "FAST writer over libaio) or 'decoupled' (FAST in a separate process); a checkpoint "
                                  "is COMPLETE only after every writer has finished. fast/decoupled need a GPU.",
                                  "torch")
-    seed: int = doc("Seed for init, data order and dropout.", 1234)
+    seed: int = doc("Seed for init, data order and dropout.", 1234, kind=SEED)
     output_dir: str = doc("Run directory: metrics.jsonl, config.resolved.yaml, checkpoints/, hf/.", "runs/default")
     resume: Optional[str] = doc("'auto' (newest complete checkpoint in output_dir), a checkpoint path, or None.", None)
     stop_after: Optional[int] = doc(
         "End this invocation after N optimizer steps (checkpoint saved) even before max_steps; resume later with "
-        "--resume auto. For allocations shorter than the run.", None)
+        "--resume auto. For allocations shorter than the run.", None, kind=COUNT)
     export_hf: bool = doc("Write the final model in HF format (safetensors) to output_dir/hf.", True)
     export_merged: bool = doc("LoRA runs: also write base + adapter merged into one HF model in output_dir/hf_merged "
                               "(what serving engines load).", False)
@@ -158,16 +174,18 @@ class TrainConfig:
         "saving ('exit': when a save takes longer than the scheduler's grace period).", "checkpoint")
     dist_timeout_s: int = doc("Seconds a collective waits for the other ranks before the process group fails "
                               "(deepspeed.init_distributed timeout): how long a hung or dead rank can stall the rest.",
-                              1800)
-    max_bad_steps: int = doc("Stop after this many consecutive non-finite (skipped) steps.", 3)
-    spike_ratio: float = doc("Warn when a step's loss exceeds this x its moving average (0 = off).", 3.0)
-    spike_window: int = doc("Steps in the loss moving average for spike detection.", 50)
-    min_loss_scale_hits: int = doc("fp16: report when the loss scale sits at min_loss_scale this many steps.", 10)
+                              1800, kind=WHOLE_SECONDS)
+    max_bad_steps: int = doc("Stop after this many consecutive non-finite (skipped) steps.", 3, kind=COUNT)
+    spike_ratio: float = doc(
+        "Warn when a step's loss exceeds this x its moving average (0 = off).", 3.0, kind=NONNEGATIVE)
+    spike_window: int = doc("Steps in the loss moving average for spike detection.", 50, kind=COUNT)
+    min_loss_scale_hits: int = doc(
+        "fp16: report when the loss scale sits at min_loss_scale this many steps.", 10, kind=COUNT)
 
 
 @dataclass
 class LoggingConfig:
-    log_every: int = doc("Log metrics every N optimizer steps.", 10)
+    log_every: int = doc("Log metrics every N optimizer steps.", 10, kind=COUNT)
     progress_bar: bool = doc("Show a progress bar on rank 0.", True)
     wandb_mode: Literal["disabled", "offline", "online"] = doc("wandb tracking mode; 'disabled' never imports wandb.", "disabled")
     wandb_project: Optional[str] = doc("wandb project.", None)

@@ -4,16 +4,19 @@ same way; `ranks` answers "which rank am I" once a group exists (or not).
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import ranks
+from . import jit_locks, ranks
+from .errors import UserError
 
 
 def start_distributed(timeout_s: int = 1800) -> int:
@@ -33,6 +36,9 @@ def start_distributed(timeout_s: int = 1800) -> int:
         # the world size, yet AutoTP's layers call it regardless: under torchrun (LOCAL_WORLD_SIZE) it segfaults
         os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
     remove_shm_buffer()  # a stale one of a crashed job on this port would be read by the peers before reset
+    # init_distributed builds DeepSpeed's CPU all-reduce op, deepspeed.initialize its optimizers: a lock file left
+    # by a killed build would make them wait for ever in silence
+    jit_locks.check_and_watch(_to_stderr)
     timeout = datetime.timedelta(seconds=timeout_s)
     # DeepSpeed builds its data/model-parallel groups with new_group(timeout=None), which takes torch's
     # default (30 min gloo, 10 min NCCL), not the world group's: set the default itself, so every
@@ -41,6 +47,10 @@ def start_distributed(timeout_s: int = 1800) -> int:
     distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
     deepspeed.init_distributed(timeout=timeout)
     return dist.get_rank()
+
+
+def _to_stderr(message: str) -> None:
+    print(f"[rank {os.environ.get('RANK', '0')}] {message}", file=sys.stderr, flush=True)
 
 
 def end_distributed(succeeded: bool = True) -> None:
@@ -88,12 +98,68 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed + rank)
 
 
+def all_gather_text(text: str, device) -> list[str]:
+    """Every rank's `text`, in rank order, on every rank. Also a synchronisation point (no pickle between ranks)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [text]
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data
+    gathered = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return [bytes(g[:int(s.item())].cpu().tolist()).decode() for g, s in zip(gathered, sizes)]
+
+
+def gather_text(text: str) -> list[str]:
+    """`all_gather_text` on the collective device; [text] without a process group (no accelerator import)."""
+    if ranks.world_size() == 1:
+        return [text]
+    return all_gather_text(text, comm_device())
+
+
 def rank0_first(build):
-    """Run `build` on rank 0 first, then on the others: a data error is reported once, by rank 0, while the
-    others wait (the launcher then stops them), and a hub dataset is downloaded once into the cache."""
-    if ranks.rank() != 0:
-        ranks.barrier()
-    result = build()
-    if ranks.rank() == 0:
-        ranks.barrier()
+    """Run `build` on rank 0 first, then on the others (a hub dataset is downloaded once, a cache prepared once),
+    and end together: a failure on any rank is raised on every rank with its message (rank 0's before the others
+    start), so no rank waits in a later collective for one that has given up."""
+    if ranks.world_size() == 1:
+        return build()
+    rank = ranks.rank()
+    result, failure = _attempt(build) if rank == 0 else (None, None)
+    _raise_shared(gather_text(_described(failure))[0], 0, failure)
+    if rank != 0:
+        result, failure = _attempt(build)
+    for other, text in enumerate(gather_text(_described(failure))):
+        _raise_shared(text, other, failure)
     return result
+
+
+def _attempt(build):
+    try:
+        return build(), None
+    except BaseException as err:  # shared first, then raised again on this rank
+        return None, err
+
+
+def _described(failure) -> str:
+    if failure is None:
+        return ""
+    if isinstance(failure, UserError):
+        return json.dumps({"user": True, "message": str(failure)})
+    return json.dumps({"user": False, "message": f"{type(failure).__name__}: {failure}"})
+
+
+def _raise_shared(text: str, rank: int, own) -> None:
+    """Raise the failure `rank` shared: this rank's own exception when it is the one that failed, else the same
+    message (a UserError for a user's mistake, so the CLI prints it without a traceback)."""
+    if not text:
+        return
+    if own is not None:
+        raise own
+    shared = json.loads(text)
+    if shared["user"]:
+        raise UserError(shared["message"])
+    raise RuntimeError(f"rank {rank} failed: {shared['message']}")

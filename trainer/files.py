@@ -12,17 +12,19 @@ or a crash leaves the old file (or none), never part of the new one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 import yaml
 
 from .errors import UserError, short
+from .paths import what_is
 
 
 MAX_CONFIG_BYTES = 4 << 20     # a preset, a template, a scenario or a config.json is a few KB
@@ -37,16 +39,15 @@ MAX_YAML_NODES = 100_000       # nodes after alias expansion; a preset has a few
 def regular_file(path: str | Path, what: str) -> Path:
     """`path` as an existing regular file, or a UserError saying what it is instead."""
     file = Path(path).expanduser()
-    try:
-        mode = file.stat().st_mode
-    except FileNotFoundError:
-        raise UserError(f"{what} {str(path)!r} does not exist") from None
-    except OSError as err:
-        raise UserError(f"{what} {path}: cannot read it ({err.strerror})") from None
-    if stat.S_ISDIR(mode):
+    found = what_is(file)
+    if found == "missing":
+        raise UserError(f"{what} {str(path)!r} does not exist")
+    if found == "a directory":
         raise UserError(f"{what} {path} is a directory: give a file")
-    if not stat.S_ISREG(mode):
-        raise UserError(f"{what} {path} is not a regular file (a device, a FIFO or a socket): give a file")
+    if found.startswith("unreadable"):
+        raise UserError(f"{what} {path}: cannot read it ({found})")
+    if found != "a regular file":
+        raise UserError(f"{what} {path} is {found}, not a regular file: give a file")
     return file
 
 
@@ -84,10 +85,11 @@ def read_text(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, al
 
 
 def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict:
-    """A JSON file whose top level is an object; NaN/Infinity (not JSON, though Python writes them) refused."""
+    """A JSON file whose top level is an object; NaN/Infinity (not JSON, though Python writes them) and a key given
+    twice in one object refused."""
     text = read_text(path, what, max_bytes)
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicate_members)
     except json.JSONDecodeError as err:
         raise UserError(f"{what} {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") from None
     except ValueError as err:
@@ -95,6 +97,16 @@ def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BY
     except RecursionError:
         raise UserError(f"{what} {path}: nested too deeply to be a config") from None
     return _expect_mapping(value, what, path, "a JSON object ({...})")
+
+
+def _refuse_duplicate_members(pairs: list) -> dict:
+    """JSON keeps the last of two equal keys without a word (DeepSpeed's own reader refuses them): refuse them."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {short(key, 60)} in one object; JSON would keep only the last: merge them")
+        seen[key] = value
+    return seen
 
 
 def _refuse_constant(name: str):
@@ -124,15 +136,61 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 def read_log(path: str | Path, max_bytes: int = MAX_LOG_BYTES) -> str:
     """A run's log for `doctor`: the last `max_bytes` (the failure is at the end), bad bytes replaced, control
-    characters dropped, lines over MAX_LOG_LINE cut; an empty log and a binary file are named as such."""
-    data = read_bytes(path, "log file", max_bytes, tail=True)
+    characters dropped, lines over MAX_LOG_LINE cut. A gzip, bzip2 or xz log is decompressed (its tail kept);
+    UTF-16 (Windows' `>` redirect) is decoded; an empty log, a zip archive and a binary file are named as such."""
+    file = regular_file(path, "log file")
+    head = _head(file)
+    codec = next((c for magic, c in _COMPRESSED.items() if head.startswith(magic)), None)
+    if head.startswith(b"PK\x03\x04"):
+        raise UserError(f"log file {path} is a zip archive: extract the log from it and give that file")
+    data = _decompressed_tail(file, codec, max_bytes) if codec else read_bytes(path, "log file", max_bytes, tail=True)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        data = data.decode("utf-16", errors="replace").encode("utf-8")
     if not data.strip():
         raise UserError(f"log file {path} is empty: give the failed run's log (stdout and stderr of every rank)")
-    head = data[:8192]
-    if head.count(b"\0") > len(head) // 10:
+    if _looks_binary(data[:8192]):
         raise UserError(f"log file {path} is a binary file, not a log: give the failed run's text log")
     text = _CONTROL.sub("", data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n"))
     return "\n".join(_cut(line) for line in text.split("\n"))
+
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "lzma"}
+MAX_DECOMPRESSED = 4 << 30  # a compressed "log" that inflates past this is not a log (or a decompression bomb)
+
+
+def _head(file: Path, count: int = 8) -> bytes:
+    try:
+        with open(file, "rb") as handle:
+            return handle.read(count)
+    except OSError as err:
+        raise UserError(f"log file {file}: cannot read it ({err.strerror})") from None
+
+
+def _decompressed_tail(file: Path, codec: str, max_bytes: int) -> bytes:
+    """The last `max_bytes` of a compressed log, streamed (the whole file is never held)."""
+    import bz2
+    import gzip
+    import lzma
+    opener = {"gzip": gzip.open, "bz2": bz2.open, "lzma": lzma.open}[codec]
+    tail, total = bytearray(), 0
+    try:
+        with opener(file, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                total += len(chunk)
+                if total > MAX_DECOMPRESSED:
+                    raise UserError(f"log file {file} ({codec}) inflates past {MAX_DECOMPRESSED:,} bytes: not a log")
+                tail += chunk
+                del tail[:-max_bytes]
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise UserError(f"log file {file} is {codec}-compressed but does not decompress ({err}): is it whole?") from None
+    return bytes(tail)
+
+
+def _looks_binary(head: bytes) -> bool:
+    """NUL bytes or control characters a terminal log does not hold (tab, newlines, escape sequences aside) in
+    more than a few percent of the bytes: random bytes have ~11%, a core dump or an image more."""
+    controls = sum(1 for b in head if (b < 32 and b not in (9, 10, 12, 13, 27)) or b == 127)
+    return head.count(0) > len(head) // 100 or controls > len(head) * 0.03
 
 
 def _cut(line: str) -> str:
@@ -246,12 +304,22 @@ def write_text_atomic(target: str, text: str, flag: str = "-o", mode: Optional[i
 
 def write_bytes_atomic(target: str, data: bytes, flag: str = "-o", mode: Optional[int] = None) -> Path:
     """`write_text_atomic` for bytes (a PNG)."""
+    with atomic_writer(target, flag, mode) as handle:
+        handle.write(data)
+    return Path(target).expanduser()
+
+
+@contextlib.contextmanager
+def atomic_writer(target: str, flag: str = "-o", mode: Optional[int] = None) -> Iterator[BinaryIO]:
+    """A binary handle on a temporary file beside `target`, for a file written in pieces (a rewritten
+    metrics.jsonl of any size): when the block ends it is fsynced and renamed over `target`; an exception in the
+    block removes it and leaves `target` as it was. An OSError is a UserError naming the flag."""
     path = check_target(target, flag)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, _mode_for(path) if mode is None else mode)  # mkstemp makes 0600
@@ -261,7 +329,6 @@ def write_bytes_atomic(target: str, data: bytes, flag: str = "-o", mode: Optiona
             raise
     except OSError as err:
         raise UserError(f"{flag} {target}: cannot write it ({err.strerror}); nothing was written") from None
-    return path
 
 
 def _mode_for(path: Path) -> int:

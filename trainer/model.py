@@ -19,6 +19,7 @@ import torch
 
 from . import ds as dsc
 from .config import Config, ModelConfig
+from .remote_code import load_kwargs, refused
 
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,7 @@ def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
     hf_ds_config = _zero3_integration(ds)
     maybe_apply_liger(model_cfg, dsc.zero_stage(ds))
     if model_cfg.name_or_path:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_cfg.name_or_path, attn_implementation=attention, dtype=training_dtype(ds),
-            trust_remote_code=model_cfg.trust_remote_code)
+        model = pretrained(model_cfg, attention, training_dtype(ds))
     else:
         model = AutoModelForCausalLM.from_config(hf_config(model_cfg, attention))
         init_weights_by_name(model, cfg.train.seed, model_cfg.init_std, rank)
@@ -81,6 +80,21 @@ def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
     if model_cfg.lora.enabled:
         model = apply_lora(model, model_cfg)
     return model, hf_ds_config
+
+
+def pretrained(model_cfg: ModelConfig, attention: str, dtype: torch.dtype):
+    """model.name_or_path's weights; its own code runs only when the preset allows it (model.trust_remote_code)."""
+    from transformers import AutoModelForCausalLM
+    path = model_cfg.name_or_path
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention, dtype=dtype,
+                                                    **load_kwargs(model_cfg.trust_remote_code, path, "model"))
+    except ValueError as err:
+        code = refused(err, path, "set model.trust_remote_code=true in the preset (or --set "
+                                  "model.trust_remote_code=true)")
+        if code:
+            raise code from None
+        raise
 
 
 def _zero3_integration(ds: dict):
@@ -164,9 +178,10 @@ def apply_lora(model, model_cfg: ModelConfig):
     return get_peft_model(model, peft_config)
 
 
-def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdpa"):
+def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdpa", trust_remote_code: bool = False):
     """A LoRA adapter directory (PEFT's save_pretrained) merged into its base model: one plain transformers model,
-    what inference and serving engines want. The base is the adapter's own base_model_name_or_path."""
+    what inference and serving engines want. The base is the adapter's own base_model_name_or_path (its code runs
+    only with `trust_remote_code`, which the caller takes from the user, never from the adapter's files)."""
     import json
     from pathlib import Path
 
@@ -178,9 +193,11 @@ def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdp
     if not base:
         raise UserError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path: cannot merge the adapter")
     try:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, attn_implementation=attention)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, attn_implementation=attention,
+                                                     **load_kwargs(trust_remote_code, base, "LoRA base model"))
     except (OSError, ValueError) as err:
-        raise UserError(f"LoRA adapter {adapter_dir}: cannot load its base model {base!r} ({err})") from None
+        code = refused(err, base, "pass --trust-remote-code")
+        raise code or UserError(f"LoRA adapter {adapter_dir}: cannot load its base model {base!r} ({err})") from None
     return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
 
 

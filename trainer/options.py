@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import sys
 
+from . import numbers
 from .presets import blamed, load_preset, preset_path
 from .resolve import Resolved, resolve
 
@@ -17,7 +18,7 @@ def add_preset_arguments(parser: argparse.ArgumentParser, positional: bool = Tru
         parser.add_argument("--preset", default="tiny_cpu", help="shipped preset name or path (default: tiny_cpu)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a preset value (repeatable), e.g. --set deepspeed.zero_optimization.stage=3")
-    parser.add_argument("--world-size", type=int, default=None,
+    parser.add_argument("--world-size", type=numbers.COUNT, default=None,
                         help="resolve for this many ranks (default: hardware.nodes x hardware.gpus_per_node)")
 
 
@@ -35,4 +36,5 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", default=None, help="'auto', a checkpoint path, or 'off' (overrides train.resume)")
     parser.add_argument("--rehearse", action="store_true",
                         help="run the preset's DeepSpeed features on a shrunk model with the ranks present")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)  # launcher
+    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, default=-1,
+                        help=argparse.SUPPRESS)  # launcher

@@ -96,24 +96,67 @@ def deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `section.key=value` strings (values parsed as YAML) to the raw preset dict."""
+REPLACE = ":="  # `--set train:={...}`: replace a whole mapping on purpose (plain `=` refuses to drop its keys)
+
+
+def apply_overrides(raw: dict, overrides: list[str], null_deletes: bool = False) -> dict:
+    """Apply `section.key=value` strings (values parsed as YAML) to the raw preset dict. A key given twice, or a
+    key and a section holding it, is an error naming both items; a mapping value that would drop keys the preset
+    sets needs the explicit `section.key:={...}`. `null_deletes`: `key=null` removes the key (the DeepSpeed
+    section's rule, as in a preset's own `deepspeed:` over its template)."""
     raw = copy.deepcopy(raw)
+    seen: dict[str, str] = {}
     for item in overrides:
-        if "=" not in item:
-            raise UserError(f"--set {clip(item, 100)!r}: expected section.key=value, e.g. --set train.lr=1e-4")
-        dotted, text = item.split("=", 1)
-        keys = dotted.strip().split(".")
-        if not all(keys):
-            raise UserError(f"--set {clip(item, 100)!r}: empty key in {clip(dotted, 100)!r}")
+        keys, replace = _override_key(item)
+        _refuse_repeats(".".join(keys), item, seen)
+        text = item.split("=", 1)[1]
         node = raw
         for key in keys[:-1]:
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
                 raise UserError(f"--set {clip(item, 100)!r}: {key!r} holds a value, not a section")
             node = child
-        node[keys[-1]] = parse_yaml(text, f"--set {clip(item, 100)}")
+        value = parse_yaml(text, f"--set {clip(item, 100)}")
+        if not replace:
+            _refuse_dropped_keys(node.get(keys[-1]), value, ".".join(keys), item)
+        if value is None and null_deletes:
+            node.pop(keys[-1], None)
+        else:
+            node[keys[-1]] = value
     return raw
+
+
+def _override_key(item: str) -> tuple[list[str], bool]:
+    """(the dotted key of a `--set` item as a list, whether it is the replacing `:=` form)."""
+    if "=" not in item:
+        raise UserError(f"--set {clip(item, 100)!r}: expected section.key=value, e.g. --set train.lr=1e-4")
+    dotted = item.split("=", 1)[0]
+    keys = dotted.rstrip(":").strip().split(".")
+    if not all(keys):
+        raise UserError(f"--set {clip(item, 100)!r}: empty key in {clip(dotted, 100)!r}")
+    return keys, dotted.endswith(":")
+
+
+def _refuse_repeats(dotted: str, item: str, seen: dict[str, str]) -> None:
+    """The same key twice (or a section and a key inside it) would silently keep the last: say which two."""
+    for earlier, earlier_item in seen.items():
+        if dotted == earlier or dotted.startswith(earlier + ".") or earlier.startswith(dotted + "."):
+            shorter = min(dotted, earlier, key=len)
+            raise UserError(f"--set {clip(item, 100)!r} and --set {clip(earlier_item, 100)!r} both set {shorter}: "
+                            f"give it once")
+    seen[dotted] = item
+
+
+def _refuse_dropped_keys(current, value, dotted: str, item: str) -> None:
+    """`--set train={lr: 1}` would replace the preset's whole train section (every other key back to its default)."""
+    if not isinstance(current, dict) or not isinstance(value, dict):
+        return
+    dropped = sorted(str(k) for k in current if k not in value)
+    if dropped:
+        shown = ", ".join(dropped[:6]) + (", ..." if len(dropped) > 6 else "")
+        raise UserError(f"--set {clip(item, 100)!r} would replace all of {dotted}, dropping {shown} (set by the "
+                        f"preset or its template): set the keys one by one (--set {dotted}.KEY=VALUE), or write "
+                        f"{dotted}{REPLACE}{{...}} to replace it on purpose")
 
 
 def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config:
@@ -121,21 +164,44 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
     path = preset_path(name_or_path)
     raw = read_yaml_mapping(path, "preset", hint="a mapping of sections (hardware, model, data, train, deepspeed, "
                                                  "logging)")
-    raw = apply_overrides(raw, overrides or [])
-    resolve_env_refs(raw)
+    overrides = overrides or []
+    apply_overrides({}, overrides)  # every item well-formed, no key twice, before any is applied
+    # DeepSpeed keys are set on the preset's section merged over its template, so `=` with a mapping sees (and
+    # refuses to drop) the template's keys too, `:=` replaces all of it, and null removes a key
+    in_deepspeed = [item for item in overrides if _override_key(item)[0][0] == "deepspeed" and
+                    len(_override_key(item)[0]) > 1]
+    raw = apply_overrides(raw, [item for item in overrides if item not in in_deepspeed])
     raw.setdefault("name", path.stem)
     template = raw.get("deepspeed_template")
     section = raw.get("deepspeed")
-    with blamed(str(path), overrides or []):
+    with blamed(str(path), overrides):
         if isinstance(template, str) and (section is None or isinstance(section, dict)):  # else reported below
             raw["deepspeed"] = deep_merge(load_template(template), section or {})
             raw["deepspeed_template"] = template_source(template)
+        raw = apply_overrides(raw, in_deepspeed, null_deletes=True)
+        resolve_env_refs(raw)
         return config_from_dict(raw, source=str(path))
+
+
+def with_overrides(overrides: list[str], changes: list[str]) -> list[str]:
+    """`overrides` with `changes` (the trainer's own --set items: a resume, the doctor's proposal, a batch kept
+    across topologies) taking the place of any item that sets the same key or a section around it -- and a later
+    change the place of an earlier one -- so the result never sets a key twice."""
+    result = list(overrides)
+    for change in changes:
+        key = _override_key(change)[0]
+        result = [item for item in result if not _overlap(_override_key(item)[0], key)] + [change]
+    return result
+
+
+def _overlap(a: list[str], b: list[str]) -> bool:
+    """One key is the other or lies inside it (`train` and `train.lr`)."""
+    return a[:len(b)] == b or b[:len(a)] == a
 
 
 def set_keys(overrides: list[str]) -> set[str]:
     """The dotted keys the `--set` items name (`train.max_steps`), for code that must not replace them."""
-    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+    return {item.split("=", 1)[0].strip().rstrip(":") for item in overrides if "=" in item}
 
 
 # a problem's first words name its key: "unknown key 'train.x'", "train.lr: ...", "train.lr=-1 must be ..."
@@ -148,7 +214,7 @@ def blame_overrides(problem: str, overrides: list[str]) -> str:
     key = match.group(1).split("[")[0] if match else ""
     for item in reversed(overrides):
         dotted = item.split("=", 1)[0].strip()
-        if key and (key == dotted or key.startswith(dotted + ".")):
+        if key and (key == dotted or key.startswith(dotted + ".") or dotted.startswith(key + ".")):
             return f"{problem} (from --set {clip(item.strip(), 100)})"
     return problem
 

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from . import ds as dsc
+from . import strict
 from .config import AUTO, Config
 from .errors import ConfigError, closest, short
 from .hardware import GPUS
@@ -115,20 +116,16 @@ def _canonical_gpu_name(cfg: Config) -> Config:
 
 
 def check_values(cfg: Config) -> list[str]:
-    """Impossible values in the trainer's own sections (types were checked when the preset was read)."""
+    """Impossible combinations in the trainer's own sections (types, and each number's own range, were checked
+    when the preset was read: trainer/numbers.py kinds in the schema)."""
     m, d, t, h = cfg.model, cfg.data, cfg.train, cfg.hardware
     checks = [
         (h.gpu in GPUS, f"hardware.gpu: unknown GPU type {h.gpu!r}{closest(str(h.gpu).lower(), GPUS)}; "
                         f"known: {', '.join(GPUS)}"),
-        (h.gpus_per_node >= 1, f"hardware.gpus_per_node={h.gpus_per_node} must be >= 1"),
-        (h.nodes >= 1, f"hardware.nodes={h.nodes} must be >= 1"),
-        (m.hidden_size > 0 and m.num_layers > 0 and m.num_heads > 0 and m.intermediate_size > 0 and m.vocab_size > 0,
-         "model: hidden_size, num_layers, num_heads, intermediate_size and vocab_size must be positive"),
         (m.num_heads <= 0 or m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}"),
         (m.num_kv_heads is None or (m.num_kv_heads > 0 and m.num_heads % m.num_kv_heads == 0),
          f"model.num_heads={m.num_heads} must be divisible by model.num_kv_heads={m.num_kv_heads}"),
-        (d.seq_len > 0, f"data.seq_len={d.seq_len} must be positive"),
         (d.seq_len <= m.max_position_embeddings,
          f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"),
         (0 <= d.eval_fraction < 1 and (d.eval_fraction > 0 or d.eval_source),
@@ -137,35 +134,16 @@ def check_values(cfg: Config) -> list[str]:
         (bool(d.source) != bool(d.sources), "data.source and data.sources: give exactly one (a prepared directory, "
          "a local file/directory or a hub dataset name; or a list of them with weights)"),
         (all(s.path for s in d.sources), "data.sources: every entry needs a path"),
-        (all(math.isfinite(s.weight) and s.weight >= 0 for s in d.sources)
-         and (not d.sources or sum(s.weight for s in d.sources) > 0),
-         f"data.sources: weights {[s.weight for s in d.sources]} must be >= 0 and sum to more than 0"),
-        (d.auto_prepare_max_gb >= 0, f"data.auto_prepare_max_gb={d.auto_prepare_max_gb} must be >= 0"),
-        (d.num_workers >= 1, f"data.num_workers={d.num_workers} must be >= 1"),
-        (t.lr > 0, f"train.lr={t.lr} must be > 0"),
+        (not d.sources or sum(s.weight for s in d.sources if math.isfinite(s.weight) and s.weight > 0) > 0,
+         f"data.sources: weights {[s.weight for s in d.sources]} must sum to more than 0"),
         (0 <= t.min_lr <= t.lr, f"train.min_lr={t.min_lr} must be in [0, train.lr]"),
-        (all(0 <= b < 1 for b in t.betas), f"train.betas={list(t.betas)} must be in [0, 1)"),
-        (t.eps > 0, f"train.eps={t.eps} must be > 0"),
-        (t.weight_decay >= 0, f"train.weight_decay={t.weight_decay} must be >= 0"),
-        (t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0"),
-        (t.max_steps >= 1, f"train.max_steps={t.max_steps} must be >= 1"),
         (0 <= t.warmup_steps <= t.max_steps, f"train.warmup_steps={t.warmup_steps} must be in [0, max_steps]"),
-        (t.eval_every >= 0 and t.save_every >= 0 and t.eval_sequences >= 1,
-         "train.eval_every and train.save_every must be >= 0 and train.eval_sequences >= 1"),
-        (t.sample_max_new_tokens >= 1, "train.sample_max_new_tokens must be >= 1"),
-        (t.stop_after is None or t.stop_after >= 1, f"train.stop_after={t.stop_after} must be >= 1 or null"),
-        (t.max_bad_steps >= 1 and t.spike_ratio >= 0 and t.spike_window >= 1 and t.min_loss_scale_hits >= 1,
-         "train.max_bad_steps, spike_window and min_loss_scale_hits must be >= 1 and spike_ratio >= 0"),
-        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1 (the newest checkpoint is always kept)"),
         (bool(t.output_dir), "train.output_dir is empty"),
-        (t.dist_timeout_s >= 1, f"train.dist_timeout_s={t.dist_timeout_s} must be >= 1 (seconds)"),
-        (cfg.logging.log_every >= 1, f"logging.log_every={cfg.logging.log_every} must be >= 1"),
-        (m.lora.r >= 1 and m.lora.alpha > 0 and 0 <= m.lora.dropout < 1,
-         "model.lora: r >= 1, alpha > 0 and dropout in [0, 1) required"),
         (not (m.lora.enabled and m.name_or_path is None),
          "model.lora.enabled needs pretrained weights: set model.name_or_path (LoRA on a random model learns nothing)"),
     ]
-    problems = [message for ok, message in checks if not ok] + control_character_problems(cfg)
+    problems = strict.out_of_range(cfg) + [message for ok, message in checks if not ok]
+    problems += control_character_problems(cfg)
     if h.gpu in GPUS and t.precision == "bf16" and not GPUS[h.gpu].bf16:  # before the DeepSpeed bf16 block's view
         problems.append(f"train.precision=bf16: bf16 is enabled but {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) "
                         f"has no bf16; use "

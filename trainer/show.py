@@ -7,6 +7,7 @@ import sys
 
 import yaml
 
+from . import paths
 from .files import check_target, finite_json, write_text_atomic
 from .options import add_preset_arguments, load_and_resolve
 from .presets import list_presets
@@ -50,7 +51,8 @@ def show(args) -> int:
 
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     add_preset_arguments(parser)
-    parser.add_argument("-o", "--output", required=True, help="where to write the DeepSpeed JSON ('-' = stdout)")
+    parser.add_argument("-o", "--output", required=True, type=paths.output_file("DeepSpeed JSON", stdout_ok=True),
+                        help="where to write the DeepSpeed JSON ('-' = stdout)")
 
 
 def export(args) -> int:

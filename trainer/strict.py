@@ -8,6 +8,7 @@ import typing
 from typing import Any
 
 from .errors import ConfigError, closest, short
+from .numbers import EXACT, INT64_MAX, Kind
 
 
 def from_dict(cls, raw: Any, source: str = "<dict>"):
@@ -53,6 +54,31 @@ OTHER_NAMES = {"learning_rate": "lr", "gradient_accumulation_steps": "grad_accum
                "max_seq_length": "seq_len", "max_length": "seq_len", "dataset": "source", "seed_value": "seed"}
 
 
+def out_of_range(obj: Any, path: str = "") -> list[str]:
+    """Every number of a built dataclass (nested ones, lists and tuples included) outside its field's kind
+    (trainer/numbers.py: the ranges the command-line flags use too). Run by resolve with the other value checks,
+    so they are all reported together; strings ('auto') and null are judged by their types, not here."""
+    problems = []
+    for field in dataclasses.fields(obj):
+        value, where = getattr(obj, field.name), f"{path}.{field.name}" if path else field.name
+        if dataclasses.is_dataclass(value):
+            problems += out_of_range(value, where)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                problems += (out_of_range(item, f"{where}[{i}]") if dataclasses.is_dataclass(item)
+                             else _kind_problem(field.metadata.get("kind"), item, f"{where}[{i}]"))
+        else:
+            problems += _kind_problem(field.metadata.get("kind"), value, where)
+    return problems
+
+
+def _kind_problem(kind: Kind | None, value: Any, where: str) -> list[str]:
+    if kind is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return []
+    problem = kind.problem(value)
+    return [f"{where}={short(value)} {problem}"] if problem else []
+
+
 def _suggestion(key: str, names: list[str]) -> str:
     other = OTHER_NAMES.get(key.lower())
     if other in names:
@@ -75,6 +101,9 @@ def convert(tp, value: Any, path: str, problems: list[str]):
             converted = convert(option, value, path, trial)
             if not trial:
                 return converted
+        numeric = [a for a in options if a in (int, float)]
+        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return convert(numeric[0], value, path, problems)  # a number, wrong for its kind: say how
         problems.append(f"{path}: {short(value)} is not {_type_name(tp)}")
         return value
     if origin is typing.Literal:
@@ -104,10 +133,14 @@ def _convert_scalar(tp, value: Any, path: str, problems: list[str]):
             problems.append(f"{path}: expected true/false, got {short(value)}")
         return value
     if tp is int:
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT:
             return int(value)  # 5e8 written in YAML/JSON
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():  # 1e30: not the integer its digits would claim
+            problems.append(f"{path}: {short(value)} is too large to be an exact integer")
+        elif isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"{path}: expected an integer, got {short(value)}")
+        elif abs(value) > INT64_MAX:
+            problems.append(f"{path}: {short(value)} is beyond a 64-bit integer")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

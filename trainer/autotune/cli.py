@@ -24,11 +24,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import numbers, paths
 from .. import ds as dsc
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
 from ..options import add_preset_arguments, load_and_resolve
-from ..presets import PRESET_DIR
+from ..presets import PRESET_DIR, with_overrides
 from .results import preset_document, read_results
 from .space import describe, search_space
 
@@ -39,18 +40,22 @@ EXPERIMENT_SETS = ("train.resume=null", "train.save_every=0", "train.eval_every=
 
 def autotune_arguments(parser: argparse.ArgumentParser) -> None:
     add_preset_arguments(parser)
-    parser.add_argument("--dir", help="autotuning directory: config, experiments, results (default runs/autotune/"
+    parser.add_argument("--dir", type=paths.output_dir("autotuning directory"),
+                        help="autotuning directory: config, experiments, results (default runs/autotune/"
                                       "PRESET)")
-    parser.add_argument("-o", "--output", help="the preset to write (default presets/PRESET_autotuned.yaml)")
+    parser.add_argument("-o", "--output", type=paths.output_file("preset", suffixes=(".yaml", ".yml")),
+                        help="the preset to write (default presets/PRESET_autotuned.yaml)")
     parser.add_argument("--metric", choices=("throughput", "latency", "flops"), default="throughput",
                         help="what the autotuner maximises (default throughput)")
     parser.add_argument("--full", action="store_true", help="after the micro-batches, also tune each stage's ZeRO "
                                                             "buckets and overlap (fast=false: many more runs)")
-    parser.add_argument("--profile-steps", type=int, nargs=2, default=(3, 5), metavar=("START", "END"),
+    parser.add_argument("--profile-steps", type=numbers.COUNT, nargs=2, default=(3, 5), metavar=("START", "END"),
                         help="steps timed in each experiment (default 3 5)")
-    parser.add_argument("--master-port", type=int, default=29500, help="first experiment's port (each adds one)")
+    parser.add_argument("--master-port", type=numbers.PORT, default=29500,
+                        help="first experiment's port (each adds one)")
     parser.add_argument("--dry-run", action="store_true", help="print the tuning config and the command; run nothing")
-    parser.add_argument("--from-results", metavar="DIR", help="write the preset from a finished autotuning results "
+    parser.add_argument("--from-results", metavar="DIR", type=paths.input_dir("results directory"),
+                        help="write the preset from a finished autotuning results "
                                                               "dir (no tuning)")
 
 
@@ -102,7 +107,7 @@ def tuning_job(args, resolved, space, work: Path) -> tuple[dict, list[str]]:
         problems = dsc.check_keys(experiment)
         if problems:  # the builder's bug, not the user's
             raise RuntimeError(f"autotuning experiment config rejected by the installed DeepSpeed: {problems}")
-    sets = list(args.overrides) + [*EXPERIMENT_SETS, f"train.output_dir={work / 'run'}"]
+    sets = with_overrides(args.overrides, [*EXPERIMENT_SETS, f"train.output_dir={work / 'run'}"])
     line = command_for(resolved, args.preset, sets, args.world_size).split(" ")
     if line[0] != "deepspeed":
         raise RuntimeError(f"expected a deepspeed launch line, got {line[0]}")
@@ -128,6 +133,10 @@ def refuse_without_cuda() -> None:
 def write_preset(args, best, output: str, space) -> int:
     name = Path(output).stem
     text = preset_document(args.preset, args.overrides, best, name, describe(space))
+    if args.dry_run:  # the same reading and checks as for real; only the write is left out
+        print(text, end="")
+        print(f"autotune: --dry-run: {output} would hold the preset above; nothing was written", file=sys.stderr)
+        return 0
     write_text_atomic(output, text, "-o")
     print(f"autotune: best {best.experiment}: {best.samples_per_s:.2f} samples/s; wrote preset {output}",
           file=sys.stderr)

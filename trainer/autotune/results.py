@@ -20,6 +20,7 @@ import yaml
 from .. import ds as dsc
 from ..errors import UserError
 from ..files import read_json_object, read_yaml_mapping
+from ..numbers import POSITIVE
 from ..presets import apply_overrides, config_from_dict, preset_path
 from ..resolve import resolve
 
@@ -54,8 +55,11 @@ def read_results(results_dir: str | Path) -> Best:
         config = read_json_object(experiment / "ds_config.json", "an autotuning experiment's config")
         if dsc.without_autotuning(config) == optimal:
             metrics = read_json_object(experiment / "metrics.json", "an autotuning experiment's metrics")
-            if not all(isinstance(metrics.get(k), (int, float)) for k in ("throughput", "latency")):
-                raise UserError(f"{experiment / 'metrics.json'}: no numeric throughput and latency")
+            bad = [k for k in ("throughput", "latency") if POSITIVE.problem(metrics.get(k))]
+            if bad:  # a negative or zero measurement is a failed experiment, never a preset's header
+                raise UserError(f"{experiment / 'metrics.json'}: {' and '.join(bad)} "
+                                f"{[metrics.get(k) for k in bad]} not a positive measurement: the experiment did not "
+                                f"run as measured; see its stderr.log, or run `python -m trainer autotune` again")
             return Best(experiment.name, results, metrics, optimal)
     raise UserError(f"{results / OPTIMAL} matches no experiment with a metrics.json under {results}: a results dir "
                     f"from another run, or edited; run `python -m trainer autotune` again")

@@ -6,7 +6,8 @@
     loader = MicroBatchLoader(data.train, micro, dp_rank, dp_size, grad_accum)
 
 One module per stage: `records` (files and hub datasets, the eval split by document) -> `tokenize` (formats,
-labels, chat templates) -> `prepare` (token shards on disk, `shards` is their format) -> `samples` (seq_len
+labels, chat templates) -> `prepare` (token shards on disk, `shards` is their format; the cache is keyed by the
+source's content, `fingerprint`) -> `verify` (the shards against their manifest, once per run) -> `samples` (seq_len
 samples read from the shards with positional reads) -> `order` (which sample comes next: a pure function of seed,
 epoch and the global sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what
 training calls. Every problem with the data is a `DataError` naming the file and line (or row) and a fix.

@@ -1,16 +1,21 @@
-"""What training reads: the prepared data of every source (prepared on first use when small and local),
-checked against the run's tokenizer and task, as train and eval streams of samples."""
+"""What training reads: the prepared data of every source (prepared on first use when small and local, by rank 0
+first), verified against its manifest and the run's tokenizer and task (trainer/data/verify.py), as train and eval
+streams of samples. `build_datasets` is collective under a process group: every rank calls it, and a problem on any
+rank is the same error on every rank."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import DataConfig
+from ..distributed import rank0_first
 from . import shards
 from .loader import Source, Stream
-from .prepare import needs_explicit_preparation, prepare_into_cache, prepared_path
+from .prepare import cache_dir, cache_key, identity, is_prepared, needs_explicit_preparation, prepare_into_cache
 from .records import DataError
 from .samples import PretrainSamples, SftSamples
+from .verify import Checked, Prepared, verify_all
 
 
 RECORDS_PER_SHARD = 100_000  # about 100 M tokens of web text per shard
@@ -20,7 +25,7 @@ RECORDS_PER_SHARD = 100_000  # about 100 M tokens of web text per shard
 class PreparedData:
     train: Stream
     eval: list[Stream]                       # one per source, each evaluated on its own held-out documents
-    stats: dict = field(default_factory=dict)  # {"train": {...}, "eval": {...}, "proportions": {...}}
+    stats: dict = field(default_factory=dict)  # {"train", "eval", "proportions" (mixtures), "verified"}: {...}
 
 
 def sources_of(cfg: DataConfig) -> list[tuple[str, str, float]]:
@@ -31,13 +36,12 @@ def sources_of(cfg: DataConfig) -> list[tuple[str, str, float]]:
 
 
 def build_datasets(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
+    prepared = rank0_first(lambda: [ensure_prepared(cfg, source, tokenizer) for _, source, _ in sources_of(cfg)])
+    checked, verified = verify_all(prepared, cfg, tokenizer)
     train_sources, eval_streams, stats = [], [], {"train": {}, "eval": {}}
-    for name, source, weight in sources_of(cfg):
-        path = ensure_prepared(cfg, source, tokenizer)
-        manifest = shards.read_manifest(path)
-        check_manifest(manifest, path, cfg, tokenizer)
-        train, evaluation = (checked_samples(path, split, manifest, cfg, tokenizer, source)
-                             for split in shards.SPLITS)
+    for (name, source, weight), found in zip(sources_of(cfg), checked):
+        manifest = found.manifest
+        train, evaluation = (checked_samples(found, split, cfg, tokenizer, source) for split in shards.SPLITS)
         train_sources.append(Source(name, train, source, weight))
         eval_streams.append(Stream([Source(name, evaluation, cfg.eval_source or source)], seed, shuffle=False))
         for split, samples in (("train", train), ("eval", evaluation)):
@@ -50,44 +54,32 @@ def build_datasets(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
     stream = Stream(train_sources, seed)
     if stream.mixture is not None:
         stats["proportions"] = stream.mixture.proportions(10_000)
+    stats["verified"] = verified
     return PreparedData(stream, eval_streams, stats)
 
 
-def ensure_prepared(cfg: DataConfig, source: str, tokenizer) -> Path:
-    path = prepared_path(cfg, source, tokenizer)
-    if (path / shards.MANIFEST).is_file():
-        return path
+def ensure_prepared(cfg: DataConfig, source: str, tokenizer) -> Prepared:
+    """Where `source`'s prepared data is: the source itself when it is a prepared directory, else its cache entry
+    (prepared now when it is missing and the source is small and local)."""
+    if is_prepared(source):
+        return Prepared(source, Path(source).expanduser())
+    wanted = identity(cfg, source, tokenizer)
+    path = cache_dir(cfg) / cache_key(wanted)
+    found = Prepared(source, path, wanted, cfg.trust_shared_cache)
+    if os.path.lexists(path):  # verify_all says what is wrong with an entry that is there
+        return found
     why = needs_explicit_preparation(cfg, source)
     if why:
         raise DataError(f"{source} is not prepared yet, and {why}: prepare it once with `python -m trainer "
                         f"prepare-data --preset <this preset>` (it writes {path}, where training looks), or "
                         f"`python -m trainer prepare-data --source {source} --out DIR` and set data.source to DIR")
-    prepare_into_cache(cfg, source, tokenizer, path, RECORDS_PER_SHARD)
-    return path
+    prepare_into_cache(cfg, source, tokenizer, path, RECORDS_PER_SHARD, wanted)
+    return found
 
 
-def check_manifest(manifest: dict, path: Path, cfg: DataConfig, tokenizer) -> None:
-    """Prepared data that does not match this run is a named error, before any step."""
-    problems = []
-    if manifest["task"] != cfg.task:
-        problems.append(f"it was prepared for task {manifest['task']!r}, this run's data.task is {cfg.task!r}")
-    if manifest["vocab_size"] != len(tokenizer):
-        problems.append(f"its tokenizer has {manifest['vocab_size']} tokens, this run's has {len(tokenizer)}")
-    elif manifest["tokenizer"]["fingerprint"] != shards.tokenizer_fingerprint(tokenizer):
-        problems.append(f"it was tokenized with another tokenizer ({manifest['tokenizer']['name']}, fingerprint "
-                        f"{manifest['tokenizer']['fingerprint']}) than this run's ({tokenizer.name_or_path})")
-    if manifest.get("format_of_records") == "chat" and manifest.get("chat_template") != tokenizer.chat_template:
-        problems.append("its chat samples were rendered with another chat template than this run's tokenizer has")
-    if cfg.task == "sft" and manifest.get("seq_len") not in (None, cfg.seq_len):
-        problems.append(f"its SFT samples were fitted to seq_len {manifest['seq_len']}, this run's data.seq_len is "
-                        f"{cfg.seq_len}")
-    if problems:
-        raise DataError(f"{path}: " + "; ".join(problems) + ": prepare the data again for this run "
-                        "(`python -m trainer prepare-data`) or point data.source at data prepared for it")
-
-
-def checked_samples(path: Path, split: str, manifest: dict, cfg: DataConfig, tokenizer, source: str):
-    samples = samples_of(shards.open_split(path, split, manifest), cfg, tokenizer)
+def checked_samples(found: Checked, split: str, cfg: DataConfig, tokenizer, source: str):
+    manifest = found.manifest
+    samples = samples_of(shards.open_split(found.prepared.path, split, manifest, found.seen), cfg, tokenizer)
     if len(samples) == 0:
         info = manifest["splits"][split]
         first = info["shards"][0].get("first", "") if info["shards"] else ""

@@ -15,11 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+from .. import numbers, paths
 from ..config import DataConfig, ModelConfig
 from ..errors import UserError
 from ..presets import load_preset
 from .build import RECORDS_PER_SHARD, sources_of
-from .prepare import is_prepared, prepare, prepared_path
+from .prepare import check_cache_parent, is_prepared, prepare, prepared_path
 from .tokenize import load_tokenizer
 
 
@@ -30,21 +31,25 @@ def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", help="without --preset: a local file/directory or a hub dataset name")
     parser.add_argument("--tokenizer", help="without --preset: tokenizer directory or hub id")
     parser.add_argument("--task", choices=("pretrain", "sft"), default="pretrain", help="without --preset")
-    parser.add_argument("--seq-len", type=int, default=2048, help="without --preset, sft: samples are fitted to it")
-    parser.add_argument("--out", help="without --preset: the output directory (new, empty, or an interrupted run)")
-    parser.add_argument("--records-per-shard", type=int, default=RECORDS_PER_SHARD,
+    parser.add_argument("--seq-len", type=numbers.COUNT, default=2048,
+                        help="without --preset, sft: samples are fitted to it")
+    parser.add_argument("--out", type=paths.output_dir("output directory"),
+                        help="without --preset: the output directory (new, empty, or an interrupted run)")
+    parser.add_argument("--records-per-shard", type=numbers.COUNT, default=RECORDS_PER_SHARD,
                         help=f"records per shard (default {RECORDS_PER_SHARD:,}); the unit a rerun keeps")
-    parser.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: all cores)")
+    parser.add_argument("--num-proc", type=numbers.PROCESSES, default=numbers.available_cores(),
+                        help="tokenizer processes (default: every core this process may use)")
 
 
 def prepare_data(args) -> int:
-    if args.records_per_shard < 1 or args.num_proc < 1:
-        raise UserError("--records-per-shard and --num-proc must be >= 1")
     jobs = preset_jobs(args) if args.preset else [single_job(args)]
     for data_cfg, tokenizer, source, out in jobs:
         if is_prepared(str(out)) and out == Path(source).expanduser():
             print(f"prepare-data: {source} is prepared data already", file=sys.stderr)
             continue
+        if args.preset:  # into the automatic cache, which training verifies as this user's
+            out.parent.mkdir(parents=True, exist_ok=True)
+            check_cache_parent(out.parent)
         with contextlib.redirect_stdout(sys.stderr):
             manifest = prepare(data_cfg, source, tokenizer, out, args.records_per_shard, args.num_proc, progress=True)
         counts = {split: f"{info['tokens']:,} tokens in {info['documents']:,} documents"

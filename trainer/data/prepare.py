@@ -3,7 +3,9 @@
 `prepare(cfg, tokenizer, out)` writes a prepared directory; it can be stopped and rerun (finished shards are
 kept, and the result is byte-identical to an uninterrupted run). `prepared_path(cfg, tokenizer)` is where
 training finds a source's prepared data: the source itself when it is a prepared directory, else a cache
-directory keyed by everything that decides the bytes (source fingerprint, tokenizer, task, fields, split).
+directory keyed by everything that decides the bytes (the source's content hash, tokenizer, task, fields, split).
+`prepare_into_cache` fills a cache entry through a fresh temporary directory (trainer/data/verify.py checks an
+entry against the identity its key stands for, every time it is used).
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,29 +25,38 @@ import datasets
 import numpy as np
 
 from ..config import DataConfig
-from . import shards
+from . import fingerprint, shards
 from .records import ORIGIN, DataError, load_records, looks_like_path, split_records
 from .tokenize import record_format, tokenize_records, with_eos
 
 
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepspeed-preset-trainer" / "prepared"
-
-
 # --- where prepared data lives ---------------------------------------------------------------------
+
+def default_cache_dir() -> Path:
+    """~/.cache/deepspeed-preset-trainer/prepared (XDG_CACHE_HOME as it is when asked, not at import)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "deepspeed-preset-trainer" / "prepared"
+
+
+def cache_dir(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+
 
 def is_prepared(path: str) -> bool:
     return (Path(path).expanduser() / shards.MANIFEST).is_file()
 
 
-def source_fingerprint(source: str, split: str, subset: str | None = None) -> dict:
-    """What identifies a source's content without reading it: the files' names, sizes and mtimes for a local
-    source, the name and split for a hub dataset."""
+def source_fingerprint(source: str, split: str, subset: str | None = None, cache: Path | None = None) -> dict:
+    """What identifies a source's content: every file's name, size and SHA-256 for a local source (the hashes
+    remembered by stat in `cache`, trainer/data/fingerprint.py), the name, split and subset of a hub dataset."""
     path = Path(source).expanduser()
     if not path.exists():
         return {"hub": source, "split": split, "subset": subset}
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return {"path": str(path.resolve()), "files": [[str(p.relative_to(path)) if path.is_dir() else p.name,
-                                                   p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    named = {str(p.relative_to(path)) if path.is_dir() else p.name: p for p in files}
+    hashes = fingerprint.content_hashes(path.resolve(), named, cache or default_cache_dir())
+    return {"path": str(path.resolve()), "files": [[name, file.stat().st_size, hashes[name]]
+                                                   for name, file in named.items()]}
 
 
 def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
@@ -52,18 +65,23 @@ def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
     fields = {"pretrain": [cfg.text_field]}.get(cfg.task, [cfg.prompt_field, cfg.response_field,
                                                           cfg.messages_field, cfg.seq_len, cfg.truncate])
     subset = cfg.subset if source == cfg.source else None
-    return {"format": shards.FORMAT, "task": cfg.task, "source": source_fingerprint(source, cfg.split, subset),
-            "eval_source": source_fingerprint(eval_source, cfg.eval_split or cfg.split) if eval_source else None,
+    cache = cache_dir(cfg)
+    return {"format": shards.FORMAT, "task": cfg.task, "source": source_fingerprint(source, cfg.split, subset, cache),
+            "eval_source": (source_fingerprint(eval_source, cfg.eval_split or cfg.split, cache=cache)
+                            if eval_source else None),
             "eval_fraction": None if eval_source else cfg.eval_fraction, "split_seed": cfg.split_seed,
             "fields": fields, "tokenizer": shards.tokenizer_fingerprint(tokenizer),
             "chat_template": getattr(tokenizer, "chat_template", None) if cfg.task == "sft" else None}
 
 
+def cache_key(wanted: dict) -> str:
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:20]
+
+
 def prepared_path(cfg: DataConfig, source: str, tokenizer) -> Path:
     if is_prepared(source):
         return Path(source).expanduser()
-    key = hashlib.sha256(json.dumps(identity(cfg, source, tokenizer), sort_keys=True).encode()).hexdigest()[:20]
-    return (Path(cfg.cache_dir).expanduser() if cfg.cache_dir else DEFAULT_CACHE) / key
+    return cache_dir(cfg) / cache_key(identity(cfg, source, tokenizer))
 
 
 def needs_explicit_preparation(cfg: DataConfig, source: str) -> Optional[str]:
@@ -82,9 +100,10 @@ def needs_explicit_preparation(cfg: DataConfig, source: str) -> Optional[str]:
 # --- preparing -------------------------------------------------------------------------------------
 
 def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shard: int, num_proc: int = 1,
-            progress: bool = False) -> dict:
-    """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest."""
-    wanted = identity(cfg, source, tokenizer)
+            progress: bool = False, wanted: Optional[dict] = None) -> dict:
+    """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest.
+    `wanted`: the source's identity when the caller has it already."""
+    wanted = wanted or identity(cfg, source, tokenizer)
     check_output_dir(out, wanted)
     records = load_records(source, cfg.split, cfg.subset if source == cfg.source else None)
     fmt = record_format(records, cfg, tokenizer, source)
@@ -117,6 +136,9 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
         if splits[name]["documents"] == 0:
             raise DataError(f"{source}: the {name} split has no usable record (every one was dropped: no label "
                             f"left after truncation); add data or raise data.seq_len")
+    if identity(cfg, source, tokenizer) != wanted:  # by stat when unchanged; read again when touched
+        raise DataError(f"{source} changed while it was being prepared (its content no longer has the hash the "
+                        f"preparation started from): prepare it again once it is no longer being written")
     manifest = {"format": shards.FORMAT, "task": cfg.task, "format_of_records": fmt, "dtype": dtype.name,
                 "vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "eos_appended": True,
                 "tokenizer": {"name": str(tokenizer.name_or_path),
@@ -130,9 +152,18 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
 
 
 def check_output_dir(out: Path, wanted: dict) -> None:
-    """`out` may be new, empty, or an earlier (possibly interrupted) preparation of the same thing."""
+    """`out` may be new, empty, or an earlier (possibly interrupted) preparation of the same thing, this user's
+    and without links (a rerun writes into it, and would follow a planted link out of it)."""
     if not out.exists() or not any(out.iterdir()):
         return
+    for entry in [out, *out.rglob("*")]:
+        info = os.lstat(entry)
+        if stat.S_ISLNK(info.st_mode) and entry != out:
+            raise DataError(f"{entry} is a symbolic link: a preparation writes none; choose a new output directory "
+                            f"(or delete {out})")
+        if info.st_uid != os.getuid():
+            raise DataError(f"{entry} belongs to user id {info.st_uid}, not to you ({os.getuid()}): continue only "
+                            f"your own preparation; choose a new output directory")
     mark = out / ".identity.json"
     if not mark.is_file():
         raise DataError(f"{out} holds other files, not prepared data: choose an empty or new output directory")
@@ -235,13 +266,41 @@ class Progress:
             print(file=sys.stderr, flush=True)
 
 
-def prepare_into_cache(cfg: DataConfig, source: str, tokenizer, path: Path, records_per_shard: int) -> None:
-    """Prepare into a temporary sibling, then rename: two jobs preparing the same key never see half a cache."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    prepare(cfg, source, tokenizer, tmp, records_per_shard, max(1, cfg.num_workers))
-    path.parent.mkdir(parents=True, exist_ok=True)
+def prepare_into_cache(cfg: DataConfig, source: str, tokenizer, path: Path, records_per_shard: int,
+                       wanted: Optional[dict] = None) -> None:
+    """Prepare into a fresh temporary sibling, then rename it to `path`: two jobs preparing the same key never see
+    half a cache. The sibling is made by mkdtemp (a new random name, created exclusively: never a directory or link
+    someone planted under a predictable name), and only what this call created is ever removed."""
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    check_cache_parent(parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
     try:
-        os.rename(tmp, path)
-    except OSError:  # another job renamed its copy first: the same bytes
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.chmod(tmp, 0o755 & ~current_umask())  # mkdtemp's 0700 would hide the entry from a shared cache's users
+        prepare(cfg, source, tokenizer, tmp, records_per_shard, max(1, cfg.num_workers), wanted=wanted)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not os.path.lexists(path):
+                raise
+            # another job renamed its copy first (the same bytes), or something else holds the name: either
+            # way the entry at `path` is what verification checks next
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def check_cache_parent(parent: Path) -> None:
+    """A cache directory every user may write without the sticky bit lets any of them rename or replace this
+    run's entries (and its temporary directory while it is filled): refused."""
+    mode = os.stat(parent).st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise DataError(f"data.cache_dir {parent} can be written by every user and has no sticky bit, so anyone can "
+                        f"replace the prepared data in it: set the sticky bit (chmod +t {parent}, as /tmp has), "
+                        f"or use a directory of your own (data.cache_dir)")
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -10,7 +10,9 @@
 
 Every file is written to a temporary name, fsynced and renamed, so a shard or manifest either exists whole
 or not at all. Ranks read windows with positional reads: the page cache is shared by the ranks of a node and
-a rank's memory does not grow with the corpus.
+a rank's memory does not grow with the corpus. Before a run reads a prepared directory, trainer/data/verify.py
+checks it against the manifest (sizes, SHA-256s, counts, token ids); a Split then opens a file only while it is
+still the file that was checked.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import fingerprint
 from .records import DataError
 
 FORMAT = 1
@@ -48,7 +51,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    # O_NOFOLLOW: a link planted at the temporary name is an error, not a way to write somewhere else
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+    with open(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -72,7 +77,8 @@ def write_shard(split_dir: Path, index: int, ids: np.ndarray, doc_ends: np.ndarr
 
 
 def finished_shard(split_dir: Path, index: int) -> Optional[dict]:
-    """The marker of a shard written completely before (its files have the recorded sizes), else None."""
+    """The marker of a shard written completely before (its files have the recorded sizes and SHA-256s), else
+    None: a rerun writes that shard again."""
     marker = split_dir / f"{index:05d}.json"
     if not marker.is_file():
         return None
@@ -80,6 +86,8 @@ def finished_shard(split_dir: Path, index: int) -> Optional[dict]:
     for suffix, info in entry["files"].items():
         path = split_dir / f"{index:05d}.{suffix}"
         if not path.is_file() or path.stat().st_size != info["bytes"]:
+            return None
+        if fingerprint.sha256_file(path) != info["sha256"]:
             return None
     return entry
 
@@ -90,6 +98,9 @@ def write_manifest(root: Path, manifest: dict) -> None:
 
 def read_manifest(root: Path) -> dict:
     path = root / MANIFEST
+    if not path.is_file():  # a FIFO would block the read
+        raise DataError(f"{path} is missing or not a regular file: prepare the data again with `python -m trainer "
+                        f"prepare-data`")
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -112,8 +123,9 @@ class Split:
     document) is loaded only when asked for (SFT blocks need it; pretraining windows do not)."""
 
     def __init__(self, shard_stems: list[Path], token_counts: list[int], dtype: np.dtype, has_labels: bool,
-                 documents: int):
+                 documents: int, checked: Optional[dict[str, tuple]] = None):
         self.stems, self.dtype, self.has_labels, self.documents = shard_stems, dtype, has_labels, documents
+        self.checked = checked  # path -> (dev, inode, size, mtime, ctime) of the file verify.py read
         self.shard_starts = np.concatenate([[0], np.cumsum(token_counts)]).astype(np.int64)
         self._files: dict[tuple[int, str], int] = {}
         self._doc_ends: Optional[np.ndarray] = None
@@ -126,8 +138,8 @@ class Split:
     def doc_ends(self) -> np.ndarray:
         """Global end offset of every document (int64), read on first use."""
         if self._doc_ends is None:
-            ends = [np.fromfile(stem.with_suffix(".docs"), dtype=np.int64) + start
-                    for stem, start in zip(self.stems, self.shard_starts)]
+            ends = [self._whole(shard, ".docs", np.dtype(np.int64)) + start
+                    for shard, start in enumerate(self.shard_starts[:-1])]
             self._doc_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
         return self._doc_ends
 
@@ -148,30 +160,43 @@ class Split:
             shard += 1
         return out[0] if len(out) == 1 else np.concatenate(out)
 
+    def _whole(self, shard: int, suffix: str, dtype: np.dtype) -> np.ndarray:
+        """A whole file of a shard, read once (its descriptor is not kept)."""
+        fd = self._open(self.stems[shard].with_suffix(suffix))
+        try:
+            return np.frombuffer(os.pread(fd, os.fstat(fd).st_size, 0), dtype=dtype)
+        finally:
+            os.close(fd)
+
     def _fd(self, shard: int, suffix: str) -> int:
         key = (shard, suffix)
         if key not in self._files:
-            self._files[key] = os.open(self.stems[shard].with_suffix(suffix), os.O_RDONLY)
+            self._files[key] = self._open(self.stems[shard].with_suffix(suffix))
         return self._files[key]
 
-    def __del__(self):
-        for fd in getattr(self, "_files", {}).values():
+    def _open(self, path: Path) -> int:
+        fd = os.open(path, os.O_RDONLY)
+        if self.checked is not None and file_identity(os.fstat(fd)) != self.checked.get(str(path)):
             os.close(fd)
+            raise DataError(f"{path} is no longer the file that was verified when this run started (it was replaced "
+                            f"or written since): nothing of it was read; restart the run, which verifies the prepared "
+                            f"data again")
+        return fd
+
+    def __del__(self, close=os.close):  # os.close bound now: at interpreter exit the module may be gone
+        for fd in getattr(self, "_files", {}).values():
+            close(fd)
 
 
-def open_split(root: Path, split: str, manifest: dict) -> Split:
-    """A split's shards, each checked against the manifest first (size, so a truncated or missing shard is
-    named at start, not mid-run)."""
-    split_dir = root / split
+def file_identity(info: os.stat_result) -> tuple:
+    """What a checked file must still have when it is opened (a rewrite changes ctime, a replacement the inode)."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def open_split(root: Path, split: str, manifest: dict, checked: Optional[dict[str, tuple]] = None) -> Split:
+    """A split's shards as the manifest lists them; `checked`: the files verify.py read (verify_all), which are
+    the only ones the Split will open."""
     entries = manifest["splits"][split]["shards"]
-    for index, entry in enumerate(entries):
-        for suffix, info in entry["files"].items():
-            path = split_dir / f"{index:05d}.{suffix}"
-            size = path.stat().st_size if path.is_file() else None
-            if size != info["bytes"]:
-                state = "is missing" if size is None else f"has {size:,} bytes, the manifest says {info['bytes']:,}"
-                raise DataError(f"{path} {state}: the prepared data is damaged; prepare it again (`python -m "
-                                f"trainer prepare-data`, or delete {root} when it is the automatic cache)")
-    return Split([split_dir / f"{index:05d}" for index in range(len(entries))], [e["tokens"] for e in entries],
+    return Split([root / split / f"{index:05d}" for index in range(len(entries))], [e["tokens"] for e in entries],
                  np.dtype(manifest["dtype"]), any("labels" in e["files"] for e in entries),
-                 sum(e["documents"] for e in entries))
+                 sum(e["documents"] for e in entries), checked)

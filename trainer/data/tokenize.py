@@ -16,6 +16,7 @@ import datasets
 from ..errors import clip
 from ..config import DataConfig, ModelConfig
 from ..presets import REPO_ROOT
+from ..remote_code import load_kwargs, refused
 from .records import IGNORE_INDEX, ORIGIN, DataError, looks_like_path, visible_columns
 
 
@@ -30,8 +31,11 @@ def load_tokenizer(model_cfg: ModelConfig):
     if not Path(path).expanduser().exists() and looks_like_path(path):
         raise DataError(f"tokenizer {path!r}: no such directory; fix model.tokenizer / model.name_or_path")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, **load_kwargs(model_cfg.trust_remote_code, path, "tokenizer"))
     except Exception as e:  # noqa: BLE001 - a broken tokenizer.json fails in Rust with a bare Exception or KeyError
+        code = refused(e, path, "set model.trust_remote_code=true in the preset (or --set model.trust_remote_code=true)")
+        if code:
+            raise DataError(str(code)) from None
         raise DataError(f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {clip(str(e), 300)}); check "
                         f"model.tokenizer / model.name_or_path point at a complete tokenizer directory") from e
     if tokenizer.eos_token is None:

@@ -15,17 +15,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import sys
 from typing import Optional
 
+from .. import paths
 from .. import ds as dsc
 from ..errors import UserError
 from ..launch.command import command_for
 from ..options import add_preset_arguments, load_and_resolve
 from ..plan.estimate import gb, plan_for_resolved
-from ..presets import load_preset
+from ..presets import load_preset, with_overrides
 from ..resolve import Resolved, resolve
+from .classes.versions import record_versions
 from .findings import Diagnosis, Proposal, first_error_line
 from .logtext import read_log
 from .recognise import diagnose
@@ -35,15 +38,18 @@ __all__ = ["diagnose", "doctor", "doctor_arguments", "rerun_command"]
 
 def doctor_arguments(parser: argparse.ArgumentParser) -> None:
     add_preset_arguments(parser)
-    parser.add_argument("log", help="the failed run's log or traceback file")
+    parser.add_argument("log", type=paths.input_file("log file"), help="the failed run's log or traceback file")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument("--run-dir", type=paths.input_dir("run directory"), help="the failed run's directory, for the versions its config.resolved.yaml "
+                                          "recorded (default: the log's directory, when it holds one)")
 
 
 def doctor(args) -> int:
     log = read_log(args.log)
     resolved = load_and_resolve(args)
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout when imported
-        d = diagnose(resolved, log.text, lambda extra: _resolve(args, extra))
+        recorded = record_versions(os.path.join(args.run_dir, "log") if args.run_dir else args.log)
+        d = diagnose(resolved, log.text, lambda extra: _resolve(args, extra), recorded)
         memory = memory_effect(args, resolved, d.proposal)
         command = rerun_command(args, resolved, d) if d.proposal else None
     if args.json:
@@ -54,11 +60,14 @@ def doctor(args) -> int:
 
 
 def _resolve(args, extra: list[str]) -> Resolved:
-    return resolve(load_preset(args.preset, args.overrides + extra), args.world_size)
+    return resolve(load_preset(args.preset, with_overrides(args.overrides, extra)), args.world_size)
 
 
 def memory_effect(args, resolved: Resolved, proposal: Optional[Proposal]) -> Optional[str]:
-    """The planner's per-GPU estimate now and after the proposed change (when both resolve)."""
+    """The planner's per-GPU estimate now and after the proposed change (when both resolve); a change the
+    OOM ladder priced carries its own (calibrated with the log)."""
+    if proposal is not None and proposal.estimate:
+        return proposal.estimate
     if proposal is None or not proposal.overrides or resolved.config.hardware.gpu == "cpu":
         return None
     try:
@@ -78,8 +87,9 @@ def rerun_command(args, resolved: Resolved, d: Diagnosis) -> str:
     way the failed run was (deepspeed's runner, or torchrun), with --world-size and every override carried
     over. When the changed config does not resolve on this machine (an NVMe path that exists only on the
     cluster), the line is laid out from the run's config and says so."""
-    overrides = args.overrides + d.proposal.overrides
-    launch = dict(world_size=args.world_size, launcher=d.launcher, env=d.proposal.env)
+    overrides = with_overrides(args.overrides, d.proposal.overrides)
+    launch = dict(world_size=args.world_size, launcher=d.launcher, env=d.proposal.env,
+                  master_port=d.proposal.master_port, train_args=d.proposal.train_args)
     try:
         changed = _resolve(args, d.proposal.overrides)  # offload may change: --bind_cores_to_rank with it
     except UserError as err:
@@ -113,6 +123,7 @@ def print_diagnosis(args, r: Resolved, d: Diagnosis, memory: Optional[str], comm
             print(f"  {memory}")
         print(f"  rerun: {command}")
     for p in d.then:
-        print(f"if that is not enough: {p.step}: {_sets(p.overrides) or p.reason}")
+        print(f"if that is not enough: {p.step}: {_sets(p.overrides) or p.reason}"
+              + (f" ({p.estimate})" if p.estimate else ""))
     for line in d.advice:
         print(f"advice: {line}")

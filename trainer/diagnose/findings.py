@@ -16,14 +16,20 @@ Reresolve = Callable[[list[str]], Resolved]  # the same preset with extra --set 
 @dataclass(frozen=True)
 class Proposal:
     """One next change: `--set` overrides the trainer accepts, or (overrides empty) a step outside the config
-    - a command to run first, a package to install. `env` prefixes the rerun line (NCCL_DEBUG=INFO ...)."""
+    - a command to run first, a package to install. The rerun line takes `env` as a prefix (NCCL_DEBUG=INFO),
+    `master_port` as the rendezvous port and `train_args` after the preset (`--resume auto`); `estimate` is
+    the planner's per-GPU memory before and after the change, when the change is priced."""
     step: str
     overrides: list[str]
     reason: str
     env: tuple[tuple[str, str], ...] = ()
+    master_port: Optional[int] = None
+    train_args: tuple[str, ...] = ()
+    estimate: Optional[str] = None
 
     def as_json(self) -> dict:
-        return {"step": self.step, "overrides": list(self.overrides), "reason": self.reason}
+        out = {"step": self.step, "overrides": list(self.overrides), "reason": self.reason}
+        return {**out, "estimate": self.estimate} if self.estimate else out
 
 
 @dataclass
@@ -46,13 +52,15 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class Found:
-    """A recogniser's hit: the log, the evidence line's index and its regex match, and the config it is
-    judged against (`reresolve` re-resolves the preset with more overrides, when the caller can)."""
+    """A recogniser's hit: the log, the evidence line's index and its regex match, the config it is judged
+    against (`reresolve` re-resolves the preset with more overrides, when the caller can) and the versions
+    the run had."""
     resolved: Resolved
     log: Log
     index: int
     match: Optional[re.Match]
     reresolve: Optional[Reresolve] = None
+    versions: dict = field(default_factory=dict)  # package -> version, as the log prints it or the run recorded
 
     @property
     def line(self) -> str:

@@ -17,6 +17,32 @@ EVIDENCE_CHARS = 300  # an evidence line longer than this is cut (a 2 kB CUDA OO
 # The exception line of a traceback: `RuntimeError: ...`, `torch.OutOfMemoryError: ...`, `[rank3]: Foo: ...`
 EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
 ERROR_WORDS = re.compile(r"(Error|Exception|error:|FAILED|fatal|Killed)", re.IGNORECASE)
+PY_FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>[\w<>.]+)')
+RICH_FRAME = re.compile(r"(?P<file>[\w./\\~:-]+\.py):\d+ in (?P<func>[\w<>]+)")
+SPY_FRAME = re.compile(r"^\s*(?P<func>[\w<>.]+) \((?P<file>[^()\s]+\.py):\d+\)\s*$")
+
+
+KNOWN_PACKAGES = ("deepspeed", "transformers", "accelerate", "torch", "peft", "trl", "datasets", "apex",
+                  "bitsandbytes", "megatron", "llamafactory", "axolotl", "trainer")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One stack frame: the file (as printed), the function and, in Python tracebacks, its source line."""
+    file: str
+    func: str
+    code: str = ""
+
+    @property
+    def package(self) -> str:
+        """The top-level package the file belongs to (`deepspeed`, `transformers`, `torch`, ...), or '' for a
+        file outside site-packages/dist-packages (the user's script)."""
+        parts = re.split(r"[\\/]", self.file)
+        for marker in ("site-packages", "dist-packages"):
+            if marker in parts and parts.index(marker) + 1 < len(parts):
+                return parts[parts.index(marker) + 1].removesuffix(".py")
+        # py-spy prints paths relative to sys.path (torch/utils/x.py); a vendored copy sits in a project's src/
+        return next((part for part in parts[:-1] if part in KNOWN_PACKAGES), "")
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,21 @@ class Log:
         up to `index`; the 40 lines before it when there is no traceback."""
         start = next((i for i in reversed(range(index + 1)) if "Traceback" in self.lines[i]), None)
         return self.before(index) if start is None else "\n".join(self.lines[max(0, start - 5):index + 1])
+
+    def frames(self, index: int) -> list["Frame"]:
+        """The stack frames printed before line `index` (its traceback, else the 40 lines before), outermost
+        first: Python tracebacks (`File "x.py", line N, in f` and the source line after it), rich tracebacks
+        (`x.py:N in f`) and py-spy dumps (`f (x.py:N)`, innermost first as py-spy prints them)."""
+        lines = self.traceback_of(index).split("\n")
+        found, spied = [], []
+        for i, line in enumerate(lines):
+            match = PY_FRAME.search(line) or RICH_FRAME.search(line)
+            if match:
+                code = lines[i + 1].strip() if PY_FRAME.search(line) and i + 1 < len(lines) else ""
+                found.append(Frame(match.group("file"), match.group("func"), code))
+            elif (spy := SPY_FRAME.match(line)):
+                spied.append(Frame(spy.group("file"), spy.group("func"), ""))
+        return found + spied[::-1]  # py-spy prints the innermost frame first
 
     def last_exception(self) -> Optional[str]:
         index = self.last(EXCEPTION)

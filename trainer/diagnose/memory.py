@@ -1,24 +1,25 @@
-"""Out of memory: GPU memory (while loading, at start-up, in a training step) and host RAM (the kernel's OOM
-killer), with the next change for the phase the run died in.
+"""Out of memory: GPU memory (while loading, at start-up, in a training step, a gather, a save) and host RAM
+(the kernel's OOM killer), with the next change for the phase the run died in.
 
-The phase decides the ladder: before the first step nothing of the batch is allocated, so a smaller
-micro-batch or activation checkpointing cannot help an OOM while loading or inside deepspeed.initialize, and
-at the optimizer step the activations are already freed. The OOM ladder (seed step 7.1): 1 smaller
-micro-batch (same global batch), 2 activation checkpointing, 3 ZeRO stage up (0/1 -> 2 -> 3), 4 optimizer
-offload to CPU, then parameter offload, 5 smaller stage-3 buffers, 6 NVMe offload, 7 LoRA.
+The phase (phases.py) decides which changes can help: before the first step nothing of the batch is
+allocated, so a smaller micro-batch or activation checkpointing cannot help an OOM while loading or inside
+deepspeed.initialize, and at the optimizer step the activations are already freed. Which change comes first
+is the planner's call (ladder.py): the cheapest one that fits by its estimate. When the estimate says the
+preset already fits, the OOM is not ordinary memory pressure: another process on the GPU, pinned host memory
+(WSL2), fragmentation or a leak across steps - each named from what the message and the log show.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Optional
 
 from .. import ds as dsc
-from ..errors import UserError
 from ..plan.estimate import gb
 from ..resolve import Resolved
-from .findings import Diagnosis, Found, Proposal, Reresolve, first_error_line, planned
-from .logtext import Log
+from . import ladder, phases
+from .findings import Diagnosis, Found, Proposal, planned
+from .ladder import GIB, OomNumbers
 
 GPU_OOM = re.compile(r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory|CUDA error: out of memory)")
 # The kernel's OOM killer as each launcher reports it, and the shell's own "Killed" (also glued to the end of
@@ -27,155 +28,14 @@ HOST_KILL = re.compile(
     r"(exits? with return code = -9\b|exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)|<Signals\.SIGKILL: 9>|"
     r"terminated with signal SIGKILL|return code -9\b|Out of memory: Killed process|oom-kill|"
     r"(?:^|[\]\s:|])Killed\.?(?:\s|$)|^\s*killed\s*$|DefaultCPUAllocator: (?:can't|not enough memory))")
-LOADING = re.compile(r"(from_pretrained|_load_pretrained_model|load_state_dict|Loading checkpoint shards|"
-                     r"modeling_utils\.py|partition_parameters\.py|zero\.Init|loading weights file|Loading model)")
-INIT = re.compile(r"(deepspeed\.initialize|in initialize\b|DeepSpeedEngine\(|_configure_optimizer|"
-                  r"_configure_zero_optimizer|_configure_distributed_model|initialize_optimizer_states|"
-                  r"_setup_for_real_optimizer|_create_fp32_partitions|DeepSpeedZeroOptimizer|"
-                  r"initializing optimizer states|creating fp(16|32) partitions|DeepSpeedZeRoOffload initialize)")
-RESUME = re.compile(r"(Attempting to resume|load_checkpoint|_get_all_zero_checkpoint_state_dicts|optim_states\.pt)")
-STEP = re.compile(r"(engine\.step|optimizer\.step|_take_model_step|\bin step$|\.step\(\))")
-BACKWARD = re.compile(r"backward")
-FORWARD = re.compile(r"(forward|_call_impl|__call__)")
-TRAINING = re.compile(r"(step=\d+|'loss':|\bloss[=:]\s*\d|Epoch \d|global_step|Running training)")
+WSL = re.compile(r"(microsoft-standard-WSL|WSL2|\bwsl\b)", re.IGNORECASE)
+PINNED = re.compile(r"(pin_memory|cudaHostAlloc|pinned memory|page-locked)")
+TRAINING_STEP = re.compile(r"(\bstep[=:]\s*(\d+)|global_step[=:]\s*(\d+)|'loss':)")
+EXPANDABLE = (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
 
 
-# --- which phase the run died in ----------------------------------------------------------------------------
-
-
-def gpu_phase(log: Log, index: int) -> str:
-    """The phase of a CUDA OOM from its traceback: loading, init (inside deepspeed.initialize: model states
-    allocated), step, backward, forward, or unknown (no traceback)."""
-    context = log.traceback_of(index)
-    for phase, pattern in (("loading", LOADING), ("init", INIT), ("step", STEP), ("backward", BACKWARD),
-                           ("forward", FORWARD)):
-        if pattern.search(context):
-            return phase
-    return "unknown"
-
-
-def host_phase(log: Log, index: int) -> str:
-    """The phase of a host kill from the log before it: the last of resume / loading / init / training that
-    shows (a kill leaves no traceback), unknown when none does."""
-    latest, phase = -1, "unknown"
-    for name, pattern in (("resume", RESUME), ("loading", LOADING), ("init", INIT), ("training", TRAINING)):
-        found = max((i for i in range(max(0, index - 40), index + 1) if pattern.search(log.lines[i])), default=-1)
-        if found > latest:
-            latest, phase = found, name
-    return phase
-
-
-PHASE_WORDS = {"loading": "while loading the model", "init": "at start-up (deepspeed.initialize)",
-               "resume": "while resuming from a checkpoint", "training": "during training",
-               "step": "in the optimizer step", "backward": "in the backward pass", "forward": "in the forward pass",
-               "unknown": "(the log shows no phase)"}
-
-
-# --- the OOM ladder ------------------------------------------------------------------------------------------
-
-Rung = Callable[[Resolved], Optional[Proposal]]
-
-
-def smaller_micro_batch(r: Resolved) -> Optional[Proposal]:
-    micro, accum = r.batch.micro_batch_size, r.batch.grad_accum
-    if micro == 1:
-        return None
-    smaller = max(d for d in range(1, micro) if micro % d == 0)
-    return Proposal("1. smaller micro-batch", [f"train.micro_batch_size={smaller}",
-                                               f"train.grad_accum={accum * micro // smaller}"],
-                    f"activations scale with the micro-batch; {micro} -> {smaller} with grad_accum "
-                    f"{accum} -> {accum * micro // smaller} keeps the global batch ({r.batch.global_batch_size})")
-
-
-def activation_checkpointing(r: Resolved) -> Optional[Proposal]:
-    if r.config.model.gradient_checkpointing:
-        return None
-    return Proposal("2. activation checkpointing", ["model.gradient_checkpointing=true"],
-                    "keeps only each layer's input and recomputes the rest in backward: activations drop to "
-                    "~1/20 for ~30% more compute")
-
-
-def stage_up(r: Resolved) -> Optional[Proposal]:
-    stage = dsc.zero_stage(r.ds)
-    if stage == 3:
-        return None
-    target = 2 if stage < 2 else 3
-    new = dsc.base_config(target, dsc.offload_optimizer_device(r.ds), "none")
-    what = "gradients and optimizer states" if target == 2 else "parameters too"
-    return Proposal(f"3. ZeRO stage {stage} -> {target}", dsc.zero_overrides(r.ds, new),
-                    f"stage {target} shards {what} across the {r.world_size} ranks"
-                    + (" (same communication as stage 1)" if target == 2 else " (~1.5x communication)"))
-
-
-def optimizer_offload(r: Resolved) -> Optional[Proposal]:
-    stage = dsc.zero_stage(r.ds)
-    if stage == 0 or dsc.offload_optimizer_device(r.ds) != "none":
-        return None
-    new = dsc.base_config(stage, "cpu", dsc.offload_param_device(r.ds))
-    return Proposal("4. optimizer offload to CPU", dsc.zero_overrides(r.ds, new),
-                    "fp32 master weights, Adam moments and fp32 gradients move to host RAM (12-16 bytes/param "
-                    "off the GPU); the step runs on the CPU - launch with --bind_cores_to_rank")
-
-
-def param_offload(r: Resolved) -> Optional[Proposal]:
-    if dsc.zero_stage(r.ds) != 3 or dsc.offload_param_device(r.ds) != "none":
-        return None
-    new = dsc.base_config(3, dsc.offload_optimizer_device(r.ds), "cpu")
-    return Proposal("4b. parameter offload to CPU", dsc.zero_overrides(r.ds, new),
-                    "16-bit parameter partitions live in host RAM and are fetched per layer: the GPU holds "
-                    "about one layer's weights")
-
-
-def smaller_buffers(r: Resolved) -> Optional[Proposal]:
-    overrides = dsc.smaller_stage3_buffers(r.ds) if dsc.zero_stage(r.ds) == 3 else []
-    if not overrides:
-        return None
-    return Proposal("5. smaller stage-3 buffers", overrides,
-                    "fewer parameters prefetched and kept live between uses (some throughput lost)")
-
-
-def nvme_offload(r: Resolved) -> Optional[Proposal]:
-    if dsc.zero_stage(r.ds) != 3 or (dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds)) == (
-            "nvme", "nvme"):
-        return None
-    new = dsc.base_config(3, "nvme", "nvme", "/local_nvme")
-    return Proposal("6. NVMe offload (ZeRO-Infinity)", dsc.zero_overrides(r.ds, new),
-                    "optimizer states and parameters go to a local NVMe drive; host RAM keeps only swap buffers. "
-                    "Point nvme_path at your NVMe mount (it must exist); set hardware.nvme_gb for the planner")
-
-
-def lora(r: Resolved) -> Optional[Proposal]:
-    if r.config.model.lora.enabled:
-        return None
-    note = "" if r.config.model.name_or_path else " (needs pretrained weights: set model.name_or_path)"
-    return Proposal("7. LoRA", ["model.lora.enabled=true"],
-                    f"train low-rank adapters only: gradients and Adam states shrink to <1% of the model{note}")
-
-
-OOM_LADDER: list[Rung] = [smaller_micro_batch, activation_checkpointing, stage_up, optimizer_offload, param_offload,
-                          smaller_buffers, nvme_offload, lora]
-# Before the first step and at the optimizer step no activations are live: only model states can move.
-STATES_LADDER: list[Rung] = [stage_up, optimizer_offload, param_offload, nvme_offload, lora]
-LADDERS = {"init": STATES_LADDER, "step": STATES_LADDER}
-
-
-def walk_ladder(r: Resolved, ladder: list[Rung], reresolve: Optional[Reresolve] = None) -> list[Proposal]:
-    """Each rung not yet taken, in order; with `reresolve`, each rung sees the config after the earlier
-    proposals (cumulative: after a stage-up, the optimizer offload is the stage-3 kind)."""
-    proposals, applied = [], []
-    for rung in ladder:
-        proposal = rung(r)
-        if proposal is None:
-            continue
-        proposals.append(proposal)
-        if reresolve is not None:
-            try:
-                r = reresolve(applied + proposal.overrides)
-                applied += proposal.overrides
-            except UserError as err:  # e.g. an NVMe path that does not exist on this machine
-                proposals[-1] = replace(proposal, reason=f"{proposal.reason} (not checked on this machine: "
-                                        f"{first_error_line(err)}; the next rungs are judged without it)")
-    return proposals
+def gpu_phase(log, index: int) -> str:
+    return phases.phase(log, index)
 
 
 # --- GPU memory ----------------------------------------------------------------------------------------------
@@ -211,40 +71,141 @@ def sharded_load(r: Resolved) -> Proposal:
 
 
 def diagnose_gpu_oom(f: Found) -> Diagnosis:
-    """CUDA OOM at start-up or in a training step: the ladder for that phase, rungs already taken skipped."""
-    phase = gpu_phase(f.log, f.index)
-    details = _oom_details(f.log.joined(f.index))
-    if phase == "init":
-        d = Diagnosis("init_oom", f"CUDA out of memory at start-up, allocating model states in "
-                                  f"deepspeed.initialize{details}", f.line)
-        d.advice.append("nothing of the batch exists before the first step: a smaller micro-batch or activation "
-                        "checkpointing cannot help here - the model states (parameters, gradients, optimizer) "
-                        "must be sharded further or moved off the GPU")
-    else:
-        where = "" if phase == "unknown" else f" {PHASE_WORDS[phase]}"
-        d = Diagnosis("cuda_oom", f"CUDA out of memory{where}{details}", f.line)
-        if phase == "step":
-            d.advice.append("the optimizer step holds the model states, not the activations: the states rungs come "
-                            "first")
-    steps = walk_ladder(f.resolved, LADDERS.get(phase, OOM_LADDER), f.reresolve)
-    d.proposal, d.then = (steps[0], steps[1:]) if steps else (None, [])
-    if not steps:
-        d.advice.append("every rung of the seed's OOM ladder is already taken: more GPUs, a shorter data.seq_len, "
-                        "or a smaller model")
-    fragmented = re.search(r"([\d.]+) GiB is reserved by PyTorch but unallocated", f.log.joined(f.index))
-    if fragmented and float(fragmented.group(1)) >= 1.0:
-        d.advice.append(f"{fragmented.group(1)} GiB was reserved but unallocated (fragmentation): also try "
-                        f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    """CUDA OOM at start-up, in a step, a gather or a save: the cheapest change that fits by the planner's
+    estimate, or - when the estimate says the preset fits - the cause that is not memory pressure."""
+    phase = phases.phase(f.log, f.index)
+    numbers = OomNumbers.of(f.log.joined(f.index, following=6))
+    failure = "init_oom" if phase == "init" else "cuda_oom"
+    where = "" if phase == "unknown" else f" {phases.WORDS[phase]}"
+    d = Diagnosis(failure, f"CUDA out of memory{where}{_oom_details(numbers, f.log.joined(f.index))}", f.line)
+    d.advice += PHASE_ADVICE.get(phase, [])
+    pricer = ladder.pricer_for(f, numbers)
+    on_other_gpu = ladder.same_gpu(numbers, f.resolved) is False
+    if on_other_gpu:
+        d.advice.append(f"the log's GPU has {numbers.capacity / GIB:.1f} GiB, preset {f.resolved.config.name} plans "
+                        f"for {f.resolved.config.hardware.gpu}: the estimates below are the preset's, on its GPU")
+    if phase == "save" and _save_gather(f, d):
+        return d
+    now = pricer.price(pricer.base) if pricer else None
+    if now is not None and now.fits and not on_other_gpu and _not_memory_pressure(f, d, numbers, now, phase):
+        return d
+    result = ladder.walk(f, ladder.LADDERS.get(phase, ladder.OOM_LADDER), pricer)
+    d.proposal, d.then = result.proposal, result.then
+    if result.proposal is None:
+        d.advice.append(_nothing_fits(result))
+    _fragmentation_advice(d, numbers)
     return d
 
 
-def _oom_details(message: str) -> str:
-    wanted = re.search(r"Tried to allocate ([\d.]+ [MG]iB)", message)
-    gpu = (re.search(r"GPU (\d+) has a total capacity of ([\d.]+ GiB)", message)
-           or re.search(r"\(GPU (\d+); ([\d.]+ GiB) total capacity", message))
-    parts = ([f"tried to allocate {wanted.group(1)}"] if wanted else []) + (
-        [f"GPU {gpu.group(1)} of {gpu.group(2)}"] if gpu else [])
+PHASE_ADVICE = {
+    "init": ["nothing of the batch exists before the first step: a smaller micro-batch or activation checkpointing "
+             "cannot help here - the model states (parameters, gradients, optimizer) must be sharded further or moved "
+             "off the GPU"],
+    "step": ["the optimizer step holds the model states, not the activations: the states rungs come first"],
+    "gather": ["a ZeRO-3 gather materialises the prefetched and live parameters: the prefetch bucket and the "
+               "live-parameter limit bound it"],
+    "eval": ["evaluation ran out, not training: eval batches larger than the training micro-batch, generation "
+             "(its KV cache grows with max_new_tokens) or logits kept across eval steps (HF: eval_accumulation_steps) "
+             "are the usual causes"],
+}
+
+
+def _oom_details(numbers: OomNumbers, message: str) -> str:
+    gpu = re.search(r"GPU (\d+)", message)
+    parts = ([f"tried to allocate {numbers.requested / GIB:.2f} GiB"] if numbers.requested else []) + (
+        [f"GPU {gpu.group(1) if gpu else '?'} of {numbers.capacity / GIB:.2f} GiB"] if numbers.capacity else [])
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def _nothing_fits(result: "ladder.Ladder") -> str:
+    if result.best is None:
+        return ("every rung of the seed's OOM ladder is already taken: more GPUs, a shorter data.seq_len, or a "
+                "smaller model")
+    return (f"nothing on the OOM ladder fits by the planner's estimate - with every rung the preset still needs "
+            f"{gb(result.best.total)} of {gb(result.best.estimate.gpu_budget)} GB per GPU: more GPUs "
+            f"(hardware.gpus_per_node / hardware.nodes), a shorter data.seq_len, or a smaller model")
+
+
+def _fragmentation_advice(d: Diagnosis, numbers: OomNumbers) -> None:
+    if numbers.reserved_unallocated and numbers.reserved_unallocated >= GIB:
+        d.advice.append(f"{numbers.reserved_unallocated / GIB:.2f} GiB was reserved but unallocated (fragmentation): "
+                        f"also try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+def _save_gather(f: Found, d: Diagnosis) -> bool:
+    """An OOM while saving at ZeRO-3 with the 16-bit gather on: the whole model is assembled on one GPU."""
+    r = f.resolved
+    if dsc.zero_stage(r.ds) != 3 or not dsc.gather_16bit_on_save(r.ds):
+        return False
+    d.proposal = Proposal("save ZeRO-3 shards only, convert offline", [dsc.set_override(
+        f"zero_optimization.{dsc.zero_key(r.ds, 'gather_16bit_weights_on_model_save')}", False)],
+        "stage3_gather_16bit_weights_on_model_save assembles the whole 16-bit model on rank 0's GPU at every save; "
+        "without it each rank writes its shard and `python -m deepspeed.utils.zero_to_fp32 CHECKPOINT_DIR "
+        "OUTPUT_DIR` rebuilds the weights on the CPU afterwards")
+    return True
+
+
+def _not_memory_pressure(f: Found, d: Diagnosis, numbers: OomNumbers, now: "ladder.Price", phase: str) -> bool:
+    """The estimate says the preset fits: name what else took the memory, when the log shows it."""
+    budget = now.estimate.gpu_budget
+    d.advice.append(f"the planner puts preset {f.resolved.config.name} at {gb(now.total)} of {gb(budget)} GB per GPU: "
+                    f"it fits, so this is not ordinary memory pressure")
+    causes = [c for c in (_pinned(f), _other_process(numbers), _fragmented(numbers), _leak(f, phase)) if c]
+    if not causes:
+        d.advice.append("look for memory outside the model states: another process on the GPU (nvidia-smi), "
+                        "tensors kept across steps (losses without .item(), outputs.logits), a longer sequence than "
+                        "data.seq_len; torch.cuda.memory_summary() at the failure shows who holds it")
+        return False
+    d.proposal, d.then = causes[0], causes[1:]
+    fallback = ladder.walk(f, ladder.LADDERS.get(phase, ladder.OOM_LADDER), ladder.pricer_for(f, OomNumbers())).proposal
+    if fallback is not None:
+        d.then.append(replace(fallback, step=f"if the memory is really needed: {fallback.step}"))
+    return True
+
+
+def _pinned(f: Found) -> Optional[Proposal]:
+    context = f.log.traceback_of(f.index)
+    if not (WSL.search(f.log.text) or PINNED.search(context)):
+        return None
+    overrides = dsc.unpinned_offload_overrides(f.resolved.ds)
+    where = ("WSL2 limits page-locked host memory" if WSL.search(f.log.text) else
+             "the allocation that failed pins host memory")
+    return Proposal("stop pinning host memory" + ("" if overrides else " (pin_memory=False)"), overrides,
+                    f"{where}: pinned (page-locked) buffers of the CPU offload or the data loader fail as a CUDA "
+                    f"out-of-memory error while the GPU still has room; unpinned copies are slower but work "
+                    f"(DeepSpeed honours pin_memory=false since 0.10.1)")
+
+
+def _other_process(numbers: OomNumbers) -> Optional[Proposal]:
+    if numbers.others is None or numbers.others < GIB:
+        return None
+    return Proposal("free the GPU: another process holds its memory", [],
+                    f"{numbers.others / GIB:.1f} GiB of the GPU is held outside this process (capacity - free - this "
+                    f"process): a leftover rank of an earlier run, another job or a notebook; `nvidia-smi` names the "
+                    f"PID - stop it or run on another GPU")
+
+
+def _fragmented(numbers: OomNumbers) -> Optional[Proposal]:
+    frag = numbers.reserved_unallocated
+    if not frag or frag < max(numbers.requested or 0, GIB):
+        return None
+    return Proposal("let the allocator grow segments (fragmentation)", [],
+                    f"{frag / GIB:.2f} GiB is reserved by PyTorch but unallocated - more than the "
+                    f"{(numbers.requested or 0) / GIB:.2f} GiB that failed: the free memory is fragmented. "
+                    f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead", env=EXPANDABLE)
+
+
+def _leak(f: Found, phase: str) -> Optional[Proposal]:
+    if phase not in ("forward", "backward", "step", "training", "unknown"):
+        return None
+    steps = [int(g) for m in f.log.all(TRAINING_STEP) for g in m.groups()[1:] if g]
+    if not steps or max(steps) < 10:
+        return None
+    return Proposal(f"find what grows across steps (it ran {max(steps)} steps first)", [],
+                    "the preset fits and the run trained for a while before the OOM: memory grows step by step - a "
+                    "loss or metric kept as a tensor instead of .item(), outputs kept for logging, a cache that is "
+                    "never cleared. Compare torch.cuda.memory_allocated() across steps; "
+                    "torch.cuda.memory._record_memory_history() names the allocation site")
 
 
 # --- host RAM ------------------------------------------------------------------------------------------------
@@ -255,8 +216,8 @@ SWAP = ("confirm the kernel's OOM killer ended it (`dmesg -T | grep -i 'killed p
 
 
 def diagnose_host_oom(f: Found) -> Diagnosis:
-    r, phase = f.resolved, host_phase(f.log, f.index)
-    d = Diagnosis("host_oom", f"host RAM ran out {PHASE_WORDS[phase]}: the kernel's OOM killer ended the process "
+    r, phase = f.resolved, phases.phase_before(f.log, f.index)
+    d = Diagnosis("host_oom", f"host RAM ran out {phases.WORDS[phase]}: the kernel's OOM killer ended the process "
                               f"(signal 9)", f.line)
     if phase == "loading":
         d.proposal = _host_load_change(r)

@@ -1,22 +1,34 @@
 """The recognisers: a table of (failure, how to find its evidence line, handler), most specific first.
 
-| failure              | recognised by                                                | next change                          |
-|----------------------|--------------------------------------------------------------|--------------------------------------|
-| ssh_launch           | the launcher's ssh check / pdsh failing on a hostfile node   | passwordless ssh (the exact steps)   |
-| ds_version           | the error signature of a known DeepSpeed regression          | the version to pin                   |
-| zero3_load           | "the shape in current model is torch.Size([0])"              | load under zero.Init / from_pretrained |
-| stage3_save          | "Did not save the model ...", ZeRO-3 weights of shape [0]    | gather 16-bit weights on save        |
-| nvme_aio             | "buffer nbytes != file bytes", an aio assertion              | check the NVMe path, then CPU offload |
-| load_oom             | CUDA OOM in from_pretrained / zero.Init                      | stage 3, then parameter offload      |
-| init_oom / cuda_oom  | CUDA OOM in deepspeed.initialize / a step / no traceback     | the OOM ladder for that phase        |
-| host_oom             | signal 9 as each launcher says it, a bare "Killed"           | sharded load, offload out of host RAM, swap |
-| fp16_loss_scale      | "Current loss scale already at minimum", overflow at 1 or 0  | bf16, or fp32 without bf16           |
-| op_build             | a JIT op build failing (cpu_adam, fused_adam, async_io, ...) | the toolchain fix, then a fallback   |
-| not_distributed /    | "Check batch related parameters ... world_size"              | launch the ranks / accumulation for  |
-|   batch_triad        |                                                              |   the launched world size            |
-| nccl_desync / nccl_barrier_timeout / nccl_timeout | NCCL watchdog, collective fingerprints | by pattern (see collectives.py) |
+| failure           | recognised by                                                 | next change                       |
+|-------------------|---------------------------------------------------------------|-----------------------------------|
+| ssh_launch        | the launcher's ssh check / pdsh failing on a hostfile node    | passwordless ssh (exact steps)    |
+| version           | a row of classes/versions.yaml: signature, the run's versions | the fixed release or the good pin |
+| jit_lock          | a rank waiting on a JIT build's lock file (FileBaton, py-spy) | remove the stale lock             |
+| launch_args       | argparse's unrecognized arguments (--local_rank: launcher's)  | the script accepts it             |
+| port_in_use       | the rendezvous port cannot be bound (in use, privileged)      | another --master_port             |
+| cuda_toolkit      | nvcc too old for the GPU, toolkit vs torch, no kernel image   | the matching toolkit / wheel      |
+| zero3_device_map  | ZeRO-3 with device_map / low_cpu_mem_usage in from_pretrained | load without them (zero.Init)     |
+| zero3_load        | a full state dict loaded into torch.Size([0]) placeholders    | load under zero.Init              |
+| stage3_save       | 16-bit weights not gathered at save time                      | gather on save / zero_to_fp32     |
+| ckpt_topology     | a ZeRO checkpoint loaded on another data-parallel size        | the elastic (universal) resume    |
+| offload_optimizer | ZeRO-Offload with a client optimizer                          | DeepSpeedCPUAdam                  |
+| nvme_aio          | "buffer nbytes != file bytes", an aio assertion               | check the NVMe path, CPU offload  |
+| load/cuda/init_oom | CUDA OOM, by the phase of its traceback (phases.py)          | the cheapest change that fits     |
+| shm               | /dev/shm exhausted: bus error, exit -7, NCCL's shm segment    | a larger /dev/shm                 |
+| host_oom          | signal 9 as each launcher says it, a bare "Killed"            | sharded load, offload, swap       |
+| fp16_loss_scale   | "Current loss scale already at minimum", overflow at 1 or 0   | bf16, or fp32 without bf16        |
+| op_build          | a JIT op build failing (cpu_adam, fused_adam, async_io, ...)  | the toolchain fix, then fallback  |
+| not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
+| batch_triad       | the batch triad at another world size                         | accumulation for that world       |
+| nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
+| nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
+| config_message    | an exception whose message says what to change (names keys)   | that change (overrides if it can) |
+| jit_lock (weak)   | a log that stops while loading a JIT op                       | remove the stale lock             |
+| unrecognised      | nothing above: exception, library, phase, versions, the plan  | what to attach to a bug report    |
 
-An OOM or a kill before an NCCL timeout is the cause of the timeout, so memory comes before collectives.
+An OOM or a kill before an NCCL error is the cause of the NCCL error, so memory comes before collectives; a
+message that states its own fix comes after every specific class, whose advice knows more than the message.
 """
 from __future__ import annotations
 
@@ -24,8 +36,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
+from .classes import checkpoint, fallback, launch, messages, network, toolkit, versions
 from .findings import Diagnosis, Found, Reresolve
 from .logtext import Log
 
@@ -65,10 +79,10 @@ def _first(pattern: re.Pattern) -> Finder:
     return lambda log: log.first(pattern)
 
 
-def _gpu_oom(phases: tuple[str, ...]) -> Finder:
+def _gpu_oom(loading: bool) -> Finder:
     def find(log: Log) -> Optional[int]:
         index = log.first(memory.GPU_OOM)
-        return index if index is not None and memory.gpu_phase(log, index) in phases else None
+        return index if index is not None and (memory.gpu_phase(log, index) == "loading") == loading else None
     return find
 
 
@@ -76,54 +90,95 @@ def _triad(log: Log) -> Optional[int]:
     return log.first(re.compile(r"train_batch_size is not\s+equal to micro_batch_per_gpu"))
 
 
-def _regression(log: Log) -> Optional[int]:
-    found = advice.find_regression(log)
-    return found[0] if found else None
-
-
 def _op_build(log: Log) -> Optional[int]:
     """An op build failing: the line naming the cause (the linker, nvcc, a missing compiler) is the evidence,
     else the build's FAILED line, else the error raised after it."""
     if not (log.has(OP_BUILD) or log.has(BUILDING) and log.has(BUILD_STOPPED)):
         return None
-    found = {c.cause: i for c in advice.BUILD_CAUSES for i in [log.first(c.pattern)] if i is not None}
+    found = {c.cause: i for c in toolkit.BUILD_CAUSES for i in [log.first(c.pattern)] if i is not None}
     # ds_report's libaio warning is printed in healthy runs too: it is the cause only when nothing else is
     causes = [i for cause, i in found.items() if "libaio" not in cause] or list(found.values())
     return min(causes) if causes else log.first(BUILD_STOPPED) if log.has(BUILD_STOPPED) else log.first(OP_BUILD)
 
 
+def _save(log: Log) -> Optional[int]:
+    return log.first(SAVE_SKIPPED) if log.has(SAVE_SKIPPED) else log.first(EMPTY_WEIGHTS)
+
+
 RECOGNISERS: list[Recogniser] = [
-    Recogniser("ssh_launch", _first(SSH), advice.diagnose_ssh),
-    Recogniser("ds_version", _regression, advice.diagnose_version),
-    Recogniser("zero3_load", _first(ZERO3_LOAD), advice.diagnose_zero3_load),
-    Recogniser("stage3_save", lambda log: log.first(SAVE_SKIPPED) if log.has(SAVE_SKIPPED) else log.first(EMPTY_WEIGHTS),
-               advice.diagnose_save),
+    Recogniser("ssh_launch", _first(SSH), launch.diagnose_ssh),
+    Recogniser("version", lambda log: None, versions.diagnose),  # found with the run's versions: see diagnose()
+    Recogniser("jit_lock", _first(toolkit.LOCK_WAIT), toolkit.diagnose_jit_lock),
+    Recogniser("launch_args", launch.find_unrecognized, launch.diagnose_launch_args),
+    Recogniser("port_in_use", _first(launch.PORT_IN_USE), launch.diagnose_port),
+    Recogniser("cuda_toolkit", _first(toolkit.CUDA_TOOLKIT), toolkit.diagnose_cuda_toolkit),
+    Recogniser("zero3_device_map", _first(checkpoint.DEVICE_MAP), checkpoint.diagnose_device_map),
+    Recogniser("zero3_load", _first(ZERO3_LOAD), checkpoint.diagnose_zero3_load),
+    Recogniser("stage3_save", _save, checkpoint.diagnose_save),
+    Recogniser("ckpt_topology", _first(checkpoint.TOPOLOGY), checkpoint.diagnose_topology),
+    Recogniser("offload_optimizer", _first(messages.CLIENT_OPTIMIZER), messages.diagnose_client_optimizer),
     Recogniser("nvme_aio", _first(NVME), advice.diagnose_nvme),
-    Recogniser("load_oom", _gpu_oom(("loading",)), memory.diagnose_load_oom),
-    Recogniser("cuda_oom", _gpu_oom(("init", "step", "backward", "forward", "unknown")), memory.diagnose_gpu_oom),
+    Recogniser("load_oom", _gpu_oom(loading=True), memory.diagnose_load_oom),
+    Recogniser("cuda_oom", _gpu_oom(loading=False), memory.diagnose_gpu_oom),
+    Recogniser("shm", _first(launch.SHM), launch.diagnose_shm),
     Recogniser("host_oom", _first(memory.HOST_KILL), memory.diagnose_host_oom),
     Recogniser("fp16_loss_scale", _first(LOSS_SCALE), advice.diagnose_loss_scale),
-    Recogniser("op_build", _op_build, advice.diagnose_op_build),
-    Recogniser("batch_triad", _triad, advice.diagnose_triad, TRIAD),
+    Recogniser("op_build", _op_build, toolkit.diagnose_op_build),
+    Recogniser("not_distributed", _first(launch.NO_LAUNCHER), launch.diagnose_no_launcher),
+    Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
+    Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl),
-    Recogniser("op_build", _first(OP_WEAK), advice.diagnose_op_build),
+    Recogniser("config_message", messages.find_message, messages.diagnose_message),
+    Recogniser("op_build", _first(OP_WEAK), toolkit.diagnose_op_build),
+    Recogniser("jit_lock", toolkit.find_stopped_at_op_loading, toolkit.diagnose_jit_lock),
 ]
 
-KNOWN = ("CUDA/host OOM, fp16 loss scale, ZeRO-3 save/load, op builds, NCCL timeouts, batch triad, ssh, NVMe "
-         "swap, known DeepSpeed regressions")
+
+def run_versions(text: str, recorded: Optional[dict] = None) -> dict[str, str]:
+    """The versions the run had: what the log prints, else what its run directory recorded."""
+    return {**(recorded or {}), **versions.log_versions(text)}
 
 
-def diagnose(r: Resolved, text: str, reresolve: Optional[Reresolve] = None) -> Diagnosis:
-    """The first recogniser that finds its evidence in `text` diagnoses it against the resolved preset."""
+def diagnose(r: Resolved, text: str, reresolve: Optional[Reresolve] = None,
+             recorded_versions: Optional[dict] = None) -> Diagnosis:
+    """The first recogniser that finds its evidence in `text` diagnoses it against the resolved preset; with
+    none, the fallback still says what failed, where, and what to report."""
     log = Log.of(text)
+    seen = run_versions(log.text, recorded_versions)
+    reresolve = _remembered(reresolve) if reresolve else None
     for recogniser in RECOGNISERS:
-        index = recogniser.find(log)
+        index = _find_version(log, seen) if recogniser.failure == "version" else recogniser.find(log)
         if index is None:
             continue
         match = recogniser.pattern.search(log.joined(index)) if recogniser.pattern else None
-        d = recogniser.handler(Found(r, log, index, match, reresolve))
-        if log.has(TORCHRUN):
-            d.launcher = "torchrun"  # rerun the way the failed run was started
-        return d
-    return Diagnosis("unrecognised", "not recognised", log.summary_line(), advice=[
-        f"none of the known failures ({KNOWN}) matched; the last exception line is shown above"])
+        return _launched_like(log, recogniser.handler(Found(r, log, index, match, reresolve, seen)))
+    index = fallback.failure_line(log)
+    return fallback.diagnose_unknown(Found(r, log, index or 0, None, reresolve, seen))
+
+
+def _remembered(reresolve: Reresolve) -> Reresolve:
+    """The OOM ladder prices the same configs more than once (alone, then stacked): resolve each only once."""
+    done: dict[tuple, object] = {}
+
+    def resolved_with(extra: list[str]):
+        key = tuple(extra)
+        if key not in done:
+            try:
+                done[key] = reresolve(extra)
+            except UserError as err:  # remembered too: the same overrides fail the same way
+                done[key] = err
+        if isinstance(done[key], UserError):
+            raise done[key]
+        return done[key]
+    return resolved_with
+
+
+def _find_version(log: Log, seen: dict[str, str]) -> Optional[int]:
+    found = versions.find(log, seen)
+    return found[0] if found else None
+
+
+def _launched_like(log: Log, d: Diagnosis) -> Diagnosis:
+    if log.has(TORCHRUN):
+        d.launcher = "torchrun"  # rerun the way the failed run was started
+    return d

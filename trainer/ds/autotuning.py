@@ -93,7 +93,7 @@ def experiment_overrides(config: dict) -> list[str]:
                         f"both)")
     section = {k: v for k, v in config.items() if k not in BATCH_KEYS}
     section.update({key: AUTO for key in BATCH_KEYS})
-    return ["deepspeed_template=null", f"deepspeed={json.dumps(section)}", f"train.micro_batch_size={micro}",
+    return ["deepspeed_template=null", f"deepspeed:={json.dumps(section)}", f"train.micro_batch_size={micro}",
             f"train.grad_accum={accum}", "train.global_batch_size=null"]
 
 

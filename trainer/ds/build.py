@@ -10,7 +10,10 @@ import json
 from typing import Any, Optional
 
 from ..config import AUTO
-from .keys import has_activation_checkpointing, precision, quantized_weights, zero, zero_key, zero_setting
+from .keys import (
+    has_activation_checkpointing, offload_block, offload_pin_memory, precision, quantized_weights, zero, zero_key,
+    zero_setting,
+)
 
 
 def zero_block(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
@@ -91,10 +94,11 @@ _ZERO_SWITCHES = ("stage", "round_robin_gradients", "sub_group_size", "zero_hpz_
 
 
 def set_override(path: str, value: Any) -> str:
-    """`deepspeed.PATH=VALUE` for `--set` (JSON is YAML flow syntax; null deletes the key)."""
+    """`deepspeed.PATH=VALUE` for `--set` (JSON is YAML flow syntax; null deletes the key). A mapping is the whole
+    new block (an offload block for another device): `:=`, which replaces what the preset and template had."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return f"deepspeed.{path}={json.dumps(value)}"
+    return f"deepspeed.{path}{':=' if isinstance(value, dict) else '='}{json.dumps(value)}"
 
 
 def zero_overrides(current: dict, target: dict) -> list[str]:
@@ -150,6 +154,19 @@ def gather_on_save_override(current: dict) -> str:
 
 def min_loss_scale_override(value: float) -> str:
     return set_override("fp16.min_loss_scale", value)
+
+
+def unpinned_offload_overrides(current: dict) -> list[str]:
+    """Offload blocks with pin_memory off: page-locked host memory is limited (WSL2, containers with a small
+    memlock limit) and an allocation there fails as a CUDA out-of-memory error."""
+    return [set_override(f"zero_optimization.{which}.pin_memory", False)
+            for which in ("offload_optimizer", "offload_param")
+            if offload_block(current, which).get("device", "none") != "none" and offload_pin_memory(current, which)]
+
+
+def client_optimizer_on_cpu_override() -> str:
+    """Let ZeRO-Offload run an optimizer DeepSpeed did not build (a CPU optimizer of the user's)."""
+    return set_override("zero_force_ds_cpu_optimizer", False)
 
 
 def torch_adam_on_cpu_overrides() -> list[str]:

@@ -9,6 +9,19 @@ from typing import Optional
 from ..config import AUTO
 
 
+def leaf_paths(ds: dict, prefix: str = "") -> dict[str, object]:
+    """Every setting of a config as a dotted path and its value (zero_optimization.stage -> 3): how a message
+    that names a key is matched to the config."""
+    out: dict[str, object] = {}
+    for key, value in ds.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(leaf_paths(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
 def zero(ds: dict) -> dict:
     return ds.get("zero_optimization") or {}
 

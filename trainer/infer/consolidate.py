@@ -26,9 +26,12 @@ from ..errors import UserError
 from ..train import checkpoint, integrity
 
 
-def consolidated_state_dict(path: Path, ds: dict, expected: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """Full tensors by parameter name; `expected` is the architecture's name -> full shape."""
-    checkpoint.verify(path, comm_device())
+def consolidated_state_dict(path: Path, ds: dict, expected: dict[str, tuple],
+                            verified: bool = False) -> dict[str, torch.Tensor]:
+    """Full tensors by parameter name; `expected` is the architecture's name -> full shape. `verified`: the caller
+    verified `path` already (infer/source.py does, before it reads the tokenizer)."""
+    if not verified:
+        checkpoint.verify(path, comm_device())
     tp = max(_tp_ranks(path), 1)
     if tp == 1:
         return _one_slice(path, dsc.zero_stage(ds))

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 
+from .. import numbers, paths
 from .. import ranks
 from ..config import Config
 from ..errors import UserError
@@ -33,10 +34,13 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the preset's (or run's) config, e.g. data.seq_len=512")
     parser.add_argument("--task", choices=("pretrain", "sft"), help="with --data: how to read it")
-    parser.add_argument("--seq-len", type=int, help="with --data: tokens per sequence")
-    parser.add_argument("--eval-sequences", type=int, help="sequences to evaluate (default: train.eval_sequences)")
-    parser.add_argument("--batch-size", type=int, help="sequences per forward (default: train.micro_batch_size)")
-    parser.add_argument("-o", "--output", help="write the JSON here instead of stdout (rank 0)")
+    parser.add_argument("--seq-len", type=numbers.COUNT, help="with --data: tokens per sequence")
+    parser.add_argument("--eval-sequences", type=numbers.COUNT,
+                        help="sequences to evaluate (default: train.eval_sequences)")
+    parser.add_argument("--batch-size", type=numbers.COUNT,
+                        help="sequences per forward (default: train.micro_batch_size)")
+    parser.add_argument("-o", "--output", type=paths.output_file("output file"),
+                        help="write the JSON here instead of stdout (rank 0)")
 
 
 def evaluate(args) -> int:
@@ -46,8 +50,7 @@ def evaluate(args) -> int:
     cfg = data_config(args, request.source.config, int(request.hf_config.max_position_embeddings))
     with open_session(args, request) as session:
         from ..data import build_datasets
-        from ..distributed import rank0_first
-        data = rank0_first(lambda: build_datasets(cfg.data, session.tokenizer, cfg.train.seed))
+        data = build_datasets(cfg.data, session.tokenizer, cfg.train.seed)  # collective: verified on every rank
         runner = session.runner
         eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
                            batch_size(args, cfg), runner.replica, runner.replicas)
@@ -67,6 +70,11 @@ def evaluate(args) -> int:
 def data_config(args, saved: Config | None, context: int) -> Config:
     """The config whose data section says what to evaluate: --preset's, else the run's or checkpoint's own;
     --data replaces the data with all of SOURCE."""
+    without_data = [flag for flag, value in (("--task", args.task), ("--seq-len", args.seq_len)) if value is not None]
+    if without_data and not args.data:
+        raise UserError(f"{' and '.join(without_data)} say how to read --data SOURCE, and no --data was given: the "
+                        f"run's or preset's own data is read as it was trained; drop them, or change it with --set "
+                        f"data.seq_len=N")
     if args.preset:
         cfg = load_preset(args.preset, args.set)
     elif saved is None and not args.data:
@@ -84,9 +92,6 @@ def data_config(args, saved: Config | None, context: int) -> Config:
     if cfg.data.seq_len > context:
         raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than the model's context ({context}); pass "
                         f"--seq-len {context} or less")
-    for flag, value in (("--eval-sequences", args.eval_sequences), ("--batch-size", args.batch_size)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} {value} must be >= 1")
     return cfg
 
 

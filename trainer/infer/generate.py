@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .. import numbers, paths
 from .. import ranks
 from ..data.prompts import Prompt, completion_ids, encode_left_padded, read_prompts, render
 from ..errors import UserError
@@ -50,19 +51,23 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
-    given.add_argument("--prompts", metavar="FILE.jsonl", help='prompts, one JSON object per line: {"prompt": ...} '
+    given.add_argument("--prompts", metavar="FILE.jsonl", type=paths.input_file("prompts file"),
+                       help='prompts, one JSON object per line: {"prompt": ...} '
                                                                'or {"messages": [...]}')
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    parser.add_argument("--max-new-tokens", type=numbers.COUNT, default=64,
+                        help="tokens to generate at most (default 64)")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (the default without --temperature)")
-    parser.add_argument("--temperature", type=float, help="sample at this temperature (> 0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, with --temperature")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (the same on every rank)")
-    parser.add_argument("--num-beams", type=int, default=1, help="beam search is not supported (DeepSpeed)")
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call on one rank")
+    parser.add_argument("--temperature", type=numbers.TEMPERATURE, help="sample at this temperature (> 0)")
+    parser.add_argument("--top-p", type=numbers.PROBABILITY, default=1.0,
+                        help="nucleus sampling mass, with --temperature")
+    parser.add_argument("--seed", type=numbers.SEED, default=0, help="sampling seed (the same on every rank)")
+    parser.add_argument("--num-beams", type=numbers.COUNT, default=1, help="beam search is not supported (DeepSpeed)")
+    parser.add_argument("--batch-size", type=numbers.COUNT, default=8, help="prompts per generate call on one rank")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     parser.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens even past EOS")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text")
-    parser.add_argument("-o", "--output", help="write the results here instead of stdout (rank 0)")
+    parser.add_argument("-o", "--output", type=paths.output_file("output file"),
+                        help="write the results here instead of stdout (rank 0)")
 
 
 def settings_from(args) -> Settings:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .. import numbers, paths
 from .. import ranks
 from ..distributed import end_distributed, start_distributed
 from ..errors import UserError
@@ -25,15 +26,20 @@ class Session:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="SRC",
                         help="HF model directory or hub id, a run directory, a checkpoint directory, a LoRA adapter")
-    parser.add_argument("--tp", type=int, help="tensor-parallel ranks (AutoTP): 1 or the number of ranks launched "
+    parser.add_argument("--tp", type=numbers.COUNT,
+                        help="tensor-parallel ranks (AutoTP): 1 or the number of ranks launched "
                                                "(default: the number launched)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), help="default: bf16 on GPUs that have it, else fp32")
     parser.add_argument("--kernel-inject", action="store_true", help="DeepSpeed's fused inference kernels (CUDA)")
     parser.add_argument("--zero-inference", choices=("auto", "off", "cpu", "nvme"), default="auto",
                         help="ZeRO-3 with the weights offloaded to CPU or NVMe, for models that do not fit; auto = "
                              "the planner's choice from the model, batch, context and free memory")
-    parser.add_argument("--nvme-path", help="directory on NVMe for --zero-inference nvme")
-    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # set by launchers
+    parser.add_argument("--nvme-path", type=paths.input_dir("NVMe directory"),
+                        help="directory on NVMe for --zero-inference nvme")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let transformers run the model's and tokenizer's own Python code (auto_map, *.py); "
+                             "off unless given here: a saved config cannot turn it on")
+    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, help=argparse.SUPPRESS)  # set by launchers
 
 
 def default_dtype() -> str:
@@ -60,7 +66,7 @@ def check_arguments(args, batch_size: int = 1) -> Request:
 
 
 def _checked_request(args, batch_size: int) -> Request:
-    source = resolve_source(args.model)
+    source = resolve_source(args.model, args.trust_remote_code)
     tokenizer = load_tokenizer_for(source)
     hf_config = architecture(source)
     world = ranks.launched_world_size()

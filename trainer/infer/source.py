@@ -8,6 +8,11 @@ SRC may be
   a checkpoints/ directory or one checkpoint (COMPLETE)  DeepSpeed's files consolidated (consolidate.py);
                                                          architecture and tokenizer from the saved config
   a hub id (org/name)                                    transformers from the hub (needs the network)
+
+A checkpoint is verified (its manifest, and no pickled code: train/integrity.py) before anything in it is read
+for loading, the tokenizer and the saved config included: choosing it reads only its name and `latest`. The
+model's own Python code runs only with --trust-remote-code (trainer/remote_code.py); a saved config cannot turn
+it on.
 """
 from __future__ import annotations
 
@@ -20,9 +25,14 @@ import torch
 
 from ..config import Config
 from ..data.records import looks_like_path
-from ..errors import UserError
+from ..errors import UserError, clip
+from ..files import read_json_object, read_yaml_mapping
+from ..paths import what_is
 from ..presets import REPO_ROOT, config_from_dict
+from ..remote_code import load_kwargs, refused, saved_permission_ignored
 from ..train import checkpoint
+
+ALLOW_CODE = "pass --trust-remote-code"
 
 
 @dataclass
@@ -31,19 +41,34 @@ class ModelSource:
     path: str                       # the directory (or hub id) that is loaded
     described: str                  # one line for the log: what SRC was taken to be
     config: Optional[Config] = None  # the training config saved with a run or checkpoint
+    trust_remote_code: bool = False  # the user's --trust-remote-code (never a saved config's)
 
 
-def resolve_source(src: str) -> ModelSource:
+def resolve_source(src: str, trust_remote_code: bool = False) -> ModelSource:
+    source = _resolve(src)
+    source.trust_remote_code = trust_remote_code
+    if source.config is not None:
+        saved = source.config.model.trust_remote_code
+        saved_permission_ignored(saved, trust_remote_code, source.described)
+        source.config.model.trust_remote_code = trust_remote_code
+    return source
+
+
+def _resolve(src: str) -> ModelSource:
     path = Path(src).expanduser()
-    if not path.exists():
+    found = what_is(path)
+    if found == "missing":
         if looks_like_path(src) or not src.strip():
             raise UserError(f"--model {src!r}: no such file or directory; give an HF model directory, a run directory "
                             f"(train.output_dir), a checkpoint directory or a hub id")
         return ModelSource("hub", src, f"hub model {src}")
-    if not path.is_dir():
-        raise UserError(f"--model {src}: a file, not a directory; give the directory that holds config.json (an HF "
+    if found != "a directory":
+        raise UserError(f"--model {src}: {found}, not a directory; give the directory that holds config.json (an HF "
                         f"model), a run directory, or a checkpoint directory")
+    if (path / "config.json").exists() and what_is(path / "config.json") != "a regular file":
+        raise UserError(f"--model {src}: its config.json is {what_is(path / 'config.json')}, not a file")
     if (path / "config.json").is_file():
+        read_json_object(path / "config.json", "model config")  # a JSON object, before transformers reads it
         return ModelSource("hf", str(path), f"HF model {path}")
     if (path / "adapter_config.json").is_file():
         return ModelSource("lora", str(path), f"LoRA adapter {path} (merged into its base)")
@@ -67,8 +92,8 @@ def run_source(run_dir: Path) -> ModelSource:
     export = run_dir / "hf"
     newest = checkpoint.find_resume("auto", run_dir / "checkpoints")
     exported = (export / "config.json").is_file() or (export / "adapter_config.json").is_file()
-    if exported and (newest is None or export_step(export) >= checkpoint.read_trainer_state(newest)[0].step):
-        source = resolve_source(str(export))
+    if exported and (newest is None or export_step(export) >= checkpoint_step(newest)):
+        source = _resolve(str(export))
         source.described = f"run {run_dir}: its HF export {export}"
         source.config = run_config(run_dir)
         return source
@@ -80,12 +105,10 @@ def run_source(run_dir: Path) -> ModelSource:
 
 def run_config(run_dir: Path) -> Optional[Config]:
     """The run's resolved config (config.resolved.yaml), for evaluating it with its own data settings."""
-    import yaml
     path = run_dir / "config.resolved.yaml"
-    if not path.is_file():
+    if not path.exists():
         return None
-    raw = yaml.safe_load(path.read_text())
-    return _saved_config(raw, path)
+    return _saved_config(read_yaml_mapping(path, "run's saved config"), path)
 
 
 # sections a saved record adds to the config: what resolution derived, and which code and stack produced the run
@@ -114,7 +137,19 @@ def export_step(export: Path) -> int:
         return 1 << 62
 
 
+def checkpoint_step(path: Path) -> int:
+    """A checkpoint's step from its name (step_00000100), read before it is verified; its state file after."""
+    name = path.name
+    if name.startswith("step_") and name[len("step_"):].isdigit():
+        return int(name[len("step_"):])
+    return checkpoint.read_trainer_state(path)[0].step
+
+
 def checkpoint_source(path: Path, described: str) -> ModelSource:
+    """A checkpoint, verified before any file in it is read for its contents (its saved config and tokenizer
+    included): a damaged or planted checkpoint is refused here, before the tokenizer or any weight loads."""
+    from ..distributed import comm_device
+    checkpoint.verify(path, comm_device())
     _, saved = checkpoint.read_trainer_state(path)
     return ModelSource("checkpoint", str(path), described, _saved_config(saved, path))
 
@@ -127,9 +162,10 @@ def load_tokenizer_for(source: ModelSource):
     from transformers import AutoTokenizer
     if source.kind != "checkpoint":
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source.path)
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **permission(source, source.path, "tokenizer"))
         except (OSError, ValueError) as err:
-            raise UserError(f"--model {source.path}: cannot load its tokenizer ({err})") from None
+            raise refused(err, source.path, ALLOW_CODE) or UserError(
+                f"--model {source.path}: cannot load its tokenizer ({err})") from None
     else:
         tokenizer = _checkpoint_tokenizer(source)
     if tokenizer.pad_token is None:
@@ -145,13 +181,21 @@ def _checkpoint_tokenizer(source: ModelSource):
     run_export = Path(source.path).parent.parent / "hf"
     if (run_export / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(str(run_export))
+        try:
+            return AutoTokenizer.from_pretrained(str(run_export), **permission(source, str(run_export), "tokenizer"))
+        except (OSError, ValueError) as err:
+            raise refused(err, str(run_export), ALLOW_CODE) or UserError(
+                f"--model {source.path}: cannot load the run's tokenizer {run_export} ({err})") from None
     model_cfg = cfg.model
     path = model_cfg.tokenizer or model_cfg.name_or_path
     if path and not Path(path).expanduser().is_absolute() and not Path(path).exists() and (REPO_ROOT / path).exists():
         import dataclasses
         model_cfg = dataclasses.replace(model_cfg, tokenizer=str(REPO_ROOT / path))
-    return apply_chat_template(load_tokenizer(model_cfg), cfg.data)
+    try:
+        return apply_chat_template(load_tokenizer(model_cfg), cfg.data)
+    except UserError as err:  # the message says model.trust_remote_code: here the permission is the flag
+        raise UserError(str(err).replace("set model.trust_remote_code=true in the preset (or --set "
+                                         "model.trust_remote_code=true)", ALLOW_CODE)) from None
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, attention: str = "sdpa"):
@@ -159,12 +203,17 @@ def load_model(source: ModelSource, dtype: torch.dtype, attention: str = "sdpa")
     from transformers import AutoModelForCausalLM
     if source.kind in ("hf", "hub"):
         try:
-            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=attention)
-        except (OSError, ValueError) as err:
-            raise UserError(f"--model {source.path}: cannot load it with transformers ({err})") from None
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=attention,
+                                                         **permission(source, source.path, "model"))
+        except Exception as err:  # noqa: BLE001 - truncated safetensors, shapes that do not match, a config of
+            # another kind: transformers and safetensors raise their own types; every one is this directory's fault
+            raise refused(err, source.path, ALLOW_CODE) or UserError(
+                f"--model {source.path}: cannot load it with transformers ({type(err).__name__}: "
+                f"{clip(str(err), 400)}); is the directory complete (config.json and every weight file whole)?") \
+                from None
     elif source.kind == "lora":
         from ..model import load_lora_merged
-        model = load_lora_merged(source.path, dtype, attention)
+        model = load_lora_merged(source.path, dtype, attention, source.trust_remote_code)
     else:
         model = model_from_checkpoint(source, dtype, attention)
     model.config.use_cache = True
@@ -179,7 +228,7 @@ def model_from_checkpoint(source: ModelSource, dtype: torch.dtype, attention: st
     from .consolidate import consolidated_state_dict
     cfg = source.config
     if cfg.model.name_or_path:
-        hf = AutoConfig.from_pretrained(cfg.model.name_or_path, attn_implementation=attention)
+        hf = _config_of(source, cfg.model.name_or_path, attn_implementation=attention)
     else:
         hf = hf_config(cfg.model, attention)
     with torch.device("meta"):
@@ -187,7 +236,7 @@ def model_from_checkpoint(source: ModelSource, dtype: torch.dtype, attention: st
         if cfg.model.lora.enabled:
             shapes = apply_lora(shapes, cfg.model)
     expected = {name: tuple(t.shape) for name, t in shapes.state_dict().items()}
-    state = consolidated_state_dict(Path(source.path), cfg.deepspeed, expected)
+    state = consolidated_state_dict(Path(source.path), cfg.deepspeed, expected, verified=True)
     model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32)
     if cfg.model.lora.enabled:
         model = apply_lora(model, cfg.model)
@@ -208,17 +257,27 @@ def _tied(name: str, model) -> bool:
 
 def architecture(source: ModelSource):
     """The transformers config of the model SRC names, read before any weight (for the checks and the planner)."""
-    from transformers import AutoConfig
     if source.kind == "checkpoint":
         from ..model import hf_config
         cfg = source.config
         if cfg.model.name_or_path:
-            return AutoConfig.from_pretrained(cfg.model.name_or_path)
+            return _config_of(source, cfg.model.name_or_path)
         return hf_config(cfg.model, "sdpa")
     path = source.path
     if source.kind == "lora":
         path = json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path") or path
+    return _config_of(source, path)
+
+
+def _config_of(source: ModelSource, path: str, **extra):
+    from transformers import AutoConfig
     try:
-        return AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path, **extra, **permission(source, path, "model"))
     except (OSError, ValueError) as err:
-        raise UserError(f"--model {source.path}: cannot read its config ({err})") from None
+        raise refused(err, path, ALLOW_CODE) or UserError(
+            f"--model {source.path}: cannot read its config {path} ({err})") from None
+
+
+def permission(source: ModelSource, location: str, what: str) -> dict:
+    """transformers' trust_remote_code for a load under `source`: the user's flag, explicitly."""
+    return load_kwargs(source.trust_remote_code, location, what)

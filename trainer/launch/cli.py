@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Optional
 
+from .. import numbers, paths
 from ..errors import UserError
 from ..options import add_train_arguments
 from ..presets import load_preset
@@ -48,16 +49,17 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="deepspeed (default), torchrun, slurm (writes and submits an sbatch script), or local "
                              "(this node's ranks, PID 1 safe; the default when --nnodes/--node-rank is given)")
-    parser.add_argument("--hostfile", help="DeepSpeed hostfile (`host slots=N` per line): the nodes to run on")
+    parser.add_argument("--hostfile", type=paths.input_file("hostfile"),
+                        help="DeepSpeed hostfile (`host slots=N` per line): the nodes to run on")
     parser.add_argument("--fabric", help=f"network profile exported to every rank: {', '.join(shipped_profiles())}, "
                                          f"a path to an .env file, or several joined by commas (ib,debug)")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, write nothing, exit 0")
-    parser.add_argument("--ssh-port", type=int, help="deepspeed: the port sshd listens on on every host")
+    parser.add_argument("--ssh-port", type=numbers.PORT, help="deepspeed: the port sshd listens on on every host")
     parser.add_argument("--rdzv-backend", choices=("c10d",), help="torchrun: dynamic rendezvous (node ranks "
                         "assigned) instead of the static one at --master-addr with --node-rank")
     parser.add_argument("--rdzv-id", help="torchrun with --rdzv-backend: the job's id (the same on every node)")
     parser.add_argument("--time", help="slurm: the job's time limit (default 24:00:00)")
-    parser.add_argument("--signal-grace-s", type=int,
+    parser.add_argument("--signal-grace-s", type=numbers.WHOLE_SECONDS,
                         help="slurm: SIGTERM this many seconds before the time limit, to checkpoint (default 300)")
     parser.add_argument("--partition", help="slurm: the partition")
     parser.add_argument("--account", help="slurm: the account")

@@ -113,11 +113,14 @@ def cpu_offloaded(resolved) -> bool:
 
 
 def command_for(resolved, preset: str, overrides: list[str], world_size: Optional[int] = None,
-                launcher: str = "deepspeed", env: tuple[tuple[str, str], ...] = ()) -> str:
+                launcher: str = "deepspeed", env: tuple[tuple[str, str], ...] = (), master_port: Optional[int] = None,
+                train_args: tuple[str, ...] = ()) -> str:
     """`train_command` for a resolved config: its world size, laid out as its hardware section says when
     that matches (else on one node), and its offload devices. `world_size` (the --world-size the config was
-    resolved for) is carried over so the ranks resolve the same config."""
+    resolved for) is carried over so the ranks resolve the same config; `master_port` moves the rendezvous,
+    `train_args` follow the preset (`--resume auto`)."""
     hw = resolved.config.hardware
     nodes, per_node = ((hw.nodes, hw.gpus_per_node) if resolved.world_size == hw.nodes * hw.gpus_per_node
                        else (1, resolved.world_size))
-    return train_command(preset, overrides, nodes, per_node, cpu_offloaded(resolved), world_size, launcher, env)
+    return train_command(preset, overrides, nodes, per_node, cpu_offloaded(resolved), world_size, launcher, env,
+                         where=Rendezvous(master_port=master_port), train_args=list(train_args))

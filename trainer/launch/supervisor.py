@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Optional
 
+from .. import numbers
 from ..errors import UserError
 from ..redact import redact_argv
 from .shell import join
@@ -41,14 +42,15 @@ POLL_S = 0.1
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The node-local launcher's flags (`python -m trainer launch` registers them with its own)."""
-    parser.add_argument("--nproc-per-node", type=int, default=None,
+    parser.add_argument("--nproc-per-node", type=numbers.COUNT, default=None,
                         help="ranks on this node (default: the preset's hardware.gpus_per_node)")
-    parser.add_argument("--nnodes", type=int, default=None, help="nodes in the job (default: hardware.nodes)")
-    parser.add_argument("--node-rank", type=int, default=None, help="this node's index, 0..nnodes-1")
+    parser.add_argument("--nnodes", type=numbers.COUNT, default=None, help="nodes in the job (default: hardware.nodes)")
+    parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1")
     parser.add_argument("--master-addr", default=None,
                         help="address of node 0 (local: default 127.0.0.1; deepspeed: the first host's `hostname -I`)")
-    parser.add_argument("--master-port", type=int, default=None, help="rendezvous port on node 0 (default 29500)")
-    parser.add_argument("--failure-grace-s", type=float, default=5.0,
+    parser.add_argument("--master-port", type=numbers.PORT, default=None,
+                        help="rendezvous port on node 0 (default 29500)")
+    parser.add_argument("--failure-grace-s", type=numbers.GRACE_SECONDS, default=5.0,
                         help="after one rank fails, seconds the others get to exit before they are killed")
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 
+from .. import numbers, paths
 from .. import ds as dsc
 from ..errors import ConfigError
 from ..files import check_target, finite_json, write_text_atomic
@@ -20,30 +21,35 @@ from .report import inference_to_json, plan_to_json, print_inference, print_plan
 
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", nargs="?", help="scenario file (scenarios/NAME.yaml); flags override its values")
+    parser.add_argument("scenario", nargs="?",
+                        help="scenario file (scenarios/NAME.yaml); flags override its values")
     parser.add_argument("--model", help=f"named size ({', '.join(NAMED_MODELS)}), preset name, HF config.json, "
                                         f"or a parameter count (with --hidden-size and --num-layers)")
-    parser.add_argument("--hidden-size", type=int, help="hidden size, with a raw parameter count")
-    parser.add_argument("--num-layers", type=int, help="layers, with a raw parameter count")
+    parser.add_argument("--hidden-size", type=numbers.COUNT, help="hidden size, with a raw parameter count")
+    parser.add_argument("--num-layers", type=numbers.COUNT, help="layers, with a raw parameter count")
     parser.add_argument("--gpu", help=f"GPU type: {', '.join(g for g in GPUS if g != 'cpu')}")
-    parser.add_argument("--gpus-per-node", type=int)
-    parser.add_argument("--nodes", type=int)
-    parser.add_argument("--cpu-ram-gb", type=float, help="host RAM per node (GB); unknown = not checked")
-    parser.add_argument("--nvme-gb", type=float, help="local NVMe per node (GB); 0 or absent = none")
+    parser.add_argument("--gpus-per-node", type=numbers.COUNT)
+    parser.add_argument("--nodes", type=numbers.COUNT)
+    parser.add_argument("--cpu-ram-gb", type=numbers.GIGABYTES, help="host RAM per node (GB); unknown = not checked")
+    parser.add_argument("--nvme-gb", type=numbers.GIGABYTES, help="local NVMe per node (GB); 0 or absent = none")
     parser.add_argument("--nvme-path", help="NVMe mount for ZeRO-Infinity (default /local_nvme)")
     parser.add_argument("--task", help="pretrain, full (fine-tune) or lora (default full)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048)")
-    parser.add_argument("--micro-batch", type=int, help="required micro-batch per GPU (default: the largest that fits)")
-    parser.add_argument("--global-batch", type=int, help="target sequences per optimizer step")
+    parser.add_argument("--seq-len", type=numbers.COUNT, help="tokens per sequence (default 2048)")
+    parser.add_argument("--micro-batch", type=numbers.COUNT,
+                        help="required micro-batch per GPU (default: the largest that fits)")
+    parser.add_argument("--global-batch", type=numbers.COUNT, help="target sequences per optimizer step")
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
-    parser.add_argument("-o", "--output", help="write the chosen DeepSpeed config (JSON) here")
-    parser.add_argument("--chart", metavar="PLAN.png", help="draw every candidate's memory against the budget here")
+    parser.add_argument("-o", "--output", type=paths.output_file("DeepSpeed config"),
+                        help="write the chosen DeepSpeed config (JSON) here")
+    parser.add_argument("--chart", metavar="PLAN.png", type=paths.output_file("chart", suffixes=(".png",)),
+                        help="draw every candidate's memory against the budget here")
     inference = parser.add_argument_group("inference (--inference): weights + KV cache on the GPU, or ZeRO-Inference")
     inference.add_argument("--inference", action="store_true", help="plan generation instead of training")
-    inference.add_argument("--batch", type=int, help="sequences generated together (default 1)")
-    inference.add_argument("--context", type=int, help="tokens per sequence in the KV cache: prompt + generated")
-    inference.add_argument("--tp", type=int, help="AutoTP tensor-parallel GPUs per model copy (default 1)")
+    inference.add_argument("--batch", type=numbers.COUNT, help="sequences generated together (default 1)")
+    inference.add_argument("--context", type=numbers.COUNT,
+                           help="tokens per sequence in the KV cache: prompt + generated")
+    inference.add_argument("--tp", type=numbers.COUNT, help="AutoTP tensor-parallel GPUs per model copy (default 1)")
     inference.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16; fp16 on V100)")
 
 

@@ -11,11 +11,11 @@ For all-gather, `bytes` is the gathered (output) size, each rank sending bytes/n
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..numbers import parse_size
 
 
 GB = 1e9  # nccl-tests' GB/s are decimal
@@ -24,21 +24,25 @@ GB = 1e9  # nccl-tests' GB/s are decimal
 OPS = ("all_reduce", "all_gather")
 
 
-_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024 ** 2, "MB": 1024 ** 2, "G": 1024 ** 3, "GB": 1024 ** 3}
+
+
+MAX_MESSAGE_FRACTION = 0.25  # a message buffer (sent and received: twice) beyond a quarter of RAM is not a test
 
 
 def parse_sizes(text: str) -> list[int]:
-    """'64K,1M,16M' -> bytes (binary units, as nccl-tests' -b/-e flags take them)."""
+    """'64K,1M,16M' -> bytes (binary units, as nccl-tests' -b/-e flags take them), each at most a quarter of this
+    machine's memory (the collective holds the buffer twice per rank)."""
+    import psutil
+    ceiling = int(psutil.virtual_memory().total * MAX_MESSAGE_FRACTION)
     sizes, bad = [], []
     for item in (part.strip() for part in text.split(",")):
-        match = re.fullmatch(r"(\d+)\s*([KMG]?B?)", item.upper())
-        if not match or int(match.group(1)) == 0:
-            bad.append(item)
-            continue
-        sizes.append(int(match.group(1)) * _UNITS[match.group(2)])
+        try:
+            sizes.append(parse_size(item, "message size", ceiling))
+        except ValueError as err:
+            bad.append(str(err))
     if bad or not sizes:
-        raise UserError(f"--sizes {text!r}: {', '.join(repr(b) for b in bad) or 'no size'} is not a message size; "
-                        f"give positive sizes with K/M/G, e.g. --sizes 64K,1M,16M")
+        raise UserError(f"--sizes {text!r}: {'; '.join(bad) or 'no size'}; give sizes with K/M/G, e.g. --sizes "
+                        f"64K,1M,16M")
     return sorted(set(sizes))
 
 

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 
+from .. import numbers, paths
 from .. import ranks
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
@@ -44,14 +45,17 @@ def preflight_arguments(parser: argparse.ArgumentParser) -> None:
     add_preset_arguments(parser, positional=False)
     parser.add_argument("--sizes", help=f"message sizes in bytes with K/M/G (default {CPU_SIZES} on CPU ranks, "
                                         f"{GPU_SIZES} on GPUs)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
-    parser.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    parser.add_argument("--expect-busbw", type=float, metavar="GBPS",
+    parser.add_argument("--warmup", type=numbers.COUNT_OR_ZERO, default=5,
+                        help="untimed iterations per size (default 5)")
+    parser.add_argument("--iters", type=numbers.COUNT, default=20, help="timed iterations per size (default 20)")
+    parser.add_argument("--expect-busbw", type=numbers.POSITIVE, metavar="GBPS",
                         help="the fabric's all-reduce bus bandwidth between two nodes in GB/s (e.g. nccl-tests on a "
                              "healthy pair): links below half of it are slow (default: half the median pair)")
-    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON (rank 0, written whole)")
-    parser.add_argument("--timeout-s", type=int, default=300, help="give up on a collective after this long")
-    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # set by launchers
+    parser.add_argument("--json", metavar="FILE", type=paths.output_file("JSON report"),
+                        help="also write the report as JSON (rank 0, written whole)")
+    parser.add_argument("--timeout-s", type=numbers.WHOLE_SECONDS, default=300,
+                        help="give up on a collective after this long")
+    parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, help=argparse.SUPPRESS)  # set by launchers
 
 
 def preflight(args) -> int:
@@ -80,12 +84,12 @@ def preflight(args) -> int:
 
 
 def check_settings(args) -> None:
-    problems = [message for ok, message in (
-        (args.iters >= 1, f"--iters {args.iters} must be >= 1"),
-        (args.warmup >= 0, f"--warmup {args.warmup} must be >= 0"),
-        (args.timeout_s >= 1, f"--timeout-s {args.timeout_s} must be >= 1"),
-        (args.expect_busbw is None or args.expect_busbw > 0, f"--expect-busbw {args.expect_busbw} must be > 0"),
-    ) if not ok]
+    problems = []  # the numbers' own ranges are their flags' types (trainer/numbers.py)
+    running = ranks.launched_world_size()
+    if args.world_size is not None and args.world_size != running:
+        problems.append(f"--world-size {args.world_size}, but {running} rank(s) are running: preflight checks the "
+                        f"ranks that are here; launch {args.world_size} (e.g. deepspeed --num_gpus "
+                        f"{args.world_size} --module trainer preflight ...) or drop --world-size")
     if args.sizes:
         try:
             parse_sizes(args.sizes)

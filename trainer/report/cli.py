@@ -7,12 +7,16 @@ import argparse
 import base64
 import html
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Optional
 
+from .. import paths
+from ..errors import UserError
 from ..files import check_target, write_text_atomic
 from ..pictures import check_suffix, png_bytes, save_png
-from .runs import RunMetrics, read_runs
+from .runs import RunMetrics, metrics_file, read_runs
 
 
 SUFFIXES = (".png", ".html")
@@ -21,13 +25,15 @@ SUFFIXES = (".png", ".html")
 def report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
                         help="run directories (train.output_dir) or their metrics.jsonl; several share the axes")
-    parser.add_argument("-o", "--output", required=True,
+    parser.add_argument("-o", "--output", required=True, type=paths.output_file("report", suffixes=(".png", ".html")),
                         help="report.png (the figure) or report.html (the figure and a table of final values)")
 
 
 def report(args) -> int:
     suffix = check_suffix(args.output, "-o", SUFFIXES)
-    check_target(args.output)  # refused before any run is read
+    target = check_target(args.output)  # refused before any run is read
+    for run in args.runs:
+        check_not_input(target, run)
     runs = read_runs(args.runs)
     from .figure import report_figure  # matplotlib is imported here, by this command only
     figure = report_figure(runs)
@@ -35,8 +41,21 @@ def report(args) -> int:
         out = save_png(figure, args.output, "-o")
     else:
         out = write_text_atomic(args.output, report_html(runs, png_bytes(figure)))
+    for note in (note for run in runs for note in run.notes()):
+        print(f"note: {note}", file=sys.stderr)
     print(f"wrote {out} ({len(runs)} run(s))", file=sys.stderr)
     return 0
+
+
+def check_not_input(target: Path, run: str) -> None:
+    """-o must not be a run's metrics file (through a link or a second name): writing it would replace the input."""
+    try:
+        _, file = metrics_file(run)
+    except UserError:
+        return  # read_runs reports it with every other run's problem
+    if target.exists() and os.path.samefile(target, file):
+        raise UserError(f"-o {target} is the metrics file of {run}: the report would replace the run's history; "
+                        f"write it elsewhere")
 
 
 # --- the HTML page ---------------------------------------------------------------------------------
@@ -48,13 +67,18 @@ COLUMNS = ("run", "directory", "last step", "loss", "eval loss", "eval ppl", "lr
 def final_values(run: RunMetrics) -> dict[str, object]:
     """The table row of one run: its last value of each metric (peak memory: the largest)."""
     eval_loss = run.get("eval_loss").last
-    memory = run.get("peak_mem_gb").values
     return {"run": run.label, "directory": str(run.directory), "last step": run.last_step(),
             "loss": run.get("loss").last, "eval loss": eval_loss,
             "eval ppl": None if eval_loss is None else _perplexity(eval_loss), "lr": run.get("lr").last,
             "grad norm": run.get("grad_norm").last, "tokens/s": run.get("tokens_per_s").last,
-            "peak mem GB": max(memory) if memory else None, "skipped steps": len(set(run.skipped)),
-            "resumes": ", ".join(f"step {r.step}" for r in run.resumes) or "none"}
+            "peak mem GB": run.get("peak_mem_gb").peak, "skipped steps": run.skipped.count,
+            "resumes": _resumes(run)}
+
+
+def _resumes(run: RunMetrics) -> str:
+    listed = ", ".join(f"step {step}" for step in run.first_resumes) or "none"
+    more = run.resumes.count - len(run.first_resumes)
+    return f"{listed}, ... ({run.resumes.count:,} in all)" if more else listed
 
 
 def _perplexity(loss: float) -> float:
@@ -75,6 +99,9 @@ def report_html(runs: list[RunMetrics], png: bytes) -> str:
     rows = "\n".join("<tr>" + "".join(f"<td>{_cell(final_values(run)[c])}</td>" for c in COLUMNS) + "</tr>"
                      for run in runs)
     title = html.escape(f"Training report: {', '.join(run.label for run in runs)}")
+    noted = [note for run in runs for note in run.notes()]
+    notes = "<h2>Notes</h2>\n<ul>\n" + "".join(f"<li>{html.escape(n)}</li>\n" for n in noted) + "</ul>\n" \
+        if noted else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -98,6 +125,6 @@ img {{ max-width: 100%; }}
 </table>
 <p>Last logged value of each metric (peak memory: the largest). Resumes are the steps a run restarted from a
 checkpoint; skipped steps are the updates dropped for a non-finite loss or gradient.</p>
-</body>
+{notes}</body>
 </html>
 """

@@ -1,16 +1,20 @@
 """The report's figure: six panels on one step axis (train loss, eval loss, learning rate, grad norm,
 tokens/s, peak memory), one colour per run, resumes as dashed vertical lines in the run's colour, skipped
-(non-finite) steps as red dotted ones, loss spikes as triangles on the loss panel.
+(non-finite) steps as red dotted ones, loss spikes as triangles on the loss panel. Where a run has more marks
+than report.points keeps, a mark that merges several steps is a light band over their range. Values that are
+not finite or too large for an axis are gaps. What a run's reading left out (skipped lines, merged marks) is
+one grey entry of the legend; its notes name each.
 
-Every drawn line carries a gid, "<run label>:<what>" (what = a metric name, eval_loss/<source>, resume,
-skipped, loss_spike), so that a program (the tests) can read back exactly what was drawn.
+Every drawn line (or band) carries a gid, "<run label>:<what>" (what = a metric name, eval_loss/<source>,
+resume, skipped, loss_spike), so that a program (the tests) can read back exactly what was drawn.
 """
 from __future__ import annotations
 
 import math
 
 from ..pictures import new_figure
-from .runs import RunMetrics
+from .points import Marks, Series
+from .runs import RunMetrics, drawable
 
 
 PANELS = (  # metric, title, y label
@@ -24,6 +28,7 @@ PANELS = (  # metric, title, y label
 LOG_RATIO = 30.0      # a panel whose positive values span more than this factor is drawn on a log scale
 RESUME_STYLE = {"linestyle": "--", "linewidth": 1.3, "alpha": 0.8}
 SKIP_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2, "alpha": 0.7}
+BAND_ALPHA = 0.15     # a mark merging a range of steps
 
 
 def report_figure(runs: list[RunMetrics]):
@@ -62,23 +67,34 @@ def _draw_metric(ax, run: RunMetrics, metric: str, colour: str, sources: list[st
     series = run.get(metric)
     if series.steps:
         marker = "o" if metric == "eval_loss" or len(series.steps) < 30 else None
-        ax.plot(series.steps, series.values, color=colour, marker=marker, markersize=1.5 + width, linewidth=width,
+        ax.plot(series.steps, _drawn(series), color=colour, marker=marker, markersize=1.5 + width, linewidth=width,
                 gid=f"{run.label}:{metric}")
     if metric == "eval_loss":
         for source in run.eval_sources():
             part = run.get(source)
-            ax.plot(part.steps, part.values, color=colour, linestyle=_dashes(sources, source), linewidth=1.0,
+            ax.plot(part.steps, _drawn(part), color=colour, linestyle=_dashes(sources, source), linewidth=1.0,
                     marker=".", markersize=3, alpha=0.8, gid=f"{run.label}:{source}")
 
 
+def _drawn(series: Series) -> list[float]:
+    """The series' values, NaN (a gap) where a value cannot be drawn."""
+    return [v if drawable(v) else math.nan for v in series.values]
+
+
 def _draw_markers(ax, run: RunMetrics, colour: str, spikes: bool) -> None:
-    for resume in run.resumes:
-        ax.axvline(resume.step, color=colour, gid=f"{run.label}:resume", **RESUME_STYLE)
-    for step in sorted(set(run.skipped)):
-        ax.axvline(step, gid=f"{run.label}:skipped", **SKIP_STYLE)
-    if spikes and run.spikes:
-        ax.plot([s for s, _ in run.spikes], [v for _, v in run.spikes], linestyle="none", marker="v",
-                markersize=8, color=colour, markeredgecolor="black", gid=f"{run.label}:loss_spike")
+    _draw_marks(ax, run.resumes, f"{run.label}:resume", {"color": colour, **RESUME_STYLE})
+    _draw_marks(ax, run.skipped, f"{run.label}:skipped", SKIP_STYLE)
+    if spikes and run.spikes.count:
+        ax.plot(run.spikes.steps, _drawn(run.spikes), linestyle="none", marker="v", markersize=8, color=colour,
+                markeredgecolor="black", gid=f"{run.label}:loss_spike")
+
+
+def _draw_marks(ax, marks: Marks, gid: str, style: dict) -> None:
+    for first, last, _ in marks.ranges():
+        if first == last:
+            ax.axvline(first, gid=gid, **style)
+        else:
+            ax.axvspan(first, last, color=style["color"], alpha=BAND_ALPHA, linewidth=0, gid=gid)
 
 
 def _values(run: RunMetrics, metric: str) -> list[float]:
@@ -86,8 +102,8 @@ def _values(run: RunMetrics, metric: str) -> list[float]:
     if metric == "eval_loss":
         values += [v for source in run.eval_sources() for v in run.get(source).values]
     if metric == "loss":
-        values += [v for _, v in run.spikes]
-    return [v for v in values if math.isfinite(v)]
+        values += run.spikes.values
+    return [v for v in values if drawable(v)]
 
 
 def _scale(ax, values: list[float], log_allowed: bool) -> None:
@@ -105,9 +121,12 @@ def _legend_handles(runs: list[RunMetrics], colours: list[str]) -> list:
         handles.append(Line2D([], [], color="black", label="resume (run's colour)", **RESUME_STYLE))
     if any(run.skipped for run in runs):
         handles.append(Line2D([], [], label="skipped / non-finite step", **SKIP_STYLE))
-    if any(run.spikes for run in runs):
+    if any(run.spikes.count for run in runs):
         handles.append(Line2D([], [], linestyle="none", marker="v", color="grey", markeredgecolor="black",
                               label="loss spike"))
+    for run in runs:
+        if run.summary():
+            handles.append(Line2D([], [], linestyle="none", label=f"{run.label}: {run.summary()} (see the notes)"))
     return handles
 
 

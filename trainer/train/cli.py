@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..options import add_train_arguments
+from ..presets import with_overrides
 from ..redact import redact_argv, warn_about_literal_secrets
 from ..resolve import launcher_world_size
 
@@ -27,9 +28,10 @@ def train(args, hooks=None) -> int:
     overrides = list(args.overrides)
     if args.deepspeed_config:
         from .. import ds as dsc
-        overrides += dsc.experiment_overrides(dsc.decode_launcher_config(args.deepspeed_config))
-    if args.resume is not None:
-        overrides.append(f"train.resume={'null' if args.resume == 'off' else args.resume}")
+        experiment = dsc.experiment_overrides(dsc.decode_launcher_config(args.deepspeed_config))
+        overrides = with_overrides(overrides, experiment)
+    if args.resume is not None:  # the flag wins over a --set train.resume
+        overrides = with_overrides(overrides, [f"train.resume={'null' if args.resume == 'off' else args.resume}"])
     succeeded = False
     try:
         code = run_training(args.preset, overrides, rehearse=args.rehearse,

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ranks
+from ..distributed import all_gather_text  # noqa: F401 (also used by infer/generate.py)
 from ..errors import UserError
 
 
@@ -38,23 +39,7 @@ class CheckpointError(UserError):
     """A checkpoint that must not be resumed (damaged, incomplete, or holding foreign objects)."""
 
 
-# --- collectives over text (no pickle between ranks) ------------------------------------------------
-
-def all_gather_text(text: str, device) -> list[str]:
-    """Every rank's `text`, in rank order, on every rank. Also a synchronisation point."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [text]
-    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
-    world = dist.get_world_size()
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device))
-    longest = max(int(s.item()) for s in sizes)
-    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[:data.numel()] = data
-    gathered = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in range(world)]
-    dist.all_gather(gathered, padded)
-    return [bytes(g[:int(s.item())].cpu().tolist()).decode() for g, s in zip(gathered, sizes)]
-
+# --- each rank's share of the files (the ranks agree through trainer.distributed.all_gather_text) ----
 
 def _my_share(items: list, rank: int, world: int) -> list:
     return items[rank::world]

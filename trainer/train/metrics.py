@@ -11,7 +11,10 @@ whole (temp file + rename), and one event line marks the resume:
     {"step": S, "event": "resume", "checkpoint": "<tag>", "world_size": W}
 So metrics.jsonl holds each step's lines once, as the run's surviving history saw them. A fresh start in a directory
 that already has lines (a run that died before its first checkpoint, or one started again with --resume off) moves
-them all the same way, with no event: the new history starts empty, nothing is deleted.
+them all the same way, with no event: the new history starts empty, nothing is deleted. A line that is no metrics line
+(the torn last line of a killed write, bad UTF-8, not a JSON object) moves too, as
+    {"unparsable": <its text>, "unparsable_base64": <its bytes, where they are not UTF-8>, "line": N, "problem": ...}
+and the resume says so: it never stops a run. The file is read by trainer.metrics_file, line by line.
 
 MFU counts model FLOPs only (no recomputation): FLOPs per token = 6·N + 12·L·h·s (PaLM appendix B),
 N = all parameters, L layers, h hidden size, s sequence length; the peak is the GPU table's
@@ -19,13 +22,14 @@ dense 16-bit figure (trainer.hardware) times the number of GPUs.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import resource
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -33,13 +37,10 @@ import torch
 
 from .. import hardware
 from ..config import Config
-from ..files import write_text_atomic
+from ..files import atomic_writer, regular_file
+from ..metrics_file import METRICS_FILE, REWOUND_FILE, Line, forward
 from ..redact import redact
 from . import trackers
-
-
-METRICS_FILE = "metrics.jsonl"
-REWOUND_FILE = "metrics.rewound.jsonl"
 
 
 log = logging.getLogger(__name__)
@@ -63,41 +64,85 @@ class Resumed:
     wandb_run_id: Optional[str]       # recorded in that checkpoint's trainer state
 
 
-def rewind_metrics(run_dir: Path, step: int, tag: Optional[str], world_size: int) -> int:
+@dataclass
+class Rewound:
+    """What a rewind moved to metrics.rewound.jsonl: every line, and of them the ones that were no metrics lines."""
+    moved: int = 0
+    not_metrics: int = 0
+    named: list[str] = field(default_factory=list)   # the first MAX_NAMED of those, as "line N: problem"
+
+
+MAX_NAMED = 5
+
+
+def rewind_metrics(run_dir: Path, step: int, tag: Optional[str], world_size: int) -> Rewound:
     """Rank 0, before a resumed run logs: lines past `step` move to metrics.rewound.jsonl, metrics.jsonl is rewritten
-    atomically with the resume event appended (`tag` None: a fresh start, step 0, no event). Returns how many lines
-    moved. A line a crash cut short moves too."""
+    atomically with the resume event appended (`tag` None: a fresh start, step 0, no event). A line that is no
+    metrics line (torn by a kill or a full disk, bad UTF-8, not a JSON object) moves too, its bytes kept. The file is
+    streamed: its size does not matter."""
     path = run_dir / METRICS_FILE
-    lines = path.read_text().splitlines() if path.is_file() else []
-    kept, moved = [], []
-    for line in filter(str.strip, lines):
-        row = _parse(line)
-        (kept if row is not None and isinstance(row.get("step"), int) and row["step"] <= step else moved).append(line)
     rewound_by = {"checkpoint": tag, "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if moved:
-        with open(run_dir / REWOUND_FILE, "a") as handle:
-            for line in moved:
-                row = _parse(line)
-                handle.write(json.dumps({**row, "rewound_by": rewound_by} if row is not None
-                                        else {"unparsable": line, "rewound_by": rewound_by}) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-    event = [json.dumps({"step": step, "event": "resume", "checkpoint": tag, "world_size": world_size})] if tag else []
-    write_text_atomic(str(path), "".join(line + "\n" for line in kept + event), flag="train.output_dir")
-    return len(moved)
+    result = Rewound()
+    lines = forward(regular_file(path, "metrics file")) if path.exists() else iter(())
+    with _Aside(run_dir / REWOUND_FILE) as aside, atomic_writer(str(path), flag="train.output_dir") as kept:
+        for line in lines:
+            if line.row is not None and line.step <= step:
+                kept.write(line.raw + b"\n")
+                continue
+            aside.write({**line.row, "rewound_by": rewound_by} if line.row is not None
+                        else {**aside_record(line), "rewound_by": rewound_by})
+            result.moved += 1
+            if line.problem:
+                result.not_metrics += 1
+                if len(result.named) < MAX_NAMED:
+                    result.named.append(f"line {line.number}: {line.problem}")
+        if tag:
+            kept.write(json.dumps({"step": step, "event": "resume", "checkpoint": tag,
+                                   "world_size": world_size}).encode() + b"\n")
+        aside.sync()  # the moved lines are on disk before the rewritten file replaces the one that held them
+    return result
+
+
+def aside_record(line: Line) -> dict:
+    """A line that is no metrics line as a JSON object that keeps its bytes: as text, and in base64 where they are
+    not UTF-8 (so nothing is lost); a line too long to read keeps its first bytes and its size."""
+    record = {"unparsable": line.raw.decode("utf-8", "replace"), "line": line.number, "problem": line.problem}
+    if record["unparsable"].encode() != line.raw:
+        record["unparsable_base64"] = base64.b64encode(line.raw).decode("ascii")
+    if line.size > len(line.raw):
+        record["size"] = line.size
+    return record
+
+
+class _Aside:
+    """metrics.rewound.jsonl, appended to; opened at the first line moved (a rewind that moves nothing leaves no
+    file)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = None
+
+    def __enter__(self) -> "_Aside":
+        return self
+
+    def write(self, record: dict) -> None:
+        if self.handle is None:
+            self.handle = open(self.path, "a")
+        self.handle.write(json.dumps(record) + "\n")
+
+    def sync(self) -> None:
+        if self.handle is not None:
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            self.handle.close()
 
 
 def has_history(run_dir: Path) -> bool:
     path = run_dir / METRICS_FILE
-    return path.is_file() and path.stat().st_size > 0
-
-
-def _parse(line: str) -> Optional[dict]:
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    return row if isinstance(row, dict) else None
+    return path.exists() and (not path.is_file() or path.stat().st_size > 0)  # not a file: the rewind names it
 
 
 class MetricsLogger:
@@ -128,14 +173,16 @@ class MetricsLogger:
         """The step the run's history is rewound to: the checkpoint's, 0 for a fresh start in a used directory, None
         for a fresh directory."""
         if resumed is not None:
-            moved = rewind_metrics(run_dir, resumed.step, resumed.tag, world_size)
-            if moved:
-                print(f"metrics: {moved} line(s) past step {resumed.step} (lost with the crash, trained again now) "
-                      f"moved to {run_dir / REWOUND_FILE}", flush=True)
+            rewound = rewind_metrics(run_dir, resumed.step, resumed.tag, world_size)
+            _tell_not_metrics(run_dir, rewound)
+            if rewound.moved > rewound.not_metrics:
+                print(f"metrics: {rewound.moved - rewound.not_metrics} line(s) past step {resumed.step} (lost with "
+                      f"the crash, trained again now) moved to {run_dir / REWOUND_FILE}", flush=True)
             return resumed.step
         if has_history(run_dir):
-            moved = rewind_metrics(run_dir, 0, None, world_size)
-            print(f"metrics: a fresh start in a used run directory: its earlier {moved} line(s) moved to "
+            rewound = rewind_metrics(run_dir, 0, None, world_size)
+            _tell_not_metrics(run_dir, rewound)
+            print(f"metrics: a fresh start in a used run directory: its earlier {rewound.moved} line(s) moved to "
                   f"{run_dir / REWOUND_FILE}", flush=True)
             return 0
         return None
@@ -229,6 +276,14 @@ class MetricsLogger:
             self.file.close()
         for tracker in self.trackers:
             tracker.close()
+
+
+def _tell_not_metrics(run_dir: Path, rewound: Rewound) -> None:
+    if rewound.not_metrics:
+        more = rewound.not_metrics - len(rewound.named)
+        print(f"metrics: {rewound.not_metrics} line(s) of {run_dir / METRICS_FILE} were not metrics lines, moved to "
+              f"{run_dir / REWOUND_FILE} with their bytes: " + "; ".join(rewound.named)
+              + (f"; and {more} more" if more else ""), flush=True)
 
 
 def _fmt(value) -> str:

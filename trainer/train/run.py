@@ -18,10 +18,10 @@ import yaml
 from .. import ds as dsc
 from .. import provenance, ranks
 from ..config import Config
-from ..distributed import comm_device, rank0_first, seed_everything, start_distributed
+from ..distributed import comm_device, seed_everything, start_distributed
 from ..errors import UserError
 from ..launch.fabric import report_network_env
-from ..presets import blamed, load_preset, preset_path, set_keys
+from ..presets import blamed, load_preset, preset_path, set_keys, with_overrides
 from ..redact import redact
 from ..resolve import Resolved, resolve
 from . import checkpoint, elastic
@@ -60,7 +60,8 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
         return 0
     resolved, universal_dir = elastic.adapt(resolved, resume_path, set_keys(overrides), comm_device(),
-                                            lambda extra: configure(preset, overrides + extra, rehearse, world_size)[0])
+                                            lambda extra: configure(preset, with_overrides(overrides, extra), rehearse,
+                                                                     world_size)[0])
     cfg = resolved.config
     record = run_record(resolved) if rank == 0 else resolved.record()  # only rank 0 writes it (git runs once)
     job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None)
@@ -137,7 +138,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
     check_vocab(tokenizer, cfg)
-    data = rank0_first(lambda: build_datasets(cfg.data, tokenizer, cfg.train.seed))
+    data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective: rank 0 prepares, the ranks verify
     print0(f"data: {data.stats}", rank=rank)
     check_enough_batches(data, resolved)
     prepare_run_dir(run_dir, record or resolved.record(), rank)
@@ -233,13 +234,13 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
         return None, 0
+    checkpoint.verify(path, comm_device())  # before any file in it is read, its own trainer state included
     saved_state, saved_config = checkpoint.read_trainer_state(path)
     checkpoint.check_same_model(saved_config, dataclasses.asdict(cfg.model), path)
     if saved_state.step > cfg.train.max_steps:
         raise UserError(f"checkpoint {path} is at step {saved_state.step}, past train.max_steps={cfg.train.max_steps}: "
                         f"nothing to train and nothing was written; raise train.max_steps (e.g. --set train.max_steps="
                         f"{2 * saved_state.step}) or resume an earlier checkpoint with --resume PATH")
-    checkpoint.verify(path, comm_device())
     newer = [p.name for p in checkpoint.complete_checkpoints(ckpt_dir) if p.name > path.name]
     if newer and path.parent.resolve() == ckpt_dir.resolve():
         print0(f"notice: resuming {path.name} although newer checkpoints exist ({', '.join(newer)}); they are set "

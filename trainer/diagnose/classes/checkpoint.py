@@ -1,0 +1,89 @@
+"""Checkpoints and ZeRO-3 weights: a checkpoint resumed on another topology, 16-bit weights not gathered at
+save time, a full state dict loaded into a partitioned model, and ZeRO-3 combined with loading options that
+place the weights themselves (`device_map`, `low_cpu_mem_usage`, 8/4-bit loading)."""
+from __future__ import annotations
+
+import re
+
+from ... import ds as dsc
+from ..findings import Diagnosis, Found, Proposal
+
+# --- ZeRO-3 weights: saving and loading ----------------------------------------------------------------------
+
+
+def diagnose_save(f: Found) -> Diagnosis:
+    r = f.resolved
+    d = Diagnosis("stage3_save", "ZeRO-3 saved incomplete (sharded or empty) weights", f.line)
+    if dsc.zero_stage(r.ds) == 3 and not dsc.gather_16bit_on_save(r.ds):
+        d.proposal = Proposal("gather 16-bit weights on save", [dsc.gather_on_save_override(r.ds)],
+                              "under ZeRO-3 each rank holds a shard; DeepSpeed only writes a whole 16-bit model "
+                              "when told to gather it at save time (seed step 7.2)")
+    elif "stage3_gather_16bit_weights_on_model_save" in f.log.text:
+        d.advice.append(f"this log did not come from preset {r.config.name} as configured: it " + (
+            "already gathers 16-bit weights on save" if dsc.zero_stage(r.ds) == 3 else "is not ZeRO-3"))
+    d.advice.append("weights already trained are in the DeepSpeed checkpoint: rebuild them with "
+                    "`python -m deepspeed.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT_DIR` (OUTPUT_DIR is a folder)")
+    return d
+
+
+def diagnose_zero3_load(f: Found) -> Diagnosis:
+    r = f.resolved
+    d = Diagnosis("zero3_load", "a full state dict was loaded into a ZeRO-3 partitioned model (its parameters are "
+                                "torch.Size([0]) placeholders)", f.line)
+    own = "" if r.config.model.name_or_path else " (set model.name_or_path to the weights' directory or hub id)"
+    d.proposal = Proposal("load the weights while the model is built (from_pretrained under deepspeed.zero.Init)", [],
+                          "under ZeRO-3 each rank holds only a partition, so load_state_dict into the engine (or "
+                          "into a model created under the stage-3 strategy) sees empty parameters. Let the loader "
+                          f"gather each partition: this trainer loads model.name_or_path under deepspeed.zero.Init"
+                          f"{own}; in your own script create HfDeepSpeedConfig(ds_config) (or the TrainingArguments "
+                          "with deepspeed=...) before from_pretrained, or copy weights inside "
+                          "`deepspeed.zero.GatheredParameters(params, modifier_rank=0)`")
+    d.advice.append("to read a trained ZeRO-3 checkpoint outside DeepSpeed, convert it first: `python -m "
+                    "deepspeed.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT_DIR` and load that into an unpartitioned model")
+    return d
+
+
+# --- a checkpoint resumed on another topology -------------------------------------------------------------------
+
+TOPOLOGY = re.compile(r"(The checkpoint being loaded used a DP world size of (\d+) but the current world size is (\d+)|"
+                      r"Automatic adjustment of ZeRO's optimizer state partitioning with a new world size|"
+                      r"No such file or directory: '[^']*zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt')")
+
+
+def diagnose_topology(f: Found) -> Diagnosis:
+    sizes = next((m for m in f.log.all(TOPOLOGY) if m.group(2)), None)
+    change = f" ({sizes.group(2)} -> {sizes.group(3)} data-parallel ranks)" if sizes else ""
+    d = Diagnosis("ckpt_topology", f"a ZeRO checkpoint resumed on another data-parallel size{change}", f.line)
+    d.proposal = Proposal("resume through the universal checkpoint: this trainer's elastic resume (--resume auto)", [],
+                          "ZeRO partitions the optimizer states by data-parallel rank, so DeepSpeed's own files load "
+                          "only on the layout that saved them. This trainer's resume converts such a checkpoint once "
+                          "with DeepSpeed's ds_to_universal (into step_N/universal/) and loads it on the new world "
+                          "size, keeping the global batch", train_args=("--resume", "auto"))
+    d.advice += [
+        "outside this trainer: `python -m deepspeed.checkpoint.ds_to_universal --input_folder CKPT/global_stepN "
+        "--output_folder CKPT/global_stepN_universal`, then load with `\"checkpoint\": {\"load_universal\": true}` "
+        "in the DeepSpeed config (or go back to the world size that saved it)",
+        "weights only (a new run, fresh optimizer): `python -m deepspeed.utils.zero_to_fp32 CKPT OUTPUT_DIR`",
+    ]
+    return d
+
+
+# --- ZeRO-3 with loaders that place the weights themselves ------------------------------------------------------
+
+DEVICE_MAP = re.compile(r"(Zero-?3 is not compatible with .{0,3}low_cpu_mem_usage|Zero-?3 is not compatible with "
+                        r"passing a .?device_map|device_map.{0,80}not (compatible|supported).{0,40}(zero.?3|DeepSpeed))",
+                        re.IGNORECASE)
+
+
+def diagnose_device_map(f: Found) -> Diagnosis:
+    d = Diagnosis("zero3_device_map", "ZeRO-3 with from_pretrained(device_map=... / low_cpu_mem_usage=True): the "
+                                      "loader and DeepSpeed both want to place the weights", f.line)
+    d.proposal = Proposal("drop device_map and low_cpu_mem_usage from from_pretrained under ZeRO-3", [],
+                          "under ZeRO-3 transformers loads the model inside deepspeed.zero.Init, which partitions "
+                          "every parameter across the ranks as it is created; device_map (accelerate's placement, "
+                          "which sets low_cpu_mem_usage) and 8/4-bit loading place whole tensors on devices themselves. "
+                          "Call from_pretrained without them and let DeepSpeed place the shards (this trainer does: "
+                          "at stage 3 it loads under zero.Init with no device_map)")
+    d.advice.append("to keep device_map (one process spreading a model over GPUs), run without ZeRO-3: that is model "
+                    "parallelism for inference, not data-parallel training")
+    return d

@@ -1,0 +1,108 @@
+"""The answer when no failure class matches: never just "not recognised". The doctor still reads the log -
+the exception and its message, the library whose code raised it (from the frames' file paths: DeepSpeed,
+transformers, torch, accelerate, NCCL, the trainer, or the user's script), the phase it happened in, the
+versions the log prints or the run recorded - and adds the preset's planned memory and what to attach to a
+bug report for the library that raised it.
+"""
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from typing import Optional
+
+from ...plan.estimate import gb
+from .. import phases
+from ..findings import Diagnosis, Found, planned
+from ..logtext import ERROR_WORDS, EXCEPTION, Frame, Log
+
+TRACKERS = {"deepspeed": "https://github.com/deepspeedai/DeepSpeed/issues (attach `ds_report`)",
+            "transformers": "https://github.com/huggingface/transformers/issues (attach `transformers env`)",
+            "accelerate": "https://github.com/huggingface/accelerate/issues (attach `accelerate env`)",
+            "torch": "https://github.com/pytorch/pytorch/issues (attach `python -m torch.utils.collect_env`)",
+            "nccl": "https://github.com/NVIDIA/nccl/issues (attach the NCCL_DEBUG=INFO log of every rank)",
+            "trainer": "this trainer's maintainers (attach `python -m trainer show PRESET` and the run's "
+                       "config.resolved.yaml)"}
+STACK = ("torch", "deepspeed", "transformers", "accelerate")
+# What the exception type alone says, whatever raised it ({0}: the first quoted name in the message).
+HINTS = [(re.compile(p), text) for p, text in (
+    (r"ModuleNotFoundError|No module named", "the module '{0}' is not installed in the environment this rank ran: "
+                                             "install it there (on every node), or fix the name"),
+    (r"FileNotFoundError|No such file or directory", "the path '{0}' does not exist where this rank ran: a relative "
+                                                     "path from another working directory, a mount missing on this "
+                                                     "node, or a file not written yet"),
+    (r"PermissionError|Permission denied", "'{0}' is not readable/writable by the user the ranks run as"),
+    (r"ImportError: cannot import name", "'{0}' is missing from the installed version of the package it is imported "
+                                         "from: the packages' versions do not go together (see the versions below)"),
+)]
+NCCL_LINE = re.compile(r"NCCL (WARN|INFO)")
+
+
+def failure_line(log: Log) -> Optional[int]:
+    """The line a report is about: the last exception, else the last error-looking line, else the last line."""
+    index = log.last(EXCEPTION)
+    if index is None:
+        index = log.last(ERROR_WORDS)
+    if index is None:
+        index = next((i for i in reversed(range(len(log.lines))) if log.lines[i].strip()), None)
+    return index
+
+
+def raised_in(log: Log, index: int, frames: list[Frame]) -> str:
+    """The library whose frame is innermost (the code that raised), from the exception's module path when the
+    traceback is cut, NCCL when only NCCL's own lines speak."""
+    for frame in reversed(frames):
+        if frame.package:
+            return frame.package
+    exception = re.match(r"^(?:\[rank\d+\]:\s*)?((?:\w+\.)+)\w+", log.line(index))
+    if exception and exception.group(1).split(".")[0] in TRACKERS:
+        return exception.group(1).split(".")[0]
+    if log.has(NCCL_LINE):
+        return "nccl"
+    return "your script" if frames else "unknown"
+
+
+def installed() -> dict[str, str]:
+    found = {}
+    for name in STACK:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def diagnose_unknown(f: Found) -> Diagnosis:
+    log, index, versions = f.log, f.index, f.versions
+    frames = log.frames(index)
+    library = raised_in(log, index, frames)
+    phase = phases.phase(log, index)
+    exception = re.match(r"^(?:\[rank\d+\]:\s*)?([\w.]+?(?:Error|Exception|Exit|Interrupt))\b", log.line(index))
+    kind = exception.group(1).rsplit(".", 1)[-1] if exception else "a failure"
+    where = "" if phase == "unknown" else f" {phases.WORDS[phase]}"
+    raised = f" raised in {library}" if library != "unknown" else " (the log shows no traceback)"
+    d = Diagnosis("unrecognised", f"{kind}{raised}{where}", log.line(index))
+    message = log.joined(index, following=2)  # "Failed to import X ...:" and, wrapped, the error it names
+    hint = next((text for pattern, text in HINTS if pattern.search(message)), None)
+    if hint:
+        name = re.search(r"'([^']+)'", message)
+        d.advice.append(hint.format(name.group(1) if name else "it names"))
+    innermost = next((fr for fr in reversed(frames) if fr.package == library), frames[-1] if frames else None)
+    if innermost is not None:
+        d.advice.append(f"raised in {library} at {innermost.file.split('site-packages/')[-1]} ({innermost.func})"
+                        + _called_from(frames))
+    seen = ", ".join(f"{name} {v}" for name, v in sorted(versions.items())) or "none printed"
+    here = ", ".join(f"{name} {v}" for name, v in installed().items())
+    d.advice.append(f"versions in the log: {seen}; installed where the doctor runs: {here}")
+    plan = planned(f.resolved)
+    if plan is not None:
+        d.advice.append(f"preset {f.resolved.config.name} plans {gb(plan.gpu_total)} of {gb(plan.gpu_budget)} GB per "
+                        f"GPU and {gb(plan.cpu_bytes_per_node)} GB host RAM per node (`python -m trainer plan`)")
+    d.advice.append("to report it: the whole log of every rank (not only rank 0's tail; NCCL_DEBUG=INFO for "
+                    "distributed failures), the command line, the DeepSpeed config, `pip list` and `nvidia-smi`, to "
+                    + TRACKERS.get(library, "the project that owns the script (the innermost frame of your code)"))
+    return d
+
+
+def _called_from(frames: list[Frame]) -> str:
+    user = next((fr for fr in reversed(frames) if not fr.package), None)
+    return f", called from {user.file.rsplit('/', 1)[-1]} ({user.func})" if user else ""

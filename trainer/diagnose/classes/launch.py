@@ -1,0 +1,182 @@
+"""Launching the ranks: a launcher's argument the script does not take, a rendezvous port that cannot be bound,
+ranks started without a launcher (plain `python`, mpirun without the torch variables), ssh to the hostfile's
+nodes, a batch triad built for another world size, and a /dev/shm too small for the ranks (Docker's 64 MB).
+
+Every proposal reruns the preset the way it is meant to run: with the launcher, for the preset's world size.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ... import ds as dsc
+from ..findings import Diagnosis, Found, Proposal
+
+DEFAULT_PORT = 29500  # the deepspeed and torchrun default rendezvous port
+
+# --- arguments the launcher passes ------------------------------------------------------------------------------
+
+UNRECOGNIZED = re.compile(r"error: unrecognized arguments: (.+)$")
+LOCAL_RANK = re.compile(r"--local[_-]rank")
+
+
+def find_unrecognized(log) -> Optional[int]:
+    return log.last(UNRECOGNIZED)
+
+
+def diagnose_launch_args(f: Found) -> Diagnosis:
+    """argparse refused arguments: --local_rank is the launcher's (deepspeed and torch.distributed.launch pass
+    it to every rank); anything else is the command line's."""
+    match = UNRECOGNIZED.search(f.line)
+    args = match.group(1).split() if match else []
+    script = (f.line.split(":", 1)[0] or "the script").strip()
+    if any(LOCAL_RANK.match(a) for a in args):
+        d = Diagnosis("launch_args", f"{script} does not accept --local_rank, which the launcher passes to every rank",
+                      f.line)
+        d.proposal = Proposal(f"let {script} accept --local_rank", [],
+                              "the deepspeed launcher (and the old `python -m torch.distributed.launch`) starts each "
+                              "rank as `script --local_rank=N ...`; add `parser.add_argument(\"--local_rank\", "
+                              "\"--local-rank\", type=int, default=-1)` to the script's parser (torch >= 2.0's launch "
+                              "spells it --local-rank), or start the ranks with `deepspeed --no_local_rank` / torchrun, "
+                              "which pass it as the LOCAL_RANK environment variable. This trainer's train.py accepts "
+                              "both spellings")
+        return d
+    d = Diagnosis("launch_args", f"{script} refused arguments it does not define: {' '.join(args)}", f.line)
+    d.proposal = Proposal("fix the command line", [],
+                          f"{script}'s parser has no {', '.join(a.split('=')[0] for a in args)}: a misspelt flag, a "
+                          f"flag of another version of the script, or an argument meant for the launcher placed after "
+                          f"the script name (launcher flags go before it). `{script} --help` lists what it takes")
+    return d
+
+
+# --- the rendezvous port -----------------------------------------------------------------------------------------
+
+PORT_IN_USE = re.compile(r"(Address already in use|EADDRINUSE|errno: 98\b|failed to bind to \S+:(\d+) \(errno: 13|"
+                         r"bind.*Permission denied)", re.IGNORECASE)
+BOUND_PORT = re.compile(r"(?:failed to bind to \S*?:|\bport:? |master_port[= ])(\d{2,5})\b")
+
+
+def diagnose_port(f: Found) -> Diagnosis:
+    ports = [int(m.group(1)) for m in f.log.all(BOUND_PORT)]
+    port = ports[-1] if ports else None
+    privileged = port is not None and port < 1024
+    new_port = DEFAULT_PORT + 1 if port in (None, DEFAULT_PORT) or privileged else port + 1
+    where = f"port {port}" if port else "the rendezvous port"
+    why = (f"ports below 1024 need root (errno 13): {where} cannot be bound by a user" if privileged else
+           f"another process already listens on {where}: a second job on this machine, or ranks of an earlier run "
+           f"that are still alive (`ss -ltnp 'sport = :{port or DEFAULT_PORT}'` names it; stop it if it is a "
+           f"leftover)")
+    d = Diagnosis("port_in_use", f"the rendezvous could not bind {where}", f.line)
+    d.proposal = Proposal(f"rerun on a free rendezvous port: --master_port {new_port}", [],
+                          f"{why}. Every job on a machine needs its own --master_port; the rank-0 TCP store binds "
+                          f"it on the master node", master_port=new_port)
+    return d
+
+
+# --- ranks started without a launcher ----------------------------------------------------------------------------
+
+NO_LAUNCHER = re.compile(r"(environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected, but "
+                         r"not set|Default process group has not been initialized|KeyError: '(RANK|LOCAL_RANK|"
+                         r"WORLD_SIZE)'|env:// rendezvous: \w+ not set)")
+
+
+def diagnose_no_launcher(f: Found) -> Diagnosis:
+    return not_distributed(f, "torch.distributed found none of the variables a launcher sets (RANK, WORLD_SIZE, "
+                              "MASTER_ADDR, MASTER_PORT): the script was started as a plain `python` process")
+
+
+def diagnose_triad(f: Found) -> Diagnosis:
+    r, hw = f.resolved, f.resolved.config.hardware
+    if f.match is None:  # the numbers wrapped past what the recogniser joins
+        return Diagnosis("batch_triad", "batch-size triad: train_batch_size != micro x accumulation x world size",
+                         f.line, advice=["run `python -m trainer show PRESET` for the triad the trainer solves"])
+    total, micro, accum, world = (int(x) for x in f.match.groups())
+    if world == 1 and r.world_size > 1:
+        return _not_distributed(f, total)
+    d = Diagnosis("batch_triad", f"batch-size triad: {total} != {micro} x {accum} x {world} (world size {world})",
+                  f.line)
+    overrides = []
+    if world != r.world_size:
+        nodes = hw.nodes if world % hw.nodes == 0 else 1
+        overrides += ([f"hardware.nodes={nodes}"] if nodes != hw.nodes else []) + [
+            f"hardware.gpus_per_node={world // nodes}"]
+    accum_for_total = dsc.accumulation(total, micro, world)
+    if accum_for_total:
+        overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={accum_for_total}"]
+        keep = f"grad_accum {accum_for_total} keeps train_batch_size {total} at world size {world}"
+    else:
+        overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={accum}"]
+        keep = f"train_batch_size becomes {micro * accum * world}"
+    d.proposal = Proposal("make the triad agree with the launched world size", overrides,
+                          f"DeepSpeed requires train_batch_size = micro x accumulation x world size (the global "
+                          f"world, also under AutoTP); {keep}. The trainer solves the third value from the other two "
+                          f"when the DeepSpeed batch keys are 'auto'")
+    return d
+
+
+def _not_distributed(f: Found, total: int) -> Diagnosis:
+    return not_distributed(f, "DeepSpeed saw world size 1")
+
+
+def not_distributed(f: Found, why: str) -> Diagnosis:
+    r = f.resolved
+    d = Diagnosis("not_distributed", f"the ranks never joined one process group: {why}; preset {r.config.name} "
+                                     f"needs {r.world_size} rank{'s' if r.world_size > 1 else ''}", f.line)
+    d.proposal = Proposal(f"launch the {r.world_size} ranks with a launcher that sets up torch.distributed", [],
+                          "world size 1 with train_batch_size built for several ranks means each process ran alone "
+                          "(started by mpirun/srun or plain python without RANK/WORLD_SIZE/MASTER_ADDR, or the "
+                          "DeepSpeed config was checked before the process group existed); training on one GPU is "
+                          "not the fix. Start the ranks with the command below")
+    d.advice += [
+        "under mpirun/srun run `python -m trainer launch --preset P --nnodes N --node-rank $NODE_RANK --master-addr "
+        "HEAD` once per node (it sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or export those from "
+        "OMPI_COMM_WORLD_* / SLURM_* before starting python",
+        "in your own script, call deepspeed.init_distributed() (or build TrainingArguments) before anything creates "
+        "the DeepSpeed config or enters zero.Init: until then DeepSpeed reads world size 1",
+    ]
+    return d
+
+
+SSH_HOST = [re.compile(p) for p in (r"host=(\S+) was not reachable", r"ssh -o PasswordAuthentication=no (\S+) hostname",
+                                    r"^(\S+): ssh exited with exit code", r"^(\S+?): .*Permission denied")]
+
+
+def diagnose_ssh(f: Found) -> Diagnosis:
+    host = next((m.group(1) for p in SSH_HOST for m in f.log.all(p)), "HOST")
+    host = host.split(":")[-1].strip() or "HOST"
+    r = f.resolved
+    d = Diagnosis("ssh_launch", f"the DeepSpeed launcher could not ssh to {host}", f.line)
+    d.proposal = Proposal(f"set up passwordless ssh to {host}: ssh-copy-id {host}", [],
+                          f"the launcher reaches every hostfile node (pdsh, localhost included) by ssh without a "
+                          f"password: `ssh-keygen -t ed25519 -N '' -f ~/.ssh/id_ed25519` once, `ssh-copy-id {host}` "
+                          f"for each node, check with `ssh -o PasswordAuthentication=no {host} hostname`, and install "
+                          f"pdsh on every node")
+    d.advice.append("or start each node yourself, no ssh needed: on node i run `python -m trainer launch --preset "
+                    f"{r.config.name} --nnodes {r.config.hardware.nodes} --node-rank i --master-addr NODE0` (or the "
+                    "same torchrun line on every node)")
+    if r.config.hardware.nodes == 1:
+        d.advice.append("on a single node no ssh is needed: run without --hostfile (and without --autotuning, which "
+                        "launches through pdsh)")
+    return d
+
+
+# --- /dev/shm ----------------------------------------------------------------------------------------------------
+
+SHM = re.compile(r"(/dev/shm|shared memory segment|posix_fallocate failed|out of shared memory|insufficient shared "
+                 r"memory|Bus error|SIGBUS|Signal 7\b|exits? with return code = -7\b|exitcode\s*:\s*-7\b|"
+                 r"return code -7\b)", re.IGNORECASE)
+
+
+def diagnose_shm(f: Found) -> Diagnosis:
+    d = Diagnosis("shm", "shared memory (/dev/shm) ran out: bus error / SIGBUS (exit -7) or NCCL's shared-memory "
+                         "segment", f.line)
+    d.proposal = Proposal("give the ranks a larger /dev/shm: docker run --shm-size=16g (or --ipc=host)", [],
+                          "the ranks share memory through /dev/shm - NCCL's intra-node transport, DataLoader workers, "
+                          "DeepSpeed's CPU all-reduce - and a container's default is 64 MB: writing past it kills "
+                          "the process with SIGBUS (exit -7) or fails NCCL's segment. Check with `df -h /dev/shm`; on "
+                          "Kubernetes mount an emptyDir with medium: Memory at /dev/shm; remove stale files there "
+                          "(`ls /dev/shm`) left by killed jobs")
+    d.then.append(Proposal("or keep NCCL off shared memory (slower intra-node traffic)", [],
+                           "NCCL_SHM_DISABLE=1 makes NCCL use P2P or sockets instead of /dev/shm; it does not help "
+                           "DataLoader workers (fewer num_workers does)", env=(("NCCL_SHM_DISABLE", "1"),)))
+    return d

@@ -1,0 +1,183 @@
+"""Messages that state their own fix. DeepSpeed's and transformers' config checks say what to change - "set
+these DeepSpeed config values to 'auto'", `<"zero_force_ds_cpu_optimizer": false>`, "please set X" - and name
+the keys. The doctor reads the instruction and the keys out of the exception message, maps each key onto the
+preset's DeepSpeed config (`deepspeed.<path>` overrides the trainer checks by resolving them), and proposes
+the change the message asks for; when the preset already says so, the log came from a config of its own and
+the doctor quotes the instruction with the key.
+
+ZeRO-Offload with a client optimizer is the one message whose own last resort is not the first thing to do:
+its cheapest fix is DeepSpeed's CPU optimizer, not switching the check off.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ... import ds as dsc
+from ..findings import Diagnosis, Found, Proposal
+from ..logtext import EXCEPTION, Log
+
+INSTRUCTION = re.compile(r"((?:please|you (?:can|should|must|need to|may)(?: also)?|try(?:ing)?|consider|make sure|"
+                         r"ensure)\b[^.\n]*|\bset (?:these|it|them|the|this|\S+ (?:to|=))\b[^.\n]*|\buse \S+[^.\n]* "
+                         r"instead\b[^.\n]*|(?:pip|conda) install \S+[^.\n]*|did you mean [^?\n]*\?|[^.\n]*\b(?:must|"
+                         r"should|needs? to) be (?:set to|enabled|disabled|true|false)\b[^.\n]*)", re.IGNORECASE)
+BOILERPLATE = re.compile(r"(report (this|a|the) bug|file an issue|open an issue|CUDA_LAUNCH_BLOCKING|TORCH_USE_CUDA_DSA|"
+                         r"NCCL_DEBUG=INFO for details|look up to see its traceback|max_split_size_mb|"
+                         r"expandable_segments|documentation for Memory Management)", re.IGNORECASE)
+MISMATCH_LINE = re.compile(r"^\s*-\s*ds (\S+)=(\S+) vs hf (.+?)=(\S+)\s*$")
+QUOTED_SETTING = re.compile(r"<?\"([\w.]+)\":\s*(\"[^\"]*\"|[\w.+-]+)>?")
+SET_TO = re.compile(r"\bset (?:`|')?([\w.]+)(?:`|')? (?:to|=) ['\"`]?([\w.+-]+)", re.IGNORECASE)
+TO_AUTO = re.compile(r"set these DeepSpeed config values to 'auto'", re.IGNORECASE)
+CONCRETE = re.compile(r"(['\"`<]|=|\binstall\b|\bto \S+$)")
+EXCEPTION_PREFIX = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception):\s*")
+MESSAGE_LINES = 8
+
+
+def message_at(log: Log, index: int) -> str:
+    """The exception message starting at `index`, with the lines that continue it (wrapped text, a list)."""
+    lines = [log.line(index)]
+    for line in log.lines[index + 1:index + MESSAGE_LINES]:
+        if not line.strip() or EXCEPTION.search(line) or line.lstrip().startswith(("File ", "Traceback", "[20")):
+            break
+        lines.append(line.strip())
+    return "\n".join(lines)
+
+
+def instructions(message: str) -> list[str]:
+    """The message's instructions, the most concrete first (one that names a value, a key or a command), in
+    order otherwise: "set these values to 'auto'" before "please correct the following"."""
+    found = [EXCEPTION_PREFIX.sub("", m.group(0).strip()) for m in INSTRUCTION.finditer(message)
+             if not BOILERPLATE.search(m.group(0))]
+    return sorted(found, key=lambda text: not CONCRETE.search(text))
+
+
+def find_message(log: Log) -> Optional[int]:
+    """The last exception whose message tells the reader what to change; without an exception line (a message
+    pasted alone), the line that opens a list of mismatching settings."""
+    index = log.last(EXCEPTION)
+    if index is None:
+        listed = log.first(MISMATCH_LINE)
+        if listed is None:
+            return None
+        return listed - 1 if listed > 0 and log.lines[listed - 1].strip() else listed  # the list's heading
+    message = message_at(log, index)
+    return index if instructions(message) or any(MISMATCH_LINE.match(m) for m in message.split("\n")) else None
+
+
+VALUE_AFTER = re.compile(r"^\W{0,3}\s*(?:\w+\s+){0,6}?(?:be )?(?:set )?(?:to|=|:)\s*['\"`]?(true|false|auto|none|null|"
+                         r"-?[\d.]+(?:e-?\d+)?)\b", re.IGNORECASE)
+
+
+def named_keys(message: str, paths: dict) -> list[tuple[str, object]]:
+    """Keys of the preset's DeepSpeed config the message names - as written (contiguous_gradients) or in words
+    ("Contiguous Gradients") - with the value it asks for when one follows ("must be set to True")."""
+    found, lowered = [], message.lower()
+    for path in paths:
+        leaf = path.rsplit(".", 1)[-1]
+        if "_" not in leaf:
+            continue  # one-word keys (stage, enabled, type) are ordinary words in a message
+        for form in (leaf, leaf.replace("_", " ")):
+            at = lowered.find(form.lower())
+            if at >= 0:
+                value = VALUE_AFTER.search(message[at + len(form):at + len(form) + 60])
+                found.append((path, _value(value.group(1)) if value else None))
+                break
+    return found
+
+
+def named_settings(message: str, paths: Optional[dict] = None) -> list[tuple[str, object]]:
+    """(key, value) pairs the message asks for - written as settings, or keys of `paths` (the preset's DeepSpeed
+    config) named in the text; the value is None when it names a key without one."""
+    found: list[tuple[str, object]] = []
+    for line in message.split("\n"):
+        if (m := MISMATCH_LINE.match(line)):
+            found.append((m.group(1), "auto" if TO_AUTO.search(message) else None))
+    for m in QUOTED_SETTING.finditer(message):
+        found.append((m.group(1), _value(m.group(2))))
+    for m in SET_TO.finditer(message):
+        if m.group(1).lower() not in ("these", "it", "them", "the", "this"):
+            found.append((m.group(1), _value(m.group(2))))
+    named = {key.rsplit(".", 1)[-1] for key, _ in found}
+    return found + [(path, value) for path, value in named_keys(message, paths or {})
+                    if path.rsplit(".", 1)[-1] not in named]
+
+
+def _value(text: str) -> object:
+    text = text.strip("\"'")
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return int(text) if re.fullmatch(r"-?\d+", text) else float(text) if re.fullmatch(r"-?[\d.]+(e-?\d+)?", text) \
+            else text
+    except ValueError:
+        return text
+
+
+def diagnose_message(f: Found) -> Diagnosis:
+    message = message_at(f.log, f.index)
+    asked = instructions(message) or ["set these DeepSpeed config values to 'auto'"]
+    settings = named_settings(message, dsc.leaf_paths(f.resolved.ds))
+    d = Diagnosis("config_message", f"the error says what to change: {asked[0]}", f.line)
+    keys = [key for key, _ in settings]
+    overrides, unchanged = _overrides(f, settings)
+    what = f" ({', '.join(keys)})" if keys else ""
+    if overrides:
+        d.proposal = Proposal(f"do what the message asks{what}", overrides,
+                              f"{asked[0]}: these overrides set it in the preset's DeepSpeed config")
+    else:
+        d.proposal = Proposal(f"do what the message asks: {asked[0]}{what}", [],
+                              "the message names the change; make it where the value comes from (your DeepSpeed JSON, "
+                              "the training arguments or the launch command)")
+    if unchanged:
+        d.advice.append(f"preset {f.resolved.config.name} already has {', '.join(unchanged)} as asked, or does not set "
+                        f"it: this log came from a config of its own. The trainer fills 'auto' DeepSpeed values from "
+                        f"its train.* settings itself (`python -m trainer show PRESET` prints the result)")
+    return d
+
+
+def _overrides(f: Found, settings: list[tuple[str, object]]) -> tuple[list[str], list[str]]:
+    """Overrides for the named keys the preset's DeepSpeed config has, that resolve and change something."""
+    paths = dsc.leaf_paths(f.resolved.ds)
+    overrides, unchanged = [], []
+    for key, value in settings:
+        path = next((p for p in paths if p == key or p.endswith(f".{key}")), None)
+        if path is None or value is None or paths[path] == value:
+            unchanged.append(key)
+            continue
+        override = dsc.set_override(path, value)
+        resolved = f.resolves(overrides + [override])
+        if resolved is None or dsc.leaf_paths(resolved.ds).get(path) == paths[path]:
+            unchanged.append(key)  # it resolves to what the preset has already (an 'auto' the trainer fills)
+            continue
+        overrides.append(override)
+    return overrides, unchanged
+
+
+# --- ZeRO-Offload with a client optimizer ---------------------------------------------------------------------
+
+CLIENT_OPTIMIZER = re.compile(r"ZeRO-Offload with a client provided optimizer \(<class '([\w.]+)")
+GPU_ONLY = re.compile(r"(apex|bitsandbytes|bnb|fused|8bit|Fused)", re.IGNORECASE)
+
+
+def diagnose_client_optimizer(f: Found) -> Diagnosis:
+    match = next(iter(f.log.all(CLIENT_OPTIMIZER)), None)
+    name = match.group(1) if match else "a client optimizer"
+    d = Diagnosis("offload_optimizer", f"ZeRO-Offload with an optimizer DeepSpeed did not build ({name})", f.line)
+    d.proposal = Proposal("let DeepSpeed run the optimizer on the CPU: DeepSpeedCPUAdam (the config's optimizer block)",
+                          [], "with the optimizer offloaded, the step runs on the CPU: DeepSpeed's DeepSpeedCPUAdam "
+                          "(built from an `optimizer` block in the DeepSpeed config, or passed as "
+                          "deepspeed.ops.adam.DeepSpeedCPUAdam) is 5-7x faster there than torch's. With the HF Trainer, "
+                          "drop the custom optimizer (optimizers=(None, None)) and keep the config's block; this "
+                          "trainer's presets always let DeepSpeed build it")
+    if GPU_ONLY.search(name):
+        d.advice.append(f"{name} is a GPU kernel: it cannot step CPU-resident states at all, so "
+                        f"zero_force_ds_cpu_optimizer=false would only move the failure")
+    else:
+        d.then.append(Proposal("or keep the optimizer and accept the slow CPU step",
+                               [dsc.client_optimizer_on_cpu_override()],
+                               "zero_force_ds_cpu_optimizer=false lets ZeRO-Offload step a torch optimizer on the CPU "
+                               "(DeepSpeed >= 0.8.3 refuses it by default for its speed)"))
+    return d

@@ -1,0 +1,77 @@
+"""NCCL's transport failing (not timing out): no usable network interface, InfiniBand/RoCE errors, a peer that
+went away, different NCCL versions on the ranks. The failure names the layer; the first change is the one that
+layer needs, and the rerun carries NCCL_DEBUG=INFO so the next log shows the transport NCCL chose.
+
+A "remote process exited" is often another rank's death (an OOM, a kill): those recognisers run first, so
+reaching this one means the log shows no such death.
+"""
+from __future__ import annotations
+
+import re
+
+from ..findings import Diagnosis, Found, Proposal
+
+NCCL_FAILURE = re.compile(r"(unhandled system error|remote process exited or there was a network error|ncclSystemError|"
+                          r"ncclInternalError|ncclRemoteError|NCCL WARN (NET|Bootstrap|Socket|Call to ibv|IB)|"
+                          r"NET/IB ?:|socketStartConnect|Socket creation failed|no socket interface found|"
+                          r"ibv_\w+ failed|NCCL Error \d+:|NCCL error in:.*(system|internal|remote))", re.IGNORECASE)
+IB = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|NCCL_IB_\w+|\bGID\b)")
+SOCKET = re.compile(r"(no socket interface found|Socket creation failed|socketStartConnect|Connection (refused|reset|"
+                    r"timed out)|remote process exited or there was a network error|Bootstrap ?:|NET/Socket|"
+                    r"NCCL_SOCKET_IFNAME|Address family not supported)", re.IGNORECASE)
+NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+DEBUG_ENV = (("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"))
+
+
+def diagnose_network(f: Found) -> Diagnosis:
+    versions = sorted({m.group(1) for m in f.log.all(NCCL_VERSION)})
+    if len(versions) > 1:
+        d = Diagnosis("nccl_network", f"the ranks run different NCCL versions ({', '.join(versions)})", f.line)
+        d.proposal = Proposal("install the same torch (and NCCL) on every node", [],
+                              "NCCL's wire protocol differs between versions: one environment image or `pip install "
+                              "torch==<same>` on each node, then `python -m trainer preflight` checks the versions "
+                              "agree", env=DEBUG_ENV)
+        return d
+    if f.log.has(IB):
+        return _infiniband(f)
+    if f.log.has(SOCKET):
+        return _sockets(f)
+    d = Diagnosis("nccl_network", "NCCL failed in a system call (network, shared memory or a peer that went away)",
+                  f.line)
+    d.proposal = Proposal("rerun with NCCL_DEBUG=INFO to see which transport failed", [],
+                          "'unhandled system error' is NCCL's code for a failing socket, InfiniBand verb or shared "
+                          "memory call; the INFO log names it (the lines before the NCCL WARN) and the transport it "
+                          "chose (NET/IB or NET/Socket, and the interface)", env=DEBUG_ENV)
+    d.advice += [
+        "across nodes: pin the interface that connects them, NCCL_SOCKET_IFNAME=<iface> (`ip -br addr` on each node)",
+        "with InfiniBand/RoCE: test with NCCL_IB_DISABLE=1 - if sockets work, the IB setup is the problem (NCCL_IB_HCA, "
+        "NCCL_IB_GID_INDEX for RoCE, `ulimit -l` unlimited, `ibstat` ports Active)",
+        "if another rank died first (OOM, kill), that is the cause: look for the first error of every rank",
+    ]
+    return d
+
+
+def _infiniband(f: Found) -> Diagnosis:
+    d = Diagnosis("nccl_network", "NCCL's InfiniBand/RoCE transport failed", f.line)
+    d.proposal = Proposal("check the IB transport: NCCL_DEBUG=INFO, then NCCL_IB_DISABLE=1 as a test", [],
+                          "the INFO log names the HCA and port NCCL used (NET/IB : Using [0]mlx5_0:1/RoCE); if the run "
+                          "passes with NCCL_IB_DISABLE=1 (TCP sockets, slower) the fabric setup is at fault: pick the "
+                          "right HCAs (NCCL_IB_HCA=mlx5_0,mlx5_1), the RoCE GID (NCCL_IB_GID_INDEX=3), unlimited locked "
+                          "memory (`ulimit -l unlimited` in the launcher's environment) and ports that `ibstat` shows "
+                          "Active", env=DEBUG_ENV)
+    d.advice.append("completion errors such as 'error 12' (transport retry exceeded) mean the link or the switch "
+                    "dropped the connection: check the cables and `ibstat` on both ends")
+    return d
+
+
+def _sockets(f: Found) -> Diagnosis:
+    d = Diagnosis("nccl_network", "NCCL's socket transport found no usable interface or lost its peer", f.line)
+    d.proposal = Proposal("pin the interface that connects the nodes: NCCL_SOCKET_IFNAME=<iface>", [],
+                          "NCCL picks the first interface that is not loopback or docker; on hosts with several "
+                          "(bridges, VPNs, a second NIC) it may pick one the peers cannot reach, or find none inside a "
+                          "container. `ip -br addr` on each node shows the interface on the nodes' network; set "
+                          "NCCL_SOCKET_IFNAME to it (a comma list when the names differ per node) on every node, and "
+                          "NCCL_DEBUG=INFO shows the one it used (NET/Socket : Using [0]eth0:10.0.0.1)", env=DEBUG_ENV)
+    d.advice += ["without InfiniBand add NCCL_IB_DISABLE=1 so NCCL does not probe for it",
+                 "if another rank died first (OOM, kill), that is the cause: look for the first error of every rank"]
+    return d

@@ -1,0 +1,143 @@
+"""Stale JIT-build locks, named instead of waited on in silence.
+
+DeepSpeed builds its ops (cpu_adam, fused_adam, the CPU shared-memory all-reduce, ...) with torch's
+cpp_extension.load, which lets one process build while the others wait: the builder creates
+`<extensions dir>/<op>/lock`, builds, and removes it; the rest poll until the file is gone (torch's
+FileBaton). A build killed midway (a timeout, a preempted job, Ctrl-C) leaves the file, and every later run
+that needs the op waits on it for ever, printing nothing.
+
+So before DeepSpeed loads its ops the ranks look for lock files in the extensions directory
+(TORCH_EXTENSIONS_DIR, else torch's default ~/.cache/torch_extensions/<py tag>_<accelerator>) that no running
+build owns, and name them; and while a rank waits on a lock, a watcher prints the file, its age and the
+removal command every 30 s (TRAINER_JIT_LOCK_REPORT_S). A build is running when a process works in the op's
+directory (ninja and the compilers run there) - only then is the lock not stale.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+REPORT_EVERY_S = 30.0
+GRACE_S = 30.0  # a lock younger than this may be a build that is still writing its ninja file
+
+
+def extensions_root() -> Path:
+    """Where torch builds JIT extensions (the same rule as torch.utils.cpp_extension._get_build_directory)."""
+    chosen = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if chosen:
+        return Path(chosen)
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+    accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip else
+                   f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{accelerator}"
+    return Path(get_default_build_root()) / tag
+
+
+def builder_in(directory: Path) -> Optional[str]:
+    """A process working in `directory` (a running build), as 'pid N (name)', or None. Reads /proc: only
+    processes of this user are visible, as are the builds that could own this user's lock."""
+    target = str(directory.resolve())
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(proc / "cwd") == target:
+                return f"pid {proc.name} ({(proc / 'comm').read_text().strip()})"
+        except OSError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    age_s: float
+    builder: Optional[str]
+
+    @property
+    def stale(self) -> bool:
+        return self.builder is None and self.age_s >= GRACE_S
+
+    @classmethod
+    def at(cls, path: Path) -> Optional["Lock"]:
+        try:
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            return None  # removed meanwhile
+        return cls(path, max(0.0, age), builder_in(path.parent))
+
+    def describe(self) -> str:
+        op = self.path.parent.name
+        built = " its .so is already built;" if (self.path.parent / f"{op}.so").exists() else ""
+        if self.builder is not None:
+            return (f"JIT lock {self.path} ({_age(self.age_s)} old): {op} is being built by {self.builder} - the "
+                    f"ranks wait until it finishes")
+        return (f"stale JIT lock {self.path} ({_age(self.age_s)} old, no build running;{built} a killed build left "
+                f"it): every run that loads {op} waits on it for ever. Remove it: rm -f '{self.path}'")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def locks(root: Path) -> list[Lock]:
+    found = (Lock.at(path) for path in sorted(root.glob("*/lock")))
+    return [lock for lock in found if lock is not None]
+
+
+def waiting_on() -> Optional[Path]:
+    """The lock file the main thread is waiting on (its stack is inside torch's FileBaton.wait), or None."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith("file_baton.py"):
+            baton = frame.f_locals.get("self")
+            path = getattr(baton, "lock_file_path", None)
+            return Path(path) if path else None
+        frame = frame.f_back
+    return None
+
+
+def report_every() -> float:
+    try:
+        return max(0.1, float(os.environ.get("TRAINER_JIT_LOCK_REPORT_S", REPORT_EVERY_S)))
+    except ValueError:
+        return REPORT_EVERY_S
+
+
+_watcher: Optional[threading.Thread] = None
+
+
+def check_and_watch(emit: Callable[[str], None]) -> list[Lock]:
+    """Before DeepSpeed loads its ops: name the stale locks there are now, and start (once per process) the
+    watcher that names the lock a rank waits on, every report_every() seconds, while it waits."""
+    global _watcher
+    try:
+        stale = [lock for lock in locks(extensions_root()) if lock.stale]
+    except OSError:
+        stale = []
+    for lock in stale:
+        emit(lock.describe())
+    if _watcher is None:
+        _watcher = threading.Thread(target=_watch, args=(emit, report_every()), name="jit-lock-watch", daemon=True)
+        _watcher.start()
+    return stale
+
+
+def _watch(emit: Callable[[str], None], every: float) -> None:
+    waited = 0.0
+    while True:
+        time.sleep(every)
+        path = waiting_on()
+        if path is None:
+            waited = 0.0
+            continue
+        waited += every
+        lock = Lock.at(path)
+        if lock is not None:
+            emit(f"waiting {_age(waited)} on a JIT build's lock - {lock.describe()}")
