@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from conftest import TINY
-from distributed import REPO, new_port, read_metrics
+from distributed import REPO, last_wins, new_port, read_metrics
 from loopback_ssh import install_if_missing, loopback_sshd
 from trainer.errors import UserError
 from trainer.launch.hostfile import parse_hostfile
@@ -166,10 +166,10 @@ def test_a_slurm_job_with_hostile_values_runs_them_as_data(tmp_path):
     fabric.write_text(f"# a value with quotes, ; and spaces: fine in an export, and data\nTRAINER_NOTE={words[2]}\n")
     out = tmp_path / "run"
     run_name = f"a {words[0]} b {words[1]} c {words[2]} d {words[3]}"  # a YAML plain scalar: no `: ` nor ` #`
+    items = last_wins(TINY + ["train.max_steps=2", "train.save_every=0", "train.eval_every=0",
+                              f"train.output_dir={out}", f"logging.run_name={run_name}"])
     proc = launch([str(preset_dir / "benign.yaml"), "--launcher", "slurm", "--fabric", str(fabric),
-                   "--master-port", str(new_port()), *sets(TINY + ["train.max_steps=2", "train.save_every=0",
-                                                                   "train.eval_every=0", f"train.output_dir={out}",
-                                                                   f"logging.run_name={run_name}"])],
+                   "--master-port", str(new_port()), *sets(items)],
                   env={"PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert markers(tmp_path) == []
@@ -389,8 +389,8 @@ def test_over_real_pdsh_every_rank_gets_the_secret_and_the_run_directory_does_no
     hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     cmd = [sys.executable, "-m", "trainer", "launch", "tiny_cpu", "--hostfile", str(hosts), "--fabric", "tcp",
            "--master-addr", "127.0.0.1", "--master-port", str(new_port()),
-           *sets(TINY + ["hardware.gpus_per_node=1", "train.max_steps=20", "train.save_every=0", "train.eval_every=0",
-                         f"train.output_dir={out}"])]
+           *sets(last_wins(TINY + ["hardware.gpus_per_node=1", "train.max_steps=20", "train.save_every=0",
+                                   "train.eval_every=0", f"train.output_dir={out}"]))]
     proc = popen(cmd, {"HOME": str(home), "PATH": ssh_path, "PYTHONPATH": str(REPO)})
     try:
         seen = ranks_environment(out, proc)
@@ -426,7 +426,7 @@ def started(tmp_path: Path) -> list[str]:
 
 def local_launch(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "trainer", "launch", "tiny_cpu", "--master-port", str(new_port()), *extra,
-            *sets(TINY + ["train.max_steps=50", f"train.output_dir={out}"])]
+            *sets(last_wins(TINY + ["train.max_steps=50", f"train.output_dir={out}"]))]
 
 
 def popen(cmd: list[str], env: dict) -> subprocess.Popen:
