@@ -267,8 +267,8 @@ def test_an_nccl_timeout_after_an_oom_is_the_oom(tmp_path):
 def test_train_command_layouts():
     multi = train_command("70b_32xa100", ["a=b c"], nodes=4, gpus_per_node=8, launcher="torchrun", world_size=32,
                           env=(("NCCL_DEBUG", "INFO"),))
-    assert multi.startswith("NCCL_DEBUG=INFO torchrun --nproc_per_node 8 --nnodes 4 --node_rank $NODE_RANK "
-                            "--master_addr $MASTER_ADDR")  # the shell expands them on each node
+    assert multi.startswith('NCCL_DEBUG=INFO torchrun --nproc_per_node 8 --nnodes 4 --node_rank "$NODE_RANK" '
+                            '--master_addr "$MASTER_ADDR"')  # the shell expands them on each node
     assert "--world-size 32 --set 'a=b c'" in multi
     assert train_command("7b_8xa100", nodes=1, gpus_per_node=8) == "deepspeed --num_gpus 8 train.py --preset 7b_8xa100"
     with pytest.raises(ValueError):

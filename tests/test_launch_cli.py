@@ -11,7 +11,8 @@ import pytest
 
 from distributed import new_port, run_cli
 from trainer.errors import UserError
-from trainer.launch.fabric import deepspeed_env_text, load_fabric, parse_env, shipped_profiles
+from trainer.launch.dsenv import deepspeed_env
+from trainer.launch.fabric import load_fabric, parse_env, shipped_profiles
 from trainer.launch.hostfile import parse_hostfile
 
 DS_RUNNER = pytest.importorskip("deepspeed.launcher.runner")
@@ -174,7 +175,7 @@ def test_hostfile_dry_run_names_the_hostfile_the_fabric_and_the_deepspeed_env(tm
                    "--set", f"train.output_dir={out}")
     assert proc.returncode == 0, proc.stderr
     line = command_line(proc)
-    assert line.startswith("NCCL_IB_DISABLE=1 'NCCL_SOCKET_IFNAME=^lo,docker0' NCCL_SOCKET_NTHREADS=4 "
+    assert line.startswith("NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME='^lo,docker0' NCCL_SOCKET_NTHREADS=4 "
                            f"NCCL_NSOCKS_PERTHREAD=4 DS_ENV_FILE={out}/deepspeed_env deepspeed --hostfile {path} "
                            f"--num_nodes 2 --num_gpus 1 --master_port 30250 train.py --preset tiny_cpu --world-size 2")
     assert f"{out}/deepspeed_env (DS_ENV_FILE, read by DeepSpeed's runner for every node) would hold:\n" \
@@ -224,7 +225,8 @@ def test_profiles_combine_later_wins_and_a_bad_line_is_named(tmp_path):
     with pytest.raises(UserError) as err:
         load_fabric(str(mine))
     assert f"{mine}:3: 'not a line' is not NAME=value" in str(err.value)
-    assert f"{mine}:4: the value of NCCL_SOCKET_IFNAME has quotes, $" in str(err.value)
+    assert f"{mine}:4: the value of NCCL_SOCKET_IFNAME: it holds $, which the node's shell reads as code" \
+        in str(err.value)
     assert parse_env("A=1\n", "x") == {"A": "1"}
 
 
@@ -233,9 +235,10 @@ def test_the_users_deepspeed_env_is_merged_not_clobbered(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / ".deepspeed_env").write_text("NCCL_IB_HCA=mlx5_2\nMY_VAR=1\n")
-    text, notes = deepspeed_env_text(load_fabric("ib"))
+    env = deepspeed_env(load_fabric("ib"))
+    text = env.text()
     assert "NCCL_IB_HCA=mlx5_2\n" in text and "MY_VAR=1\n" in text and "NCCL_IB_DISABLE=0\n" in text
-    assert notes == [f"{tmp_path}/home/.deepspeed_env sets NCCL_IB_HCA=mlx5_2 over the fabric profile's mlx5"]
+    assert list(env.notes) == [f"{tmp_path}/home/.deepspeed_env sets NCCL_IB_HCA=mlx5_2 over the fabric profile's mlx5"]
     assert (tmp_path / "home" / ".deepspeed_env").read_text() == "NCCL_IB_HCA=mlx5_2\nMY_VAR=1\n"
 
 
@@ -267,7 +270,7 @@ def test_slurm_script_from_the_preset(tmp_path):
     assert "--gpus-per-node" not in script  # CPU ranks
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--ntasks-per-node=1" in srun and "--launcher local --nproc-per-node 2 --nnodes 2 --node-rank " \
-           "$SLURM_NODEID --master-addr $MASTER_ADDR --master-port 29500 --preset tiny_cpu --world-size 4" in srun
+           '"$SLURM_NODEID" --master-addr "$MASTER_ADDR" --master-port 29500 --preset tiny_cpu --world-size 4' in srun
     assert srun.endswith("--resume auto'")
     assert command_line(proc) == f"sbatch {out}/job.sbatch"
     script_file = tmp_path / "job.sbatch"

@@ -54,11 +54,14 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((word for word in argv if word in COMMANDS), "trainer")
+    command = command_word(argv)
+    if command == "launch":  # its signal handlers come first, before the heavy imports below
+        from .launch.signals import GUARD
+        GUARD.install()
     try:
         return run(argv)
     except KeyboardInterrupt:  # Ctrl-C, during the imports too: what was written is whole (outputs are atomic)
-        print(f"\n{command}: interrupted (Ctrl-C); nothing half-written was left", file=sys.stderr)
+        print(f"\n{command or 'trainer'}: interrupted (Ctrl-C); nothing half-written was left", file=sys.stderr)
         return 130
 
 
@@ -82,6 +85,12 @@ def run(argv: list[str]) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The command argparse will find: the first known command word before `--`."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return next((word for word in argv[:cut] if word in COMMANDS), None)
 
 
 if __name__ == "__main__":

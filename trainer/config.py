@@ -17,10 +17,11 @@ from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, PO
 AUTO = "auto"
 
 
-def doc(text: str, default: Any = None, factory: Any = None, kind: Optional[Kind] = None):
+def doc(text: str, default: Any = None, factory: Any = None, kind: Optional[Kind] = None, multiline: bool = False):
     """A dataclass field with its one-line documentation (and, for numbers, the kind that says which values are
-    valid: trainer/numbers.py, checked when a preset is read) kept in the field's metadata."""
-    metadata = {"doc": text, "kind": kind}
+    valid: trainer/numbers.py, checked when a preset is read) kept in the field's metadata. Strings are one line
+    (names and paths reach launch scripts and log lines) unless the field is `multiline` (prose: prompts)."""
+    metadata = {"doc": text, "kind": kind, "multiline": multiline}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -147,7 +148,8 @@ class TrainConfig:
     eval_sequences: int = doc("Sequences per evaluation: the first N of each eval split in a fixed order (all of it "
                               "when shorter), the same set at every world size and micro-batch.", 256, kind=COUNT)
     sample_prompts: list[str] = doc("Prompts completed greedily at every eval (metrics.jsonl `samples`, a wandb "
-                                    "table); every rank takes part, so it works under ZeRO-3 and AutoTP.", factory=list)
+                                    "table); every rank takes part, so it works under ZeRO-3 and AutoTP.", factory=list,
+                                    multiline=True)
     sample_max_new_tokens: int = doc("Tokens generated per sample prompt.", 32, kind=COUNT)
     save_every: int = doc("Checkpoint every N optimizer steps (0 = only at the end).", 500, kind=COUNT_OR_ZERO)
     keep_last: int = doc("Checkpoints of this run's history kept on disk (older ones are deleted; other histories are "

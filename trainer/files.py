@@ -19,7 +19,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Optional
 
 import yaml
 
@@ -294,21 +294,23 @@ def check_target(target: str, flag: str = "-o") -> Path:
     return path
 
 
-def write_text_atomic(target: str, text: str, flag: str = "-o") -> Path:
+def write_text_atomic(target: str, text: str, flag: str = "-o", mode: Optional[int] = None) -> Path:
     """Write `text` to a temporary file beside `target`, then rename it over `target`: a full disk or a crash
-    leaves the old file (or none), never part of the new one. Problems are a UserError naming the flag."""
-    return write_bytes_atomic(target, text.encode("utf-8"), flag)
+    leaves the old file (or none), never part of the new one. Problems are a UserError naming the flag.
+    `mode` (0o600 for a file that must stay private) is set before the rename; by default a replaced file
+    keeps its mode and a new one gets the umask's."""
+    return write_bytes_atomic(target, text.encode("utf-8"), flag, mode)
 
 
-def write_bytes_atomic(target: str, data: bytes, flag: str = "-o") -> Path:
+def write_bytes_atomic(target: str, data: bytes, flag: str = "-o", mode: Optional[int] = None) -> Path:
     """`write_text_atomic` for bytes (a PNG)."""
-    with atomic_writer(target, flag) as handle:
+    with atomic_writer(target, flag, mode) as handle:
         handle.write(data)
     return Path(target).expanduser()
 
 
 @contextlib.contextmanager
-def atomic_writer(target: str, flag: str = "-o") -> Iterator[BinaryIO]:
+def atomic_writer(target: str, flag: str = "-o", mode: Optional[int] = None) -> Iterator[BinaryIO]:
     """A binary handle on a temporary file beside `target`, for a file written in pieces (a rewritten
     metrics.jsonl of any size): when the block ends it is fsynced and renamed over `target`; an exception in the
     block removes it and leaves `target` as it was. An OSError is a UserError naming the flag."""
@@ -320,7 +322,7 @@ def atomic_writer(target: str, flag: str = "-o") -> Iterator[BinaryIO]:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, _mode_for(path))  # mkstemp makes 0600; a replaced file keeps its mode
+            os.chmod(tmp, _mode_for(path) if mode is None else mode)  # mkstemp makes 0600
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)

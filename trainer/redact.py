@@ -12,14 +12,20 @@ import yaml
 from .errors import UserError
 
 
-SECRET_WORDS = ("api_key", "apikey", "password", "passwd", "secret", "credential")
+SECRET_WORDS = ("api_key", "apikey", "password", "passwd", "passphrase", "secret", "credential", "private_key",
+                "privatekey")
 SECRET_NAMES = ("token", "key", "auth")  # only as a whole word of the key: hf_token, wandb.key; not tokenizer
 ENV_PREFIX = "env:"
 REDACTED = "<redacted>"
+# NAME=value as a shell or an env file writes it: the value of a secret-looking NAME is redacted in printed commands
+ENV_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 
 
 def looks_secret(key) -> bool:
-    key = str(key).lower()
+    """A config key or an environment variable name that holds a secret: WANDB_API_KEY, HF_TOKEN,
+    AWS_SECRET_ACCESS_KEY, DB_PASSWORD, deepspeed.comet.api_key, accessToken; not TOKENIZERS_PARALLELISM,
+    max_new_tokens or NCCL_IB_HCA. Words are split at punctuation and camelCase humps."""
+    key = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key)).lower()
     words = re.split(r"[^a-z0-9]+", key)
     return any(word in key for word in SECRET_WORDS) or any(name in words for name in SECRET_NAMES)
 
@@ -55,15 +61,24 @@ def redact_override(item: str) -> tuple[str, bool]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with the secrets in its `--set key=value` items replaced by <redacted>."""
+    """A command line with the secrets in its `--set key=value` items and its `NAME=value` environment
+    assignments (HF_TOKEN=...) replaced by <redacted>."""
     out, after_set = [], False
     for item in argv:
         if item.startswith("--set="):
             out.append("--set=" + redact_override(item[len("--set="):])[0])
+        elif after_set:
+            out.append(redact_override(item)[0])
         else:
-            out.append(redact_override(item)[0] if after_set else item)
+            out.append(redact_assignment(item))
         after_set = item == "--set"
     return out
+
+
+def redact_assignment(word: str) -> str:
+    """`NAME=value` with the value redacted when NAME looks secret; any other word as it is."""
+    match = ENV_ASSIGNMENT.match(word)
+    return f"{match.group(1)}={REDACTED}" if match and looks_secret(match.group(1)) else word
 
 
 def warn_about_literal_secrets(overrides: list[str]) -> None:

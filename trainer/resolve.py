@@ -8,15 +8,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from . import ds as dsc
 from . import strict
 from .config import AUTO, Config
-from .errors import ConfigError, closest
+from .errors import ConfigError, closest, short
 from .hardware import GPUS
 from .redact import redact
 from .rules import check_rules, notices
+
+# C0/C1 controls and the Unicode line separators (str.splitlines breaks at them too): none belongs in a name or path
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ def check_values(cfg: Config) -> list[str]:
          "model.lora.enabled needs pretrained weights: set model.name_or_path (LoRA on a random model learns nothing)"),
     ]
     problems = strict.out_of_range(cfg) + [message for ok, message in checks if not ok]
+    problems += control_character_problems(cfg)
     if h.gpu in GPUS and t.precision == "bf16" and not GPUS[h.gpu].bf16:  # before the DeepSpeed bf16 block's view
         problems.append(f"train.precision=bf16: bf16 is enabled but {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) "
                         f"has no bf16; use "
@@ -148,3 +153,35 @@ def check_values(cfg: Config) -> list[str]:
         if isinstance(value, str) and value != AUTO:
             problems.append(f"train.{key}: {value!r} must be a positive integer or 'auto'")
     return problems
+
+
+def control_characters(text: str) -> str:
+    """'' for one-line text, else what it holds: 'a newline (U+000A)'."""
+    found = sorted(set(CONTROL.findall(text)))
+    names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
+    return ", ".join(f"{names.get(c, 'a control character')} (U+{ord(c):04X})" for c in found)
+
+
+def control_character_problems(cfg: Config) -> list[str]:
+    """Every one-line string of the config (names, paths, the DeepSpeed section's strings) free of control
+    characters: they reach sbatch directives, shell scripts, log lines and file names, where a newline starts
+    a new line (a new command) and a tab or escape changes what is shown."""
+    return [f"{key}: {short(value)} holds {control_characters(value)}: names and paths are written into launch "
+            f"scripts, log lines and file names, where it would start a new line or command; remove it"
+            for key, value in _one_line_strings(cfg) if CONTROL.search(value)]
+
+
+def _one_line_strings(node, key: str = ""):
+    """(dotted key, string) for every string under `node` except those of `multiline` fields."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            if not f.metadata.get("multiline"):
+                yield from _one_line_strings(getattr(node, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            yield from _one_line_strings(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            yield from _one_line_strings(value, f"{key}[{index}]")
+    elif isinstance(node, str):
+        yield key, node

@@ -32,6 +32,7 @@ from . import supervisor
 from .command import Rendezvous, train_argv
 from .fabric import Fabric, load_fabric, shipped_profiles
 from .record import print_command, record_launch
+from .shell import check_host
 from .topology import Topology, resolve_for, topology_of
 
 
@@ -101,6 +102,8 @@ def check_launcher_flags(args) -> None:
     if unused:
         raise UserError(f"launch --launcher {args.launcher}: {', '.join(unused)} would do nothing here; leave "
                         f"{'it' if len(unused) == 1 else 'them'} out or choose that launcher")
+    if args.master_addr is not None:  # it reaches torchrun, ssh/pdsh command lines and every rank's environment
+        check_host(args.master_addr, "--master-addr")
 
 
 def run_local(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], extra: list[str]) -> int:

@@ -3,17 +3,16 @@ trainer launch` print (and run) it: DeepSpeed's runner, torchrun, or the node-lo
 script runs on each node)."""
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from .. import ds as dsc
+from .shell import EnvAssignment, ShellVariable, join
 
 
 LAUNCHERS = ("deepspeed", "torchrun", "local")
 DEFAULT_PORT = 29500  # deepspeed's and torchrun's default rendezvous port
-SHELL_VARIABLE = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?$")  # $MASTER_ADDR, $MASTER_ADDR:29500
+MASTER_ADDR, NODE_RANK = ShellVariable("MASTER_ADDR"), ShellVariable("NODE_RANK")
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class Rendezvous:
     hostfile: str = "hostfile"
     master_addr: Optional[str] = None   # deepspeed: None asks the first host (`hostname -I` over ssh)
     master_port: Optional[int] = None
-    node_rank: Union[int, str] = "$NODE_RANK"
+    node_rank: Union[int, ShellVariable] = NODE_RANK
     ssh_port: Optional[int] = None      # deepspeed's runner: ssh/pdsh to this port on every host
     rdzv_backend: Optional[str] = None  # torchrun: c10d (dynamic rendezvous, node ranks assigned) instead of static
     rdzv_id: Optional[str] = None
@@ -36,7 +35,7 @@ def train_argv(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_per_
     """The words of `train_command` (the VAR=value assignments first), for a caller that runs them."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
-    words = [f"{name}={value}" for name, value in env]
+    words = [EnvAssignment(name, value) for name, value in env]
     if launcher == "deepspeed":
         words += _deepspeed(nodes, gpus_per_node, cpu_offload, where) + [script]
     elif launcher == "torchrun":
@@ -64,10 +63,6 @@ def train_command(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_p
     return join(train_argv(preset, overrides, nodes, gpus_per_node, cpu_offload, world_size, launcher, env, **layout))
 
 
-def join(words: list[str]) -> str:
-    return " ".join(_quote(w) for w in words)
-
-
 def _deepspeed(nodes: int, gpus_per_node: int, cpu_offload: bool, where: Rendezvous) -> list[str]:
     words = ["deepspeed"]
     if nodes > 1:
@@ -86,12 +81,13 @@ def _deepspeed(nodes: int, gpus_per_node: int, cpu_offload: bool, where: Rendezv
 
 def _torchrun(nodes: int, gpus_per_node: int, where: Rendezvous) -> list[str]:
     words = ["torchrun", "--nproc_per_node", str(gpus_per_node)]
-    addr, port = where.master_addr or "$MASTER_ADDR", where.master_port or DEFAULT_PORT
+    addr, port = where.master_addr or MASTER_ADDR, where.master_port or DEFAULT_PORT
+    endpoint = addr.followed_by(f":{port}") if isinstance(addr, ShellVariable) else f"{addr}:{port}"
     if nodes > 1 and where.rdzv_backend:  # the same line on every node; torchrun numbers the nodes itself
-        words += ["--nnodes", str(nodes), "--rdzv_backend", where.rdzv_backend, "--rdzv_endpoint", f"{addr}:{port}",
+        words += ["--nnodes", str(nodes), "--rdzv_backend", where.rdzv_backend, "--rdzv_endpoint", endpoint,
                   "--rdzv_id", where.rdzv_id or "trainer"]
     elif nodes > 1:  # the same line on every node; the shell fills in which node it is
-        words += ["--nnodes", str(nodes), "--node_rank", str(where.node_rank), "--master_addr", addr,
+        words += ["--nnodes", str(nodes), "--node_rank", _word(where.node_rank), "--master_addr", addr,
                   "--master_port", str(port)]
     elif where.master_port:
         words += ["--master_port", str(where.master_port)]
@@ -101,16 +97,15 @@ def _torchrun(nodes: int, gpus_per_node: int, where: Rendezvous) -> list[str]:
 def _local(nodes: int, gpus_per_node: int, where: Rendezvous, python: str) -> list[str]:
     words = [python, "-m", "trainer", "launch", "--launcher", "local", "--nproc-per-node", str(gpus_per_node)]
     if nodes > 1:
-        words += ["--nnodes", str(nodes), "--node-rank", str(where.node_rank), "--master-addr",
-                  where.master_addr or "$MASTER_ADDR"]
+        words += ["--nnodes", str(nodes), "--node-rank", _word(where.node_rank), "--master-addr",
+                  where.master_addr or MASTER_ADDR]
     if where.master_port:
         words += ["--master-port", str(where.master_port)]
     return words
 
 
-def _quote(word: str) -> str:
-    # $NODE_RANK and $MASTER_ADDR are for the shell to expand on each node: quoting would pass them literally
-    return word if SHELL_VARIABLE.match(word) else shlex.quote(word)
+def _word(value: Union[int, ShellVariable]) -> str:
+    return value if isinstance(value, ShellVariable) else str(value)  # str() of a ShellVariable is plain text
 
 
 def cpu_offloaded(resolved) -> bool:

@@ -3,9 +3,11 @@
 
 `--fabric ib|roce|tcp|nvlink-ib|debug`, a path to an .env file of one's own, or several joined by commas
 (`ib,debug`: later ones win). How the ranks get it depends on the launcher: DeepSpeed's pdsh runner exports
-what its `.deepspeed_env` file lists on every node (`deepspeed_env_text`, written to the run directory and named
-by DS_ENV_FILE, so the user's ~/.deepspeed_env and ./.deepspeed_env are read into it rather than clobbered);
+what its `.deepspeed_env` file lists on every node (`dsenv`: the profile merged with the user's own files);
 torchrun and the node-local launcher pass their environment on; a Slurm script exports it before srun.
+A profile is data that is printed with the command and recorded in launch.json: its values must reach a
+remote shell intact (`shell.export_value_problem`) and it holds no secret (those stay in the environment or
+~/.deepspeed_env).
 """
 from __future__ import annotations
 
@@ -18,13 +20,12 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..files import read_text
+from ..redact import looks_secret
+from .shell import export_value_problem
 
 
 PROFILE_DIR = Path(__file__).resolve().parent / "fabrics"
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-UNSAFE = re.compile(r"[\"'`$\\\s;]")  # DeepSpeed's runner pastes values into `export K=v;` on the remote shell
-# where DeepSpeed's runner looks for the user's own file (runner.py DEEPSPEED_ENVIRONMENT_PATHS, in that order)
-USER_ENV_FILES = (Path("~/.deepspeed_env"), Path(".deepspeed_env"))
 
 
 @dataclass(frozen=True)
@@ -70,37 +71,18 @@ def parse_env(text: str, source: str) -> dict[str, str]:
         name, sep, value = line.partition("=")
         if not sep or not NAME.match(name):
             problems.append(f"{source}:{number}: {line!r} is not NAME=value (a comment line starts with #)")
-        elif UNSAFE.search(value):
-            problems.append(f"{source}:{number}: the value of {name} has quotes, $, a backslash, ; or a space: it "
-                            f"reaches the ranks through a remote shell's `export`; write it without them")
+        elif looks_secret(name):
+            problems.append(f"{source}:{number}: {name} looks like a secret: a fabric profile is printed with the "
+                            f"command and recorded in launch.json; export it in the environment (or, for "
+                            f"DeepSpeed's multi-node runner, put it in ~/.deepspeed_env) instead")
+        elif export_value_problem(value):
+            problems.append(f"{source}:{number}: the value of {name}: {export_value_problem(value)} (it reaches "
+                            f"the ranks through a remote shell's `export`); write it without them")
         else:
             env[name] = value
     if problems:
         raise UserError("fabric profile problems:\n  " + "\n  ".join(problems))
     return env
-
-
-def deepspeed_env_text(fabric: Fabric) -> tuple[str, list[str]]:
-    """The `.deepspeed_env` DeepSpeed's runner reads (plain `NAME=value` lines, no comments: it splits every line
-    on '='): the profile, then the user's own files as DeepSpeed would have read them, so theirs still win.
-    Returns (text, notes about variables the user's files override)."""
-    merged = dict(fabric.env)
-    notes = []
-    for path in USER_ENV_FILES:
-        path = path.expanduser()
-        if not path.is_file():
-            continue
-        for name, value in parse_user_env(read_text(path, "DeepSpeed environment file", allow_empty=True)):
-            if name in merged and merged[name] != value:
-                notes.append(f"{path} sets {name}={value} over the fabric profile's {merged[name]}")
-            merged[name] = value
-    return "".join(f"{name}={value}\n" for name, value in merged.items()), notes
-
-
-def parse_user_env(text: str) -> list[tuple[str, str]]:
-    """A user's .deepspeed_env as DeepSpeed reads it (every line split once on '=', values stripped)."""
-    return [(name.strip(), value.strip()) for name, _, value in (line.partition("=") for line in text.splitlines())
-            if name.strip()]
 
 
 def received_network_env(environ=os.environ) -> dict[str, str]:

@@ -5,8 +5,9 @@ The syntax is what `deepspeed.launcher.runner._parse_hostfile` accepts: per line
 (no whitespace) then whitespace then `slots=<digits>`; blank lines and lines starting with `#` are skipped; a
 host given twice and a file with no hosts are errors. DeepSpeed matches only the start of a line, so
 `w0 slots=8 gpus=4` or `w0 slots=8x` read as 8 slots with the rest dropped without a word: here text after
-the slot count is an error unless it is a `#` comment. Every problem of the file is reported together,
-each with its file:line.
+the slot count is an error unless it is a `#` comment. A host must be a host name, an IPv4 or an IPv6 address
+(`shell.host_problem`): DeepSpeed hands it to ssh as an argument (`-oProxyCommand=...` would be an option that
+runs a command) and to pdsh's -w list. Every problem of the file is reported together, each with its file:line.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..files import read_text
+from .shell import host_problem
 
 
 # DeepSpeed's own pattern (runner.py), then what may follow it here: nothing, or a comment
@@ -65,6 +67,9 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Hostfile:
                             f"# starts a comment)")
             continue
         host, slots = match.group(1), int(match.group(2))
+        if host_problem(host):
+            problems.append(f"{where}: host {host!r}: {host_problem(host)}")
+            continue
         rest = line[match.end():]
         if not TRAILER.match(rest):
             problems.append(f"{where}: {rest.strip()!r} after `slots={slots}`: DeepSpeed would ignore it and read "

@@ -1,8 +1,9 @@
 """Running a checked launch with DeepSpeed's runner, torchrun, or sbatch: the command printed in full, the
-fabric exported (the environment; DeepSpeed's pdsh runner also DS_ENV_FILE), `launch.json` written, then the
-launcher started under the supervisor (signals forwarded, its exit code kept)."""
+fabric exported (the environment; DeepSpeed's pdsh runner also DS_ENV_FILE, `dsenv`), `launch.json` written,
+then the launcher started under the supervisor (signals forwarded, its exit code kept)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -12,11 +13,15 @@ from typing import Optional
 
 from ..errors import UserError
 from ..files import write_text_atomic
+from ..redact import redact_argv
 from ..resolve import Resolved
 from . import supervisor
 from .command import Rendezvous, cpu_offloaded, train_argv
+from .dsenv import EnvFile, deepspeed_env_file, start_redacted
 from .fabric import Fabric
-from .record import deepspeed_env_file, print_command, record_launch, script_path
+from .record import print_command, record_launch, script_path
+from .shell import export_value_problem, pdsh_word_problem
+from .signals import GUARD
 from .slurm import SlurmJob, sbatch_script
 from .topology import Topology
 
@@ -24,15 +29,24 @@ from .topology import Topology
 def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], train_args: list[str]) -> int:
     if topology.launcher == "slurm":
         return run_slurm(args, resolved, topology, fabric, train_args)
+    over_pdsh = topology.launcher == "deepspeed" and topology.nodes > 1
+    if over_pdsh:  # before anything is written
+        words = launcher_words(args, resolved, topology, (), train_args)
+        check_pdsh_words(words[words.index(script_path()):], words[0])
+    run_dir = Path(resolved.config.train.output_dir)
+    with (deepspeed_env_file(fabric, run_dir, args.dry_run) if over_pdsh else contextlib.nullcontext()) as env_file:
+        return start_launcher(args, resolved, topology, fabric, train_args, env_file)
+
+
+def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], train_args: list[str],
+                   env_file: Optional[EnvFile]) -> int:
     env = dict(fabric.env) if fabric else {}
     extra_record = {}
-    if topology.launcher == "deepspeed" and topology.nodes > 1 and fabric:
-        path, text = deepspeed_env_file(resolved, fabric, args.dry_run)
-        env["DS_ENV_FILE"] = path  # absolute: DeepSpeed's os.path.join(~ and ., name) both resolve to it
-        extra_record = {"deepspeed_env": {"path": path, "text": text}}
+    if env_file:
+        env["DS_ENV_FILE"] = env_file.path  # absolute: DeepSpeed's os.path.join(~ and ., name) both resolve to it
+        extra_record = {"deepspeed_env": env_file.as_dict()}
         if args.dry_run:
-            print(f"launch: {path} (DS_ENV_FILE, read by DeepSpeed's runner for every node) would hold:\n"
-                  + text.rstrip(), flush=True)
+            print_deepspeed_env(env_file)
     words = launcher_words(args, resolved, topology, tuple(env.items()), train_args)
     print_command(words)
     if args.dry_run:
@@ -40,8 +54,60 @@ def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[
     program = installed(words[len(env)])
     if topology.launcher != "torchrun" or not args.node_rank:  # torchrun runs on every node: node 0 records
         record_launch(resolved, args, topology, fabric, words, extra_record)
-    proc = subprocess.Popen([program, *words[len(env) + 1:]], env={**os.environ, **env})
-    return supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s).run()
+    stopped = GUARD.stop_code()
+    if stopped is not None:
+        return stopped
+    proc, finish = start_redacted([program, *words[len(env) + 1:]], {**os.environ, **env},
+                                  env_file.env.secret_values if env_file else [])
+    code = supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s, processes=[proc]).run()
+    finish()
+    return code
+
+
+def print_deepspeed_env(env_file: EnvFile) -> None:
+    if env_file.path == env_file.record:
+        print(f"launch: {env_file.path} (DS_ENV_FILE, read by DeepSpeed's runner for every node) would hold:\n"
+              + env_file.env.text().rstrip(), flush=True)
+        return
+    print(f"launch: {env_file.record} would hold (secrets as <redacted>: DS_ENV_FILE names a private 0600 copy "
+          f"with their values, outside the run directory, removed when DeepSpeed's runner exits):\n"
+          + env_file.env.text().rstrip(), flush=True)
+
+
+def check_pdsh_words(remote: list[str], program: str) -> None:
+    """What DeepSpeed's pdsh runner pastes into the command line each node's shell runs (`export NAME=value;
+    ... cd <cwd>; <python> -m deepspeed.launcher.launch ... <script> <arguments>`) must reach it intact:
+    refused here otherwise. (The DS_ENV_FILE lines are checked where they are read, `dsenv`.)"""
+    named = [("the working directory (each node runs `cd` to it)", os.getcwd()),
+             ("the Python of DeepSpeed's runner", interpreter(program))] + [("argument", w) for w in remote]
+    problems = [f"{what} {word!r}: {pdsh_word_problem(word)}" for what, word in named if pdsh_word_problem(word)]
+    prefixes = exported_prefixes()
+    problems += [f"the environment variable {name} (DeepSpeed's runner exports every {'*, '.join(prefixes)}* "
+                 f"variable to each node): {export_value_problem(value)}" for name, value in sorted(os.environ.items())
+                 if name.startswith(prefixes) and export_value_problem(value)]
+    if problems:
+        raise UserError("launch --hostfile: DeepSpeed's pdsh runner pastes these into the command line each node's "
+                        "shell runs:\n  " + "\n  ".join(problems) + "\nput such a value in a preset file (--preset "
+                        "FILE.yaml), launch from a plain directory, fix the variable, or use --launcher torchrun or "
+                        "slurm (they pass arguments as data)")
+
+
+def exported_prefixes() -> tuple[str, ...]:
+    """The variables DeepSpeed's runner copies from its environment into every node's `export`s."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.launcher.runner import EXPORT_ENVS
+    return tuple(EXPORT_ENVS) + tuple(get_accelerator().export_envs())
+
+
+def interpreter(program: str) -> str:
+    """The Python that runs `program` (its #! line), where DeepSpeed's runner takes sys.executable from."""
+    path = shutil.which(program) or str(Path(sys.executable).parent / program)
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(4096).decode("utf-8", "replace")
+    except OSError:
+        return sys.executable
+    return first[2:].split()[0] if first.startswith("#!") and first[2:].split() else sys.executable
 
 
 def launcher_words(args, resolved: Resolved, topology: Topology, env, train_args: list[str]) -> list[str]:
@@ -96,7 +162,10 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
                    ranks_per_node=topology.ranks_per_node, time=args.time or "24:00:00",
                    grace_s=300 if args.signal_grace_s is None else args.signal_grace_s,
                    run_dir=run_dir, job_name=cfg.name or Path(args.preset).stem, partition=args.partition,
-                   account=args.account)
+                   account=args.account,
+                   job_name_source="name (the preset's name; --set name=JOB)" if cfg.name else
+                   f"the preset file name {Path(args.preset).name!r} (the job name; --set name=JOB)")
+    check_no_literal_secrets(args.overrides, train_args)
     script = sbatch_script(job, args.preset, args.overrides, topology.world_size, fabric.env if fabric else (),
                            train_args, sys.executable, os.getcwd(), args.master_port or 29500)
     path = os.path.join(run_dir, "job.sbatch")
@@ -110,4 +179,17 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
     write_text_atomic(path, script, flag="job.sbatch")
     record_launch(resolved, args, topology, fabric, words, {"sbatch_script": path})
     print_command(words)
+    stopped = GUARD.stop_code()
+    if stopped is not None:
+        return stopped
     return subprocess.run([sbatch, path]).returncode
+
+
+def check_no_literal_secrets(overrides: list[str], train_args: list[str]) -> None:
+    """The script is kept in the run directory: a secret given literally would lie there."""
+    argv = [word for item in overrides for word in ("--set", item)] + list(train_args)
+    literal = [f"--set {word.partition('=')[0]}=..." for word, shown in zip(argv, redact_argv(argv)) if word != shown]
+    if literal:
+        raise UserError(f"launch --launcher slurm: {', '.join(literal)} would write a secret into job.sbatch in the "
+                        f"run directory; give it as env:VARIABLE (e.g. --set deepspeed.comet.api_key=env:COMET_API_KEY)"
+                        f" and export VARIABLE before the launch: sbatch passes this environment on to the job")

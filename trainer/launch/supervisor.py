@@ -13,7 +13,9 @@ This launcher
   MASTER_ADDR and MASTER_PORT set (static rendezvous, the same env torchrun gives);
 - forwards SIGTERM/SIGINT/SIGHUP to every rank (ranks treat signals within 5 s as one request, so a
   scheduler that signals the whole process group too is fine), waits for their checkpoint, and exits 0
-  when every rank exited 0 -- a preempted run that saved is a success;
+  when every rank exited 0 -- a preempted run that saved is a success; its handlers are up from the
+  launch's first instant (`signals`): a signal before the ranks start stops the launch with 128+N, one
+  while they start reaches each of them;
 - works as PID 1: it reaps every child, including orphans reparented to it;
 - when one rank fails, gives the others a few seconds to exit on their own, then kills them (a save needs
   every rank: with one gone the rest can only hang in a collective) and exits with the failed rank's code.
@@ -26,13 +28,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
 from .. import numbers
 from ..errors import UserError
 from ..redact import redact_argv
-
-
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+from .shell import join
+from .signals import GUARD, LaunchSignals, hold, send
 
 
 POLL_S = 0.1
@@ -61,10 +63,13 @@ def launch(args, extra: list[str] = ()) -> int:
     check_topology(args, nproc)
     world = args.nnodes * nproc
     print(f"launch: {nproc} rank(s) on node {args.node_rank} of {args.nnodes} (world {world}), rendezvous "
-          f"{args.master_addr}:{args.master_port}: python -m trainer train {' '.join(redact_argv(train_args))}",
+          f"{args.master_addr}:{args.master_port}: python -m trainer train {join(redact_argv(train_args))}",
           file=sys.stderr, flush=True)
-    ranks = start_ranks(train_args, nproc, args)
-    return Supervisor(ranks, args.failure_grace_s).run()
+    GUARD.install()  # `python -m trainer launch` did at its first instant; this is for a caller in-process
+    stopped = GUARD.stop_code()
+    if stopped is not None:
+        return stopped
+    return Supervisor({}, args.failure_grace_s, processes=start_ranks(train_args, nproc, args)).run()
 
 
 def rank_arguments(args) -> list[str]:
@@ -99,35 +104,50 @@ def check_topology(args, nproc: int) -> None:
         raise UserError("; ".join(problems))
 
 
-def start_ranks(train_args: list[str], nproc: int, args) -> dict[int, int]:
-    """{pid: global rank} of this node's ranks, started in the launcher's process group."""
+def start_ranks(train_args: list[str], nproc: int, args, signals: LaunchSignals = GUARD) -> list[subprocess.Popen]:
+    """This node's ranks, started in the launcher's process group; each is adopted by `signals` the moment
+    it exists (a signal that came while the earlier ones started reaches it too). The caller keeps the
+    Popen objects: subprocess reaps the exited children of dropped ones, and their exit codes would be lost."""
     world = args.nnodes * nproc
-    ranks = {}
+    ranks = []
     for local_rank in range(nproc):
+        if local_rank:
+            hold("between-ranks")
         rank = args.node_rank * nproc + local_rank
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(args.node_rank), "GROUP_RANK": str(args.node_rank),
                # what the deepspeed runner sets too (DeepSpeed's CPU shared-memory all-reduce reads LOCAL_SIZE)
                "LOCAL_SIZE": str(nproc), "CROSS_RANK": str(args.node_rank), "CROSS_SIZE": str(args.nnodes),
                "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(args.master_port), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", *train_args], env=env)
-        ranks[proc.pid] = rank
+        ranks.append(subprocess.Popen([sys.executable, "-m", "trainer", "train", *train_args], env=env))
+        signals.adopt(ranks[-1].pid, rank)
     return ranks
 
 
 class Supervisor:
-    """Forwards signals to the ranks, reaps every child (PID 1 duty), and turns the ranks' exits into one code."""
+    """Forwards signals to the ranks (through `signals`, whose children are the live ranks), reaps every child
+    (PID 1 duty), and turns the ranks' exits into one code."""
 
-    def __init__(self, ranks: dict[int, int], failure_grace_s: float):
-        self.live = dict(ranks)
+    def __init__(self, ranks: dict[int, int], failure_grace_s: float, signals: Optional[LaunchSignals] = None,
+                 processes: list[subprocess.Popen] = ()):
+        self.signals = signals or GUARD
+        self.processes = list(processes)  # held, so subprocess never reaps them behind reap()'s back
+        self.installed_here = self.signals.install()  # False under `python -m trainer launch`: installed at start
+        if ranks:
+            self.signals.starting = True  # they exist: a signal from now on is theirs
+        for pid, rank in ranks.items():
+            self.signals.adopt(pid, rank)
+        self.live = self.signals.children
         self.codes: dict[int, int] = {}
         self.first_failure: tuple[int, int] | None = None  # (rank, code)
         self.failure_grace_s = failure_grace_s
         self.kill_at: float | None = None
-        self.signalled = False
+
+    @property
+    def signalled(self) -> bool:
+        return self.signals.signalled
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self.forward) for sig in FORWARDED}
         try:
             while self.live:
                 self.reap()
@@ -135,17 +155,9 @@ class Supervisor:
                     self.kill_the_rest()
                 time.sleep(POLL_S)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            if self.installed_here:
+                self.signals.restore()
         return self.exit_code()
-
-    def forward(self, signum, frame) -> None:
-        self.signalled = True
-        name = signal.Signals(signum).name
-        print(f"launch: {name} received, forwarding it to {len(self.live)} rank(s) and waiting for their "
-              f"checkpoint", file=sys.stderr, flush=True)
-        for pid in self.live:
-            _send(pid, signum)
 
     def reap(self) -> None:
         while True:
@@ -171,7 +183,7 @@ class Supervisor:
 
     def kill_the_rest(self) -> None:
         for pid in self.live:
-            _send(pid, signal.SIGKILL)
+            send(pid, signal.SIGKILL)
         self.kill_at = None
 
     def exit_code(self) -> int:
@@ -181,12 +193,8 @@ class Supervisor:
                       file=sys.stderr, flush=True)
             return 0
         rank, code = self.first_failure
+        if self.signalled and len(self.codes) > 1:
+            print("launch: exit codes by rank: " + ", ".join(f"{r}: {c}" for r, c in sorted(self.codes.items())),
+                  file=sys.stderr, flush=True)
         print(f"launch: failed: rank {rank} exited with code {code}", file=sys.stderr, flush=True)
         return code
-
-
-def _send(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass  # exited between the check and the signal; reap() collects it
