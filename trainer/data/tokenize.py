@@ -93,7 +93,11 @@ def has_chat_template_on_disk(path: str | None) -> bool:
 
 def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, source: str) -> str:
     """'text' (pretrain), 'pair' (sft prompt/response) or 'chat' (sft messages)."""
-    columns = visible_columns(records)
+    return format_of(visible_columns(records), records[0][ORIGIN], data_cfg, tokenizer, source)
+
+
+def format_of(columns: list[str], first: str, data_cfg: DataConfig, tokenizer, source: str) -> str:
+    """The format of records with these fields (`first`: where the first record is, for the messages)."""
     if data_cfg.task == "pretrain":
         if data_cfg.text_field in columns:
             return "text"
@@ -101,18 +105,18 @@ def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, so
     elif data_cfg.prompt_field in columns and data_cfg.response_field in columns:
         return "pair"
     elif data_cfg.messages_field in columns:
-        _check_chat_tokenizer(tokenizer, records, source)
+        _check_chat_tokenizer(tokenizer, first, source)
         return "chat"
     else:
         expected = (f"'{data_cfg.prompt_field}' + '{data_cfg.response_field}' (data.prompt_field + "
                     f"data.response_field) or '{data_cfg.messages_field}' (data.messages_field)")
-    raise DataError(f"{source}: records (first at {records[0][ORIGIN]}) have columns {columns}, but task "
+    raise DataError(f"{source}: records (first at {first}) have columns {columns}, but task "
                     f"'{data_cfg.task}' expects {expected}; rename the fields in the data or set the "
                     f"data.*_field options to the names used")
 
 
-def _check_chat_tokenizer(tokenizer, records: datasets.Dataset, source: str) -> None:
-    where = f"{source}: records (first at {records[0][ORIGIN]}) are chat messages"
+def _check_chat_tokenizer(tokenizer, first: str, source: str) -> None:
+    where = f"{source}: records (first at {first}) are chat messages"
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{where}, but the tokenizer has no chat_template (base checkpoints ship none); set "
                         f"data.chat_template: {TEMPLATE_CHOICES} to the format the model should learn, use a "
