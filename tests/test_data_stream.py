@@ -147,7 +147,7 @@ def test_every_record_problem_names_its_file_and_line(tmp_path, tokenizer, recor
 def test_a_file_that_grows_between_the_two_passes_is_named(tmp_path):
     source = tmp_path / "corpus.jsonl"
     source.write_text("".join(json.dumps({"text": text(i)}) + "\n" for i in range(100)))
-    stream = reading.Source(str(source))
+    stream = reading.SourceReader(str(source))
     assert stream.count([reading.count_lines(task) for task in stream.count_tasks()]) == 100
     with open(source, "a") as f:
         f.write(json.dumps({"text": "appended"}) + "\n")

@@ -20,7 +20,7 @@ import numpy as np
 from ..config import DataConfig
 from .reading import Chunk, chunk_records
 from .records import IGNORE_INDEX, DataError
-from .tokenize import _tokenize_chats, _tokenize_pairs
+from .tokenize import tokenize_chats, tokenize_pairs
 
 AHEAD = 4              # tasks handed out per process: one process may take a while (a busy machine deschedules
                        # it) before the others run out of work, and in-flight memory stays a few chunks a process
@@ -136,7 +136,7 @@ def _encode_samples(columns: dict, where: Origins, settings: Settings):
     cfg, tokenizer = settings.cfg, settings.tokenizer
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos_token; samples need one to end on")
-    function = _tokenize_pairs if settings.fmt == "pair" else _tokenize_chats
+    function = tokenize_pairs if settings.fmt == "pair" else tokenize_chats
     samples = function(columns, tokenizer=tokenizer, cfg=cfg)
     bad = [i for i, problem in enumerate(samples["_problem"]) if problem]
     if bad:

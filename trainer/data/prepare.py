@@ -25,7 +25,7 @@ import numpy as np
 from ..config import DataConfig
 from . import fingerprint, shards
 from .encode import EVAL, SKIPPED, TRAIN, Part, Settings, Workers, encode_chunk
-from .reading import Chunk, Source, count_lines
+from .reading import Chunk, SourceReader, count_lines
 from .records import DataError, eval_indices, looks_like_path
 from .tokenize import format_of
 
@@ -112,9 +112,9 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
     check_output_dir(out, wanted)
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos_token; samples need one to end on")
-    train = Source(source, cfg.split, cfg.subset if source == cfg.source else None)
+    train = SourceReader(source, cfg.split, cfg.subset if source == cfg.source else None)
     fmt = format_of(*train.head(), cfg, tokenizer, source)
-    held_out = Source(cfg.eval_source, cfg.eval_split or cfg.split) if cfg.eval_source and source == cfg.source \
+    held_out = SourceReader(cfg.eval_source, cfg.eval_split or cfg.split) if cfg.eval_source and source == cfg.source \
         else None
     if held_out is not None and format_of(*held_out.head(), cfg, tokenizer, cfg.eval_source) != fmt:
         raise DataError(f"{cfg.eval_source}: eval records are in another format than {source}'s; use one")

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from .records import FILE_FORMATS, ORIGIN, DataError, _json_rows, _read_text, hub_dataset, looks_like_path
+from .records import FILE_FORMATS, ORIGIN, DataError, hub_dataset, json_rows, looks_like_path, read_utf8
 
 CHUNK_BYTES = 256 << 10  # a chunk: ~256 KB of text (a tokenizer process holds ~100x that in its encodings);
 CHUNK_LINES = 4096       # at most this many lines (short records cost per record, not per byte). Small chunks keep
@@ -44,14 +44,14 @@ class Chunk:
 
 
 @dataclass
-class Part:
+class SourceFile:
     """One file of a source, or the hub dataset: `kind` says how it is read."""
     path: Path
     kind: str           # "jsonl", "txt", "json" (a JSON document), "parquet", "hub"
     name: str           # what origins and errors call it
 
 
-class Source:
+class SourceReader:
     """A source as `load_records` sees it, read in chunks; `count` is the first pass, `chunks` the second."""
 
     def __init__(self, source: str, split: str = "train", subset: Optional[str] = None):
@@ -67,11 +67,11 @@ class Source:
             raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")
         else:
             self.hub = hub_dataset(source, split, subset)  # memory-mapped from the datasets cache
-            self.parts = [Part(path, "hub", source)]
+            self.parts = [SourceFile(path, "hub", source)]
         self.counts: Optional[list[int]] = None
 
     @staticmethod
-    def _part(path: Path) -> Part:
+    def _part(path: Path) -> SourceFile:
         if path.suffix not in FILE_FORMATS:
             raise DataError(f"{path}: unsupported file type {path.suffix!r}; use {', '.join(FILE_FORMATS)}")
         if not path.is_file():  # a FIFO or a device would block or never end
@@ -79,7 +79,7 @@ class Source:
         kind = path.suffix[1:]
         if kind == "json":
             kind = _json_kind(path)
-        return Part(path, kind, str(path))
+        return SourceFile(path, kind, str(path))
 
     # --- the first pass ----------------------------------------------------------------------------
 
@@ -125,7 +125,7 @@ class Source:
             if seen != expected:
                 raise changed(part.name)
 
-    def _part_chunks(self, part: Part, fields: Optional[list[str]]) -> Iterator[Chunk]:
+    def _part_chunks(self, part: SourceFile, fields: Optional[list[str]]) -> Iterator[Chunk]:
         if part.kind in LINES:
             yield from _line_chunks(part)
         elif part.kind == "parquet":
@@ -221,7 +221,7 @@ def _pieces(path: Path, size: int) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:] + [total]))
 
 
-def _line_chunks(part: Part) -> Iterator[Chunk]:
+def _line_chunks(part: SourceFile) -> Iterator[Chunk]:
     with _opened(part.path) as f:
         offset, line = 0, 1
         while data := f.read(CHUNK_BYTES):
@@ -240,7 +240,6 @@ def chunk_lines(chunk: Chunk, wanted: Optional[np.ndarray]) -> tuple[list[int], 
     """(line numbers, records) of the chunk's records where `wanted` (one flag per record; None: all), read as
     load_records reads them: every problem is a DataError naming the file and line."""
     numbers, records, record, offset = [], [], -1, chunk.offset
-    path = chunk.origin[:-len(" line")]
     for number, raw in enumerate(chunk.payload.split(b"\n"), chunk.first_number):
         start, offset = offset, offset + len(raw) + 1
         if not b"!" <= raw[:1] <= b"~" and is_blank(raw):
@@ -251,25 +250,25 @@ def chunk_lines(chunk: Chunk, wanted: Optional[np.ndarray]) -> tuple[list[int], 
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+            raise DataError(f"{chunk.origin} {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
                             f"{e.start + 1}, file offset {start + e.start}: {e.reason}); re-encode the file as "
                             f"UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
         numbers.append(number)
-        records.append(_parsed(line, chunk.kind, path, number, start))
+        records.append(_parsed(line, chunk.kind, f"{chunk.origin} {number}", start))
     return numbers, records
 
 
-def _parsed(line: str, kind: str, path: str, number: int, start: int) -> dict:
+def _parsed(line: str, kind: str, where: str, start: int) -> dict:
     if kind == "txt":
         return {"text": line.rstrip("\r\n")}
     try:
         record = json.loads(line[1:] if start == 0 and line.startswith(BOM) else line)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path} line {number}: invalid JSON at column {e.colno} ({e.msg}); each line "
-                        f"must hold one JSON object, e.g. {{\"text\": \"...\"}}") from None
+        raise DataError(f"{where}: invalid JSON at column {e.colno} ({e.msg}); each line must hold one JSON object, "
+                        f"e.g. {{\"text\": \"...\"}}") from None
     if not isinstance(record, dict):
-        raise DataError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}; each record "
-                        f"must be an object such as {{\"text\": \"...\"}}")
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}; each record must be an object "
+                        f"such as {{\"text\": \"...\"}}")
     return record
 
 
@@ -292,7 +291,7 @@ def _json_kind(path: Path) -> str:
         json.loads(first)
     except ValueError:
         try:  # a value spread over lines (pretty-printed), or no JSON at all (then named as JSON lines)
-            json.loads(_read_text(path))
+            json.loads(read_utf8(path))
             return "json"
         except ValueError:
             return "jsonl"
@@ -300,13 +299,13 @@ def _json_kind(path: Path) -> str:
 
 
 def _json_document_rows(path: Path) -> list[dict]:
-    text = _read_text(path)
+    text = read_utf8(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
                         f"must be a JSON array of objects or JSON lines") from None
-    rows = _json_rows(data)
+    rows = json_rows(data)
     for i, row in enumerate(rows, 1):
         if not isinstance(row, dict):
             raise DataError(f"{path} row {i}: expected a JSON object, got {type(row).__name__}; each record "
@@ -314,7 +313,7 @@ def _json_document_rows(path: Path) -> list[dict]:
     return rows
 
 
-def _row_count(part: Part, hub) -> int:
+def _row_count(part: SourceFile, hub) -> int:
     if part.kind == "hub":
         return len(hub)
     if part.kind == "parquet":
@@ -335,7 +334,7 @@ def _rows_per_chunk(table_bytes: int, rows: int) -> int:
     return int(min(CHUNK_LINES, max(1, CHUNK_BYTES * rows // max(table_bytes, 1))))
 
 
-def _parquet_chunks(part: Part, fields: Optional[list[str]]) -> Iterator[Chunk]:
+def _parquet_chunks(part: SourceFile, fields: Optional[list[str]]) -> Iterator[Chunk]:
     parquet = _parquet(part.path)
     names = parquet.schema_arrow.names
     present = [f for f in fields if f in names] if fields is not None else names

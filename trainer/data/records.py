@@ -155,7 +155,7 @@ def _inferred(kind: pa.DataType) -> bool:
 
 
 def _read_json(path: Path) -> datasets.Dataset:
-    text = _read_text(path)
+    text = read_utf8(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -163,11 +163,11 @@ def _read_json(path: Path) -> datasets.Dataset:
             raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
                             f"must be a JSON array of objects or JSON lines") from None
         return _read_jsonl(path)  # many .json files are really JSON lines
-    rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(_json_rows(data), 1)]
+    rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(json_rows(data), 1)]
     return _records_from_rows(rows, path)
 
 
-def _json_rows(data: Any) -> list:
+def json_rows(data: Any) -> list:
     if isinstance(data, list):
         return data
     lists = [v for v in data.values() if isinstance(v, list)] if isinstance(data, dict) else []
@@ -204,7 +204,7 @@ def _numbered_lines(path: Path):
                 yield number, line
 
 
-def _read_text(path: Path) -> str:
+def read_utf8(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
