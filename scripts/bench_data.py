@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_data.py                        # 20 M and 200 M tokens in /tmp/bench_data
     .venv/bin/python scripts/bench_data.py --tokens 50e6 --keep   # a smaller large corpus; keep the files
+    .venv/bin/python scripts/bench_data.py --small-tokens 15e6 --tokens 60e6 --repeats 5 --fast-baseline
 
 Two jsonl corpora of {"text": ...} documents (200-3000 words each, drawn with a seeded numpy RNG from the
 words of the shipped tiny corpus with their frequencies, sized to about --small-tokens and --tokens tokens
@@ -17,7 +18,9 @@ file (`--worker NAME`), so imports and earlier work do not leak into it:
                  time and the ratio of the best times (same text, same tokens: bare s / prepare s). Tokens per
                  CPU-second (process + waited children) is printed too. Peak RSS: the driver samples every
                  process of the contender's tree (psutil, every 20 ms) and sums them (shared pages count in
-                 every process that maps them, as `ps` shows them); the worst round is shown.
+                 every process that maps them, as `ps` shows them); the worst round is shown. prepare calls
+                 `encode_batch_fast` (the same ids without character offsets); --fast-baseline adds a bare loop
+                 calling it too, as information.
   2 RSS          RSS (psutil) after imports and the tokenizer, then after `build_datasets` on the prepared
                  directory, a MicroBatchLoader (micro 8 x seq 128, dp 2 rank 0: tiny_cpu's shape) and
                  --batches micro-batches of its shuffled order (spread over the whole corpus). The growth
@@ -166,7 +169,7 @@ def prepare_worker(job: dict) -> dict:
             "shards": sum(len(s["shards"]) for s in splits.values()), "peak_rss": peak_rss_bytes()}
 
 
-_BACKEND = None  # the tokenizers.Tokenizer of the bare loop, inherited by its forked processes
+_ENCODE = None  # the bare loop's tokenizers.Tokenizer method, inherited by its forked processes
 
 
 def byte_ranges(path: Path, parts: int) -> list[tuple[str, int, int]]:
@@ -192,15 +195,15 @@ def encode_range(part: tuple[str, int, int]) -> tuple[int, int]:
             if line.strip():
                 texts.append(json.loads(line)["text"])
             if len(texts) == 1000 or position >= end:
-                tokens += sum(len(e.ids) for e in _BACKEND.encode_batch(texts))
+                tokens += sum(len(e.ids) for e in _ENCODE(texts))
                 docs, texts = docs + len(texts), []
     return tokens, docs
 
 
 def baseline_worker(job: dict) -> dict:
     import multiprocessing
-    global _BACKEND
-    _BACKEND = load_tiny_tokenizer().backend_tokenizer
+    global _ENCODE
+    _ENCODE = getattr(load_tiny_tokenizer().backend_tokenizer, job.get("method", "encode_batch"))
     ranges = byte_ranges(Path(job["jsonl"]), job["num_proc"])
     wall, cpu = time.perf_counter(), cpu_seconds()
     if job["num_proc"] == 1:
@@ -344,6 +347,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--skip-prepare-compare", action="store_true", help="do not run the bare tokenizers loop")
+    parser.add_argument("--fast-baseline", action="store_true",
+                        help="also run the bare loop with encode_batch_fast (what prepare calls: no offsets), as info")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -369,6 +374,8 @@ def measure_corpus(label: str, tokens: int, args, workdir: Path, tokenizer) -> d
     how = "reused from an earlier --keep run" if corpus.get("reused") else f"in {corpus['seconds']:.0f} s"
     say(f"{label}: {corpus['documents']:,} documents, {corpus['bytes'] / 1e9:.2f} GB {how}")
     jobs = {"baseline": {"jsonl": str(jsonl), "num_proc": args.num_proc}} if not args.skip_prepare_compare else {}
+    if args.fast_baseline and jobs:
+        jobs["baseline fast"] = {**jobs["baseline"], "method": "encode_batch_fast"}
     for size in args.records_per_shard:
         jobs[f"prepare {size}"] = {"jsonl": str(jsonl), "out": str(workdir / "prepared" / f"{label}-{size}"),
                                    "num_proc": args.num_proc, "cache_dir": str(workdir / "cache"),
@@ -387,7 +394,8 @@ def measure_corpus(label: str, tokens: int, args, workdir: Path, tokenizer) -> d
                    "all_seconds": [r["seconds"] for r in found]} for name, found in runs.items()}
     first = str(args.records_per_shard[0])
     out = Path(jobs[f"prepare {first}"]["out"])
-    result = {"corpus": corpus, "baseline": best.get("baseline"), "prepare": best[f"prepare {first}"],
+    result = {"corpus": corpus, "baseline": best.get("baseline"), "baseline_fast": best.get("baseline fast"),
+              "prepare": best[f"prepare {first}"],
               "shards": {size: best[f"prepare {size}"] for size in args.records_per_shard}}
     result["disk_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     result["workdir_bytes"] = sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file())
@@ -451,6 +459,10 @@ def prepare_rows(results: list[dict], args) -> list[tuple[str, str, list[str], s
                      for r in results], ""))
         out.append(("  wall s of each round: bare", "(info)",
                     [" ".join(f"{t:.0f}" for t in r["baseline"]["all_seconds"]) for r in results], ""))
+    if compared and all(r["baseline_fast"] for r in results):
+        out.append(("  bare encode_batch_fast loop (prepare: x)", "(info)",
+                    [f"{rate((r['baseline_fast']['tokens'] + r['baseline_fast']['documents']) / r['baseline_fast']['seconds'] / p)}"
+                     f" ({r['baseline_fast']['seconds'] / r['prepare']['seconds']:.2f}x)" for r in results], ""))
     return out
 
 

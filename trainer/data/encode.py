@@ -30,6 +30,7 @@ SKIPPED = 2            # plus SKIPPED when its shard was finished by an earlier 
 
 @dataclass
 class Settings:
+    """What the tokenizer processes tokenize with (they inherit it when they fork)."""
     tokenizer: object
     cfg: DataConfig
     fmt: str              # "text", "pair" or "chat" (tokenize.record_format)
@@ -134,8 +135,6 @@ def _encode_samples(columns: dict, where: Origins, settings: Settings):
     """SFT: prompt/response or chat samples fitted to seq_len (tokenize.py); a record whose labels are all
     IGNORE_INDEX after truncation is dropped (length 0), the first record with a problem is an error."""
     cfg, tokenizer = settings.cfg, settings.tokenizer
-    if tokenizer.eos_token_id is None:
-        raise DataError("the tokenizer has no eos_token; samples need one to end on")
     function = tokenize_pairs if settings.fmt == "pair" else tokenize_chats
     samples = function(columns, tokenizer=tokenizer, cfg=cfg)
     bad = [i for i, problem in enumerate(samples["_problem"]) if problem]
