@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import datasets
@@ -116,6 +117,11 @@ def test_a_hub_dataset_is_read_in_row_chunks(tmp_path, tokenizer, monkeypatch):
     prepare(cfg, "org/corpus", tokenizer, tmp_path / "out", 1000, 2)
     records = table.add_column("_origin", [f"org/corpus row {i}" for i in range(1, 3001)])
     assert shard_files(tmp_path / "out") == expected_files(records, cfg, tokenizer, 1000)
+    # what a tokenizer process is handed is its chunk's rows, not the table they were cut from
+    reader = reading.SourceReader("org/corpus")
+    reader.count([])
+    handed = [len(pickle.dumps(chunk.payload)) for chunk in reader.chunks(["text"])]
+    assert len(handed) > 1 and sum(handed) < 1.2 * len(pickle.dumps(table.data.table.column("text")))
 
 
 def test_a_bad_record_late_in_the_file_is_named_and_leaves_no_shard(tmp_path, tokenizer):

@@ -342,7 +342,7 @@ def _parquet_chunks(part: SourceFile, fields: Optional[list[str]]) -> Iterator[C
     size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     number = 1
     for batch in parquet.iter_batches(batch_size=_rows_per_chunk(size, meta.num_rows), columns=present):
-        payload = {name: batch.column(name) for name in present}
+        payload = {name: _compact(batch.column(name)) for name in present}
         yield Chunk("rows", f"{part.path} row", number, batch.num_rows, _with_missing(payload, fields))
         number += batch.num_rows
 
@@ -353,8 +353,15 @@ def _hub_chunks(dataset, name: str, fields: Optional[list[str]]) -> Iterator[Chu
     step = _rows_per_chunk(dataset.data.nbytes, len(dataset))
     for start in range(0, len(dataset), step):
         batch = table[start:start + step]
-        payload = {column: batch.column(column) for column in present}
+        payload = {column: _compact(batch.column(column)) for column in present}
         yield Chunk("rows", f"{name} row", start + 1, batch.num_rows, _with_missing(payload, fields))
+
+
+def _compact(column):
+    """These rows in buffers of their own: a slice of an Arrow array pickles with all of the buffers it was cut from
+    (a whole row group, or the whole memory-mapped dataset) when it is handed to a tokenizer process."""
+    import pyarrow as pa
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else pa.concat_arrays([column])
 
 
 def _with_missing(payload: dict, fields: Optional[list[str]]) -> dict:
