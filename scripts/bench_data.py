@@ -2,18 +2,25 @@
 
     .venv/bin/python scripts/bench_data.py                        # 20 M and 200 M tokens in /tmp/bench_data
     .venv/bin/python scripts/bench_data.py --tokens 50e6 --keep   # a smaller large corpus; keep the files
+    .venv/bin/python scripts/bench_data.py --small-tokens 15e6 --tokens 60e6 --repeats 5 --fast-baseline
 
 Two jsonl corpora of {"text": ...} documents (200-3000 words each, drawn with a seeded numpy RNG from the
 words of the shipped tiny corpus with their frequencies, sized to about --small-tokens and --tokens tokens
 of data/tiny/tokenizer) are written to --workdir. Every measurement runs in a fresh subprocess of this
 file (`--worker NAME`), so imports and earlier work do not leak into it:
 
-  1 prepare      `trainer.data.prepare.prepare` over the jsonl (eval_fraction 0.05, --num-proc processes),
-                 wall time of the call -> tokens/s per core, against a bare loop: the same tokenizer's
+  1 prepare      `trainer.data.prepare.prepare` over the jsonl (eval_fraction 0.05, --num-proc processes), at
+                 each --records-per-shard, against a bare loop: the same tokenizer's
                  `backend_tokenizer.encode_batch` over the same texts (read and json-parsed from the same
                  file, batches of 1,000) in as many forked processes. Both run with
-                 TOKENIZERS_PARALLELISM=false, so one process = one core; tokens per CPU-second (process +
-                 waited children) is printed too, being less sensitive to other load on the machine.
+                 TOKENIZERS_PARALLELISM=false, so one process = one core. The contenders run --repeats
+                 rounds, interleaved (the order rotates each round); the table shows each one's best wall
+                 time and the ratio of the best times (same text, same tokens: bare s / prepare s). Tokens per
+                 CPU-second (process + waited children) is printed too. Peak RSS: the driver samples every
+                 process of the contender's tree (psutil, every 20 ms) and sums them (shared pages count in
+                 every process that maps them, as `ps` shows them); the worst round is shown. prepare calls
+                 `encode_batch_fast` (the same ids without character offsets); --fast-baseline adds a bare loop
+                 calling it too, as information.
   2 RSS          RSS (psutil) after imports and the tokenizer, then after `build_datasets` on the prepared
                  directory, a MicroBatchLoader (micro 8 x seq 128, dp 2 rank 0: tiny_cpu's shape) and
                  --batches micro-batches of its shuffled order (spread over the whole corpus). The growth
@@ -41,6 +48,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +64,7 @@ MIN_WORDS, MAX_WORDS = 200, 3000
 SEQ_LEN, MICRO, DP_SIZE, DP_RANK = 128, 8, 2, 0          # tiny_cpu's micro-batch on 2 ranks
 EVAL_FRACTION = 0.05                                      # tiny_cpu's
 OLD_BYTES_PER_TOKEN = 150                                 # the issue's measurement of the old path
+RECORDS_PER_SHARD = 100_000                               # prepare-data's default (trainer/data/build.py)
 CREATED = ("corpora", "prepared", "tmp", "hf", "cache", "results")  # what --workdir gets (and loses at the end)
 
 
@@ -160,7 +169,7 @@ def prepare_worker(job: dict) -> dict:
             "shards": sum(len(s["shards"]) for s in splits.values()), "peak_rss": peak_rss_bytes()}
 
 
-_BACKEND = None  # the tokenizers.Tokenizer of the bare loop, inherited by its forked processes
+_ENCODE = None  # the bare loop's tokenizers.Tokenizer method, inherited by its forked processes
 
 
 def byte_ranges(path: Path, parts: int) -> list[tuple[str, int, int]]:
@@ -186,15 +195,15 @@ def encode_range(part: tuple[str, int, int]) -> tuple[int, int]:
             if line.strip():
                 texts.append(json.loads(line)["text"])
             if len(texts) == 1000 or position >= end:
-                tokens += sum(len(e.ids) for e in _BACKEND.encode_batch(texts))
+                tokens += sum(len(e.ids) for e in _ENCODE(texts))
                 docs, texts = docs + len(texts), []
     return tokens, docs
 
 
 def baseline_worker(job: dict) -> dict:
     import multiprocessing
-    global _BACKEND
-    _BACKEND = load_tiny_tokenizer().backend_tokenizer
+    global _ENCODE
+    _ENCODE = getattr(load_tiny_tokenizer().backend_tokenizer, job.get("method", "encode_batch"))
     ranges = byte_ranges(Path(job["jsonl"]), job["num_proc"])
     wall, cpu = time.perf_counter(), cpu_seconds()
     if job["num_proc"] == 1:
@@ -267,16 +276,54 @@ def loader_rate(batches, seconds: float) -> float:
 WORKERS = {"prepare": prepare_worker, "baseline": baseline_worker, "load": load_worker}
 
 
+class TreeMemory:
+    """The peak, over the life of a process, of the RSS of it and all its descendants summed, and of the largest
+    single process: sampled every `interval` seconds in a thread of the driver (a worker cannot see its own
+    children's peak: RUSAGE_CHILDREN reports only the largest waited child)."""
+
+    def __init__(self, pid: int, interval: float = 0.02):
+        import psutil
+        self.psutil, self.process, self.interval = psutil, psutil.Process(pid), interval
+        self.peak = self.largest = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                tree = [self.process, *self.process.children(recursive=True)]
+            except self.psutil.Error:
+                return
+            sizes = []
+            for member in tree:
+                try:
+                    sizes.append(member.memory_info().rss)
+                except self.psutil.Error:  # ended between the listing and the reading
+                    pass
+            self.peak, self.largest = max(self.peak, sum(sizes)), max([self.largest, *sizes])
+            self.stopped.wait(self.interval)
+
+    def stop(self) -> dict:
+        self.stopped.set()
+        self.thread.join()
+        return {"tree_peak_rss": self.peak, "largest_rss": self.largest}
+
+
 def run_worker(name: str, job: dict, workdir: Path) -> dict:
-    """This file as `--worker NAME` in a fresh process; its result comes back through a JSON file."""
+    """This file as `--worker NAME` in a fresh process, its process tree's memory sampled; its result comes back
+    through a JSON file."""
     result = workdir / "results" / f"{name}-{len(list((workdir / 'results').glob('*.json')))}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(workdir / "tmp"),
            "HF_DATASETS_CACHE": str(workdir / "hf"), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--job", json.dumps(job),
                "--result", str(result)]
-    subprocess.run(command, env=env, cwd=REPO, check=True)
-    return json.loads(result.read_text())
+    process = subprocess.Popen(command, env=env, cwd=REPO)
+    sampler = TreeMemory(process.pid)
+    if process.wait() != 0:
+        raise subprocess.CalledProcessError(process.returncode, command)
+    return {**json.loads(result.read_text()), **sampler.stop()}
 
 
 # ============================================================================================ driver
@@ -287,8 +334,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--small-tokens", type=float, default=20e6, help="tokens of the small corpus (default 20e6)")
     parser.add_argument("--workdir", default="/tmp/bench_data", help="where corpora and prepared data are written")
     parser.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="prepare processes (default: all cores)")
-    parser.add_argument("--records-per-shard", type=int, default=10_000,
-                        help="documents per prepared shard (default 10,000: ~19 M tokens of these documents)")
+    parser.add_argument("--records-per-shard", type=shard_sizes, default=[RECORDS_PER_SHARD, 1_000],
+                        help=f"documents per prepared shard, comma-separated: prepare runs at each (default "
+                             f"{RECORDS_PER_SHARD},1000: prepare-data's default, and small shards)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of bare loop and prepare, interleaved; the best of each counts (default 3)")
     parser.add_argument("--batches", type=int, default=200, help="micro-batches read before the RSS measurement")
     parser.add_argument("--loader-seconds", type=float, default=5.0, help="how long the loader rate is measured")
     parser.add_argument("--tiny-step-s", type=float, default=0.35,
@@ -297,10 +347,16 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--skip-prepare-compare", action="store_true", help="do not run the bare tokenizers loop")
+    parser.add_argument("--fast-baseline", action="store_true",
+                        help="also run the bare loop with encode_batch_fast (what prepare calls: no offsets), as info")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def shard_sizes(text: str) -> list[int]:
+    return [int(float(part)) for part in text.split(",") if part.strip()]
 
 
 def say(message: str) -> None:
@@ -312,25 +368,38 @@ def tokens_label(tokens: float) -> str:
 
 
 def measure_corpus(label: str, tokens: int, args, workdir: Path, tokenizer) -> dict:
-    jsonl, out = workdir / "corpora" / f"{label}.jsonl", workdir / "prepared" / label
+    jsonl = workdir / "corpora" / f"{label}.jsonl"
     say(f"{label}: writing ~{tokens_label(tokens)} tokens of jsonl")
     corpus = write_corpus(jsonl, tokens, args.seed, tokenizer)
     how = "reused from an earlier --keep run" if corpus.get("reused") else f"in {corpus['seconds']:.0f} s"
     say(f"{label}: {corpus['documents']:,} documents, {corpus['bytes'] / 1e9:.2f} GB {how}")
-    job = {"jsonl": str(jsonl), "out": str(out), "num_proc": args.num_proc, "cache_dir": str(workdir / "cache"),
-           "records_per_shard": args.records_per_shard}
-    result = {"corpus": corpus, "baseline": None}
-    if not args.skip_prepare_compare:
-        say(f"{label}: bare encode_batch loop, {args.num_proc} process(es)")
-        result["baseline"] = run_worker("baseline", job, workdir)
-        say(f"{label}: bare loop {result['baseline']['seconds']:.0f} s")
-    say(f"{label}: prepare, {args.num_proc} process(es)")
-    result["prepare"] = run_worker("prepare", job, workdir)
+    jobs = {"baseline": {"jsonl": str(jsonl), "num_proc": args.num_proc}} if not args.skip_prepare_compare else {}
+    if args.fast_baseline and jobs:
+        jobs["baseline fast"] = {**jobs["baseline"], "method": "encode_batch_fast"}
+    for size in args.records_per_shard:
+        jobs[f"prepare {size}"] = {"jsonl": str(jsonl), "out": str(workdir / "prepared" / f"{label}-{size}"),
+                                   "num_proc": args.num_proc, "cache_dir": str(workdir / "cache"),
+                                   "records_per_shard": size}
+    runs: dict[str, list[dict]] = {name: [] for name in jobs}
+    names = list(jobs)
+    for round_ in range(args.repeats):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:  # rotated: none always first
+            run = run_worker(name.split()[0], jobs[name], workdir)
+            runs[name].append(run)
+            say(f"{label}: round {round_ + 1}/{args.repeats}: {name}: {run['seconds']:.1f} s, tree peak "
+                f"{mb(run['tree_peak_rss'])}")
+    best = {name: {**min(found, key=lambda r: r["seconds"]),
+                   "worst_tree_peak_rss": max(r["tree_peak_rss"] for r in found),
+                   "worst_largest_rss": max(r["largest_rss"] for r in found),
+                   "all_seconds": [r["seconds"] for r in found]} for name, found in runs.items()}
+    first = str(args.records_per_shard[0])
+    out = Path(jobs[f"prepare {first}"]["out"])
+    result = {"corpus": corpus, "baseline": best.get("baseline"), "baseline_fast": best.get("baseline fast"),
+              "prepare": best[f"prepare {first}"],
+              "shards": {size: best[f"prepare {size}"] for size in args.records_per_shard}}
     result["disk_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     result["workdir_bytes"] = sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file())
-    say(f"{label}: prepare {result['prepare']['seconds']:.0f} s; work directory now "
-        f"{result['workdir_bytes'] / 1e9:.2f} GB")
-    say(f"{label}: build_datasets + loader in a fresh process")
+    say(f"{label}: build_datasets + loader in a fresh process (prepared at {first} documents per shard)")
     result["load"] = run_worker("load", {"prepared": str(out), "cache_dir": str(workdir / "cache"),
                                          "batches": args.batches, "loader_seconds": args.loader_seconds}, workdir)
     return result
@@ -356,25 +425,50 @@ def per_core(run: dict, procs: int) -> float:
     return run["tokens"] / run["seconds"] / procs
 
 
-def rows(results: list[dict], args) -> list[tuple[str, str, list[str], str]]:
-    """(what, goal, one cell per corpus, verdict) of every line of the table."""
+def prepare_rows(results: list[dict], args) -> list[tuple[str, str, list[str], str]]:
+    """Target 1 per shard size: tokens/s and the tree's peak RSS, each against the bare loop's."""
     out, p = [], args.num_proc
     compared = all(r["baseline"] for r in results)
-    ratios = [per_core(r["prepare"], p) / per_core(r["baseline"], p) for r in results] if compared else []
-    out.append(("1 prepare tokens/s per core", ">= 0.8x bare loop",
-                [f"{rate(per_core(r['prepare'], p))} ({x:.2f}x)" if compared else rate(per_core(r["prepare"], p))
-                 for r, x in zip(results, ratios or [0] * len(results))],
-                verdict(all(x >= 0.8 for x in ratios)) if compared else "not compared"))
+    for size in args.records_per_shard:
+        runs = [r["shards"][size] for r in results]
+        if not compared:
+            out.append((f"1 prepare tokens/s per core, {size:,}/shard", "", [rate(per_core(x, p)) for x in runs],
+                        "not compared"))
+            continue
+        # the same text and the same tokens (prepare counts the EOS it appends too): the ratio of wall times
+        speed = [r["baseline"]["seconds"] / x["seconds"] for r, x in zip(results, runs)]
+        out.append((f"1 prepare tokens/s per core, {size:,}/shard", ">= 0.95x bare loop",
+                    [f"{rate(per_core(x, p))} ({s:.2f}x)" for x, s in zip(runs, speed)],
+                    verdict(all(s >= 0.95 for s in speed))))
+        memory = [x["worst_tree_peak_rss"] / r["baseline"]["worst_tree_peak_rss"] for r, x in zip(results, runs)]
+        out.append((f"  tree peak RSS, {size:,}/shard", "<= 1.5x bare loop",
+                    [f"{mb(x['worst_tree_peak_rss'])} ({m:.2f}x)" for x, m in zip(runs, memory)],
+                    verdict(all(m <= 1.5 for m in memory))))
+        out.append((f"  largest process, {size:,}/shard", "(info)", [mb(x["worst_largest_rss"]) for x in runs], ""))
+        cpu = [(x["tokens"] / x["cpu_seconds"]) / ((r["baseline"]["tokens"] + r["baseline"]["documents"]) /
+               r["baseline"]["cpu_seconds"]) for r, x in zip(results, runs)]
+        out.append(("  tokens per CPU-s, prepare / bare", "(info)", [f"{c:.2f}x" for c in cpu], ""))
+        out.append(("  wall s of each round: prepare", "(info)",
+                    [" ".join(f"{t:.0f}" for t in x["all_seconds"]) for x in runs], ""))
     if compared:
-        out.append(("  bare encode_batch tokens/s per core", "", [rate(per_core(r["baseline"], p)) for r in results], ""))
-        cpu = [(r["prepare"]["tokens"] / r["prepare"]["cpu_seconds"]) / (r["baseline"]["tokens"] /
-               r["baseline"]["cpu_seconds"]) for r in results]
-        out.append(("  tokens per CPU-s, prepare / bare", "(info)", [f"{x:.2f}x" for x in cpu], ""))
-        out.append(("  wall s: prepare / bare", "(info)",
-                    [f"{r['prepare']['seconds']:.0f} / {r['baseline']['seconds']:.0f}" for r in results], ""))
-    out.append(("  prepare peak RSS (largest process)", "(info)",
-                [f"{mb(r['prepare']['peak_rss'])} = {r['prepare']['peak_rss'] / r['prepare']['tokens']:.0f} B/token"
-                 for r in results], ""))
+        out.append(("  bare encode_batch tokens/s per core", "",
+                    [rate((r["baseline"]["tokens"] + r["baseline"]["documents"]) / r["baseline"]["seconds"] / p)
+                     for r in results], ""))
+        out.append(("  bare loop: tree peak RSS / largest", "",
+                    [f"{mb(r['baseline']['worst_tree_peak_rss'])} / {mb(r['baseline']['worst_largest_rss'])}"
+                     for r in results], ""))
+        out.append(("  wall s of each round: bare", "(info)",
+                    [" ".join(f"{t:.0f}" for t in r["baseline"]["all_seconds"]) for r in results], ""))
+    if compared and all(r["baseline_fast"] for r in results):
+        out.append(("  bare encode_batch_fast loop (prepare: x)", "(info)",
+                    [f"{rate((r['baseline_fast']['tokens'] + r['baseline_fast']['documents']) / r['baseline_fast']['seconds'] / p)}"
+                     f" ({r['baseline_fast']['seconds'] / r['prepare']['seconds']:.2f}x)" for r in results], ""))
+    return out
+
+
+def rows(results: list[dict], args) -> list[tuple[str, str, list[str], str]]:
+    """(what, goal, one cell per corpus, verdict) of every line of the table."""
+    out = prepare_rows(results, args)
     growth = [r["load"]["after"]["rss"] - r["load"]["before"]["rss"] for r in results]
     spread_ok = abs(growth[-1] - growth[0]) <= 0.10 * abs(growth[0])
     out.append(("2 RSS growth per rank from data", "<= 100 MB, equal +-10%",
@@ -428,8 +522,10 @@ def conditions(args, results: list[dict], load_start: tuple) -> list[str]:
         f"machine: {os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}, Python {platform.python_version()}; load average "
         f"{load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other processes share the cores)",
         f"prepare and bare loop: {args.num_proc} process(es), TOKENIZERS_PARALLELISM=false (1 core each), "
-        f"{args.records_per_shard:,} documents per shard, eval_fraction {EVAL_FRACTION}; per core = tokens / wall "
-        f"s / {args.num_proc}; the bare loop's time includes reading and json-parsing the file",
+        f"{', '.join(f'{n:,}' for n in args.records_per_shard)} documents per shard, eval_fraction {EVAL_FRACTION}; "
+        f"best of {args.repeats} interleaved rounds; per core = tokens / wall s / {args.num_proc}; the bare loop's "
+        f"time includes reading and json-parsing the file; targets 2-5 read the data prepared at "
+        f"{args.records_per_shard[0]:,} documents per shard",
         f"corpora: {MIN_WORDS}-{MAX_WORDS} words per document from the tiny corpus's {len(word_table()[0])} words, "
         f"{first['corpus']['tokens_per_word']:.2f} tokens/word; " + "; ".join(checks),
         "file-backed RSS: pages of files mapped into the process (the loader reads shards with os.pread, so none of "

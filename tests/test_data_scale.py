@@ -71,9 +71,8 @@ def test_a_second_build_reads_the_cache_without_tokenizing(tmp_path, tokenizer, 
     cfg = DataConfig(source=source, seq_len=32, cache_dir=str(tmp_path / "cache"))
     first = build_datasets(cfg, tokenizer, seed=0)
     import trainer.data.prepare as prepare_module
-    # pretraining text is tokenized by encode_texts (tokenize_records is the SFT path): both must stay unused
-    monkeypatch.setattr(prepare_module, "encode_texts", lambda *a, **k: pytest.fail("tokenized again"))
-    monkeypatch.setattr(prepare_module, "tokenize_records", lambda *a, **k: pytest.fail("tokenized again"))
+    # every record is read and tokenized by encode_chunk (in this process: data.num_workers is 1): it must stay unused
+    monkeypatch.setattr(prepare_module, "encode_chunk", lambda *a, **k: pytest.fail("tokenized again"))
     again = build_datasets(cfg, tokenizer, seed=0)
     ids = np.arange(8)
     assert (first.train.rows(ids)["input_ids"] == again.train.rows(ids)["input_ids"]).all()

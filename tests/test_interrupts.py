@@ -63,7 +63,7 @@ def test_ctrl_c_in_prepare_data_with_worker_processes(tmp_path):
     out_dir = tmp_path / "prepared"
     code, err = interrupted(["prepare-data", "--source", str(corpus), "--tokenizer", "data/tiny/tokenizer",
                              "--out", str(out_dir), "--num-proc", "2", "--records-per-shard", "150000"],
-                            when="Flattening the indices: 100%", times=2)  # shard 1 is being tokenized
+                            when="prepare: train shard 1:")  # shard 0 is written, shard 1 is being tokenized
     assert_clean_interrupt(code, err, "prepare-data")
     assert not (out_dir / "manifest.json").exists()
     for marker in (out_dir / "train").glob("[0-9]*.json"):  # every shard it marked finished is whole

@@ -5,9 +5,10 @@
     data = build_datasets(cfg.data, tokenizer, seed)         # PreparedData(train stream, eval streams, stats)
     loader = MicroBatchLoader(data.train, micro, dp_rank, dp_size, grad_accum)
 
-One module per stage: `records` (files and hub datasets, the eval split by document) -> `tokenize` (formats,
-labels, chat templates) -> `prepare` (token shards on disk, `shards` is their format; the cache is keyed by the
-source's content, `fingerprint`) -> `verify` (the shards against their manifest, once per run) -> `samples` (seq_len
+One module per stage: `records` (files and hub datasets, the eval split by document) -> `reading` (the same
+records streamed in bounded chunks) -> `tokenize` (formats, labels, chat templates; `encode` runs it in the tokenizer
+processes) -> `prepare` (token shards on disk, written as the chunks come; `shards` is their format; the cache is
+keyed by the source's content, `fingerprint`) -> `verify` (the shards against their manifest, once per run) -> `samples` (seq_len
 samples read from the shards with positional reads) -> `order` (which sample comes next: a pure function of seed,
 epoch and the global sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what
 training calls. Every problem with the data is a `DataError` naming the file and line (or row) and a fix.
@@ -16,8 +17,8 @@ from .build import PreparedData, build_datasets
 from .loader import MicroBatchLoader, Source, Stream
 from .records import IGNORE_INDEX, DataError, load_records, split_records
 from .samples import PretrainSamples, SftSamples, block_starts
-from .tokenize import apply_chat_template, chat_sample, load_tokenizer, record_format, tokenize_records
+from .tokenize import apply_chat_template, chat_sample, load_tokenizer, record_format
 
 __all__ = ["IGNORE_INDEX", "DataError", "MicroBatchLoader", "PreparedData", "PretrainSamples", "SftSamples",
            "Source", "Stream", "apply_chat_template", "block_starts", "build_datasets", "chat_sample",
-           "load_records", "load_tokenizer", "record_format", "split_records", "tokenize_records"]
+           "load_records", "load_tokenizer", "record_format", "split_records"]

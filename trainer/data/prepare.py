@@ -10,7 +10,6 @@ entry against the identity its key stands for, every time it is used).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -21,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import datasets
 import numpy as np
 
 from ..config import DataConfig
 from . import fingerprint, shards
-from .records import ORIGIN, DataError, load_records, looks_like_path, split_records
-from .tokenize import record_format, tokenize_records, with_eos
+from .encode import EVAL, SKIPPED, TRAIN, Part, Settings, Workers, encode_chunk
+from .reading import Chunk, SourceReader, count_lines
+from .records import DataError, eval_indices, looks_like_path
+from .tokenize import format_of
 
 
 # --- where prepared data lives ---------------------------------------------------------------------
@@ -97,49 +97,56 @@ def needs_explicit_preparation(cfg: DataConfig, source: str) -> Optional[str]:
     return None
 
 
-# --- preparing -------------------------------------------------------------------------------------
+# --- preparing ---------------------------------------------------------------------------------------
 
 def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shard: int, num_proc: int = 1,
             progress: bool = False, wanted: Optional[dict] = None) -> dict:
     """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest.
-    `wanted`: the source's identity when the caller has it already."""
+    `wanted`: the source's identity when the caller has it already.
+
+    The records are streamed (trainer/data/reading.py): one pass counts them (the eval split is drawn from the
+    count alone), a second hands them in chunks to `num_proc` tokenizer processes (trainer/data/encode.py) and
+    writes what comes back, in order, into shards written in pieces. Memory does not grow with the corpus or the
+    shard size; the bytes are those of tokenizing the whole split at once."""
     wanted = wanted or identity(cfg, source, tokenizer)
     check_output_dir(out, wanted)
-    records = load_records(source, cfg.split, cfg.subset if source == cfg.source else None)
-    fmt = record_format(records, cfg, tokenizer, source)
-    if cfg.eval_source and source == cfg.source:
-        eval_records = load_records(cfg.eval_source, cfg.eval_split or cfg.split)
-        if record_format(eval_records, cfg, tokenizer, cfg.eval_source) != fmt:
-            raise DataError(f"{cfg.eval_source}: eval records are in another format than {source}'s; use one")
-        train_records = records
-    else:
-        train_records, eval_records = split_records(records, cfg.eval_fraction, cfg.split_seed, source)
-    out.mkdir(parents=True, exist_ok=True)
-    shards.write_atomic(out / ".identity.json", json.dumps(wanted, sort_keys=True).encode())
-    dtype = shards.token_dtype(len(tokenizer))
-    splits, meter = {}, Progress(progress)
-    for name, split_records_ in (("train", train_records), ("eval", eval_records)):
-        entries = []
-        for index, start in enumerate(range(0, len(split_records_), records_per_shard)):
-            entry = shards.finished_shard(out / name, index)
-            if entry is None:
-                # flatten: a selection of a selection still references the whole table, which every
-                # tokenizer process would otherwise receive (pickled) for every shard
-                chunk = split_records_.select(range(start, min(start + records_per_shard, len(split_records_))))
-                chunk = chunk.flatten_indices()
-                entry = _tokenize_shard(chunk, fmt, cfg, tokenizer, dtype, out / name, index, num_proc)
-            entries.append(entry)
-            meter.update(entry["tokens"], f"{name} shard {index}")
-        splits[name] = {"shards": entries, "records": len(split_records_),
-                        "tokens": sum(e["tokens"] for e in entries),
-                        "documents": sum(e["documents"] for e in entries)}
-        if splits[name]["documents"] == 0:
-            raise DataError(f"{source}: the {name} split has no usable record (every one was dropped: no label "
-                            f"left after truncation); add data or raise data.seq_len")
-    if identity(cfg, source, tokenizer) != wanted:  # by stat when unchanged; read again when touched
-        raise DataError(f"{source} changed while it was being prepared (its content no longer has the hash the "
-                        f"preparation started from): prepare it again once it is no longer being written")
-    manifest = {"format": shards.FORMAT, "task": cfg.task, "format_of_records": fmt, "dtype": dtype.name,
+    if tokenizer.eos_token_id is None:
+        raise DataError("the tokenizer has no eos_token; samples need one to end on")
+    train = SourceReader(source, cfg.split, cfg.subset if source == cfg.source else None)
+    fmt = format_of(*train.head(), cfg, tokenizer, source)
+    held_out = SourceReader(cfg.eval_source, cfg.eval_split or cfg.split) if cfg.eval_source and source == cfg.source \
+        else None
+    if held_out is not None and format_of(*held_out.head(), cfg, tokenizer, cfg.eval_source) != fmt:
+        raise DataError(f"{cfg.eval_source}: eval records are in another format than {source}'s; use one")
+    settings = Settings(tokenizer, cfg, fmt, shards.token_dtype(len(tokenizer)))
+    with Workers(num_proc, settings) as workers:
+        count = train.count(list(workers.ordered(count_lines, train.count_tasks())))
+        if held_out is not None:  # every record of the source trains, every one of eval_source evaluates
+            totals = {TRAIN: count, EVAL: held_out.count(list(workers.ordered(count_lines, held_out.count_tasks())))}
+            passes = [(train, None, TRAIN), (held_out, None, EVAL)]
+        else:
+            eval_ids = eval_indices(count, cfg.eval_fraction, cfg.split_seed, source)
+            totals = {TRAIN: count - len(eval_ids), EVAL: len(eval_ids)}
+            passes = [(train, eval_ids, None)]
+        created = not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
+        shards.write_atomic(out / ".identity.json", json.dumps(wanted, sort_keys=True).encode())
+        writers = {split: SplitWriter(out / shards.SPLITS[split], totals[split], records_per_shard, cfg.task == "sft")
+                   for split in (TRAIN, EVAL)}
+        try:
+            _write_splits(workers, passes, writers, settings, Progress(progress, sum(totals.values())))
+            splits = {shards.SPLITS[split]: writer.summary(source) for split, writer in writers.items()}
+            if identity(cfg, source, tokenizer) != wanted:  # by stat when unchanged; read again when touched
+                raise DataError(f"{source} changed while it was being prepared (its content no longer has the hash "
+                                f"the preparation started from): prepare it again once it is no longer being written")
+        except DataError:
+            # what was written holds records the user must change (or settings that change the key): a rerun could
+            # never continue it, and would find the directory taken by "another source"
+            _remove_unfinished(out, finished_too=True)
+            if created and not any(out.iterdir()):
+                out.rmdir()
+            raise
+    manifest = {"format": shards.FORMAT, "task": cfg.task, "format_of_records": fmt, "dtype": settings.dtype.name,
                 "vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "eos_appended": True,
                 "tokenizer": {"name": str(tokenizer.name_or_path),
                               "fingerprint": shards.tokenizer_fingerprint(tokenizer)},
@@ -147,8 +154,95 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
                 "seq_len": cfg.seq_len if cfg.task == "sft" else None, "truncate": cfg.truncate,
                 "identity": wanted, "splits": splits}
     shards.write_manifest(out, manifest)
-    meter.done()
     return manifest
+
+
+def _write_splits(workers: Workers, passes: list, writers: dict, settings: Settings, meter: "Progress") -> None:
+    """Stream each source of `passes` through the tokenizer processes into the split writers."""
+    for source, eval_ids, only in passes:
+        tasks = ((chunk, routes(chunk, eval_ids, only, writers)) for chunk in source.chunks(settings.fields))
+        for parts in workers.ordered(encode_chunk, tasks):
+            for split, part in parts.items():
+                writers[split].feed(part)
+            meter.update(sum(len(part.ids) for part in parts.values()), sum(part.count for part in parts.values()),
+                         writers[TRAIN].shard_name())
+    meter.done()
+
+
+def routes(chunk: Chunk, eval_ids: Optional[np.ndarray], only: Optional[int], writers: dict) -> np.ndarray:
+    """Each record's split (EVAL when its index is among the sorted `eval_ids`, else TRAIN; or `only`), plus SKIPPED
+    when its shard was finished by an earlier run."""
+    if only is not None:
+        split = np.full(chunk.records, only, dtype=np.uint8)
+    else:
+        split = np.zeros(chunk.records, dtype=np.uint8)
+        lo, hi = np.searchsorted(eval_ids, [chunk.first_record, chunk.first_record + chunk.records])
+        split[eval_ids[lo:hi] - chunk.first_record] = EVAL
+    for which, writer in writers.items():
+        chosen = np.flatnonzero(split == which)
+        split[chosen[writer.dispatch(len(chosen))]] |= SKIPPED
+    return split
+
+
+class SplitWriter:
+    """A split's shards written as its records come, `per_shard` records each; shards an earlier run finished are
+    kept (their records are skipped: `dispatch`)."""
+
+    def __init__(self, split_dir: Path, total: int, per_shard: int, sft: bool):
+        self.split_dir, self.total, self.per_shard, self.sft = split_dir, total, per_shard, sft
+        self.entries = {index: entry for index in range(-(-total // per_shard))
+                        if (entry := shards.finished_shard(split_dir, index)) is not None}
+        self.finished = np.array(sorted(self.entries), dtype=np.int64)
+        self.position = self.dispatched = 0
+        self.shard: Optional[shards.ShardWriter] = None
+
+    def dispatch(self, count: int) -> np.ndarray:
+        """The next `count` records are handed out: which of them belong to finished shards."""
+        positions = self.dispatched + np.arange(count)
+        self.dispatched += count
+        return np.isin(positions // self.per_shard, self.finished)
+
+    def feed(self, part: Part) -> None:
+        """The part's records, next in the split's order (those of finished shards were left out)."""
+        offsets = np.concatenate(([0], np.cumsum(part.lengths)))
+        end, taken = self.position + part.count, 0
+        while self.position < end:
+            index = self.position // self.per_shard
+            stop = min(end, (index + 1) * self.per_shard)
+            if index not in self.entries:
+                taken = self._write(index, part, offsets, taken, stop - self.position)
+            self.position = stop
+
+    def _write(self, index: int, part: Part, offsets: np.ndarray, taken: int, count: int) -> int:
+        if self.shard is None:
+            self.shard = shards.ShardWriter(self.split_dir, index, self.sft)
+            self.stats = {"records": 0, "first": f"{part.origin} {part.numbers[taken]}"}
+            self.truncated = self.dropped = 0
+        records, tokens = slice(taken, taken + count), slice(offsets[taken], offsets[taken + count])
+        lengths = part.lengths[records]
+        self.shard.add(part.ids[tokens], lengths[lengths > 0], None if part.mask is None else part.mask[tokens])
+        self.stats["records"] += count
+        if self.sft:
+            self.truncated += int((part.cut[records] > 0).sum())
+            self.dropped += int((lengths == 0).sum())
+        if self.position + count == min((index + 1) * self.per_shard, self.total):
+            if self.sft:
+                self.stats.update(truncated_records=self.truncated, dropped_records=self.dropped)
+            self.entries[index] = self.shard.finish(self.stats)
+            self.shard = None
+        return taken + count
+
+    def shard_name(self) -> str:
+        return f"shard {min(self.position, max(self.total - 1, 0)) // self.per_shard}"
+
+    def summary(self, source: str) -> dict:
+        entries = [self.entries[index] for index in range(-(-self.total // self.per_shard))]
+        split = {"shards": entries, "records": self.total, "tokens": sum(e["tokens"] for e in entries),
+                 "documents": sum(e["documents"] for e in entries)}
+        if split["documents"] == 0:
+            raise DataError(f"{source}: the {self.split_dir.name} split has no usable record (every one was dropped: "
+                            f"no label left after truncation); add data or raise data.seq_len")
+        return split
 
 
 def check_output_dir(out: Path, wanted: dict) -> None:
@@ -185,116 +279,38 @@ def _finished_shards(out: Path) -> list[Path]:
         ([out / shards.MANIFEST] if (out / shards.MANIFEST).exists() else [])
 
 
-def _remove_unfinished(out: Path) -> None:
+def _remove_unfinished(out: Path, finished_too: bool = False) -> None:
     """What an earlier preparation left before it finished a shard (its identity mark, empty split directories,
-    temporary files): only names a preparation writes, so nothing else in `out` is touched."""
+    temporary files), and with `finished_too` its finished shards as well: only names a preparation writes, so
+    nothing else in `out` is touched."""
     (out / ".identity.json").unlink(missing_ok=True)
     for split in shards.SPLITS:
         directory = out / split
         if directory.is_dir():
             for leftover in directory.iterdir():
                 if leftover.name.startswith(".") and leftover.name.endswith(".tmp") or \
-                        leftover.suffix in (".tokens", ".docs", ".labels"):
+                        leftover.suffix in (".tokens", ".docs", ".labels") or \
+                        finished_too and leftover.suffix == ".json" and leftover.stem.isdigit():
                     leftover.unlink()
             if not any(directory.iterdir()):
                 directory.rmdir()
 
 
-def _tokenize_shard(records: datasets.Dataset, fmt: str, cfg: DataConfig, tokenizer, dtype: np.dtype,
-                    split_dir: Path, index: int, num_proc: int) -> dict:
-    stats = {"records": len(records), "first": records[0][ORIGIN] if len(records) else ""}
-    if fmt == "text":  # pretraining: the bulk of any corpus, tokenized without a round trip through Arrow
-        ids, lengths = encode_texts(text_column(records, cfg.text_field), tokenizer, num_proc)
-        return shards.write_shard(split_dir, index, ids.astype(dtype), np.cumsum(lengths), None, stats)
-    worker_cfg = cfg if num_proc == cfg.num_workers else _with_workers(cfg, num_proc)
-    samples = tokenize_records(records, fmt, worker_cfg, tokenizer)
-    ids_column = samples.data.column("input_ids").combine_chunks()
-    lengths = np.diff(ids_column.offsets.to_numpy())
-    ids = ids_column.values.to_numpy(zero_copy_only=False)
-    mask = None
-    if cfg.task == "sft":
-        labels = samples.data.column("labels").combine_chunks().values.to_numpy(zero_copy_only=False)
-        learnt = labels != -100
-        keep = np.add.reduceat(learnt, np.r_[0, np.cumsum(lengths)[:-1]]) > 0 if len(lengths) else lengths > 0
-        # Truncation can cut away a whole response; such a sample would only add padding-like noise.
-        token_keep = np.repeat(keep, lengths)
-        ids, learnt, lengths = ids[token_keep], learnt[token_keep], lengths[keep]
-        mask = learnt
-        cut = np.asarray(samples.data.column("_cut").to_pylist())
-        stats.update(truncated_records=int((cut > 0).sum()), dropped_records=int((~keep).sum()))
-    return shards.write_shard(split_dir, index, ids.astype(dtype), np.cumsum(lengths), mask, stats)
-
-
-def text_column(records: datasets.Dataset, field: str) -> list[str]:
-    """The texts of a shard; a record whose field is not a string is named by its line."""
-    texts = records.with_format("arrow")[:][field].to_pylist()
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise DataError(f"{records[i][ORIGIN]}: field '{field}' is {'missing' if text is None else type(text).__name__}"
-                            f", expected a string")
-    return texts
-
-
-_ENCODER, _TEXTS = None, []  # what the forked workers inherit (set just before the pool starts): no pickling
-
-
-def encode_texts(texts: list[str], tokenizer, num_proc: int) -> tuple[np.ndarray, np.ndarray]:
-    """(every text's ids + EOS back to back, the length of each), as `tokenizer(texts)` gives them, in
-    `num_proc` forked processes over contiguous parts (so the order, and the bytes, never depend on it)."""
-    global _ENCODER, _TEXTS
-    _ENCODER, _TEXTS = tokenizer, texts
-    size = -(-len(texts) // max(num_proc, 1))
-    parts = [(start, min(start + size, len(texts))) for start in range(0, len(texts), size)] or [(0, 0)]
-    try:
-        if num_proc == 1 or len(parts) == 1:
-            results = [_encode_part(part) for part in parts]
-        else:
-            import multiprocessing
-            with multiprocessing.get_context("fork").Pool(len(parts), initializer=_ignore_interrupts) as pool:
-                results = pool.map(_encode_part, parts)
-    finally:
-        _ENCODER, _TEXTS = None, []
-    return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
-
-
-def _ignore_interrupts() -> None:
-    """Ctrl-C reaches every process of the terminal's group: the workers leave it to the parent, which stops them
-    and reports it once (instead of one KeyboardInterrupt traceback per worker)."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _encode_part(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    texts, tokenizer = _TEXTS[part[0]:part[1]], _ENCODER
-    eos = tokenizer.eos_token_id
-    backend = getattr(tokenizer, "backend_tokenizer", None)  # what a fast tokenizer's __call__ runs, minus
-    if backend is not None:                                   # building a BatchEncoding of Python lists
-        encoded = [e.ids for e in backend.encode_batch(texts, add_special_tokens=True)] if texts else []
-    else:
-        encoded = tokenizer(texts, verbose=False)["input_ids"] if texts else []
-    documents = [with_eos(x, eos) for x in encoded]
-    lengths = np.fromiter(map(len, documents), dtype=np.int64, count=len(documents))
-    ids = np.fromiter(itertools.chain.from_iterable(documents), dtype=np.int64, count=int(lengths.sum()))
-    return ids, lengths
-
-
-def _with_workers(cfg: DataConfig, num_proc: int) -> DataConfig:
-    import dataclasses
-    return dataclasses.replace(cfg, num_workers=num_proc)
-
-
 class Progress:
-    """Tokens/s on stderr while a preparation runs (rank 0 / the prepare-data command only)."""
+    """Tokens/s on stderr while a preparation runs (rank 0 / the prepare-data command only), twice a second."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.tokens, self.started = enabled, 0, time.perf_counter()
+    def __init__(self, enabled: bool, records: int):
+        self.enabled, self.records, self.tokens, self.done_records = enabled, records, 0, 0
+        self.started = self.shown = time.perf_counter()
 
-    def update(self, tokens: int, what: str) -> None:
-        self.tokens += tokens
-        if self.enabled:
-            rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
-            print(f"\rprepare: {what}: {self.tokens:,} tokens, {rate:,.0f} tokens/s", end="", file=sys.stderr,
-                  flush=True)
+    def update(self, tokens: int, records: int, what: str) -> None:
+        self.tokens, self.done_records = self.tokens + tokens, self.done_records + records
+        now = time.perf_counter()
+        if self.enabled and (now - self.shown >= 0.5 or self.done_records == self.records):
+            self.shown = now
+            rate = self.tokens / max(now - self.started, 1e-9)
+            print(f"\rprepare: train {what}: {self.done_records:,}/{self.records:,} records, {self.tokens:,} tokens, "
+                  f"{rate:,.0f} tokens/s", end="", file=sys.stderr, flush=True)
 
     def done(self) -> None:
         if self.enabled:

@@ -65,12 +65,17 @@ def looks_like_path(source: str) -> bool:
 
 
 def _load_hub(name: str, split: str, subset: str | None = None) -> datasets.Dataset:
+    records = hub_dataset(name, split, subset)
+    return records.add_column(ORIGIN, [f"{name} row {i}" for i in range(1, len(records) + 1)])
+
+
+def hub_dataset(name: str, split: str, subset: str | None = None) -> datasets.Dataset:
+    """A hub dataset as `datasets` caches it (memory-mapped), without origins."""
     try:
-        records = datasets.load_dataset(name, subset, split=split)
+        return datasets.load_dataset(name, subset, split=split)
     except Exception as e:  # the hub raises many types; all mean "cannot use this source"
         raise DataError(f"{name}: not a local path, and loading it as a hub dataset (split {split!r}) "
                         f"failed: {e}") from e
-    return records.add_column(ORIGIN, [f"{name} row {i}" for i in range(1, len(records) + 1)])
 
 
 def _read_directory(directory: Path) -> datasets.Dataset:
@@ -150,7 +155,7 @@ def _inferred(kind: pa.DataType) -> bool:
 
 
 def _read_json(path: Path) -> datasets.Dataset:
-    text = _read_text(path)
+    text = read_utf8(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -158,11 +163,11 @@ def _read_json(path: Path) -> datasets.Dataset:
             raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
                             f"must be a JSON array of objects or JSON lines") from None
         return _read_jsonl(path)  # many .json files are really JSON lines
-    rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(_json_rows(data), 1)]
+    rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(json_rows(data), 1)]
     return _records_from_rows(rows, path)
 
 
-def _json_rows(data: Any) -> list:
+def json_rows(data: Any) -> list:
     if isinstance(data, list):
         return data
     lists = [v for v in data.values() if isinstance(v, list)] if isinstance(data, dict) else []
@@ -199,7 +204,7 @@ def _numbered_lines(path: Path):
                 yield number, line
 
 
-def _read_text(path: Path) -> str:
+def read_utf8(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -242,17 +247,27 @@ def visible_columns(records: datasets.Dataset) -> list[str]:
 
 
 def split_records(records: datasets.Dataset, eval_fraction: float, seed: int, source: str):
-    """(train, eval): a seeded random `eval_fraction` of the records is held out.
+    """(train, eval): a seeded random `eval_fraction` of the records is held out (`eval_indices`).
 
     Both keep file order, so the first problem reported for a split is its earliest in the file; the
     loader shuffles the packed sequences anyway.
     """
+    held_out = eval_indices(len(records), eval_fraction, seed, source)
+    return records.select(np.setdiff1d(np.arange(len(records)), held_out)), records.select(held_out)
+
+
+def eval_indices(count: int, eval_fraction: float, seed: int, source: str) -> np.ndarray:
+    """The sorted indices (int64) of the records held out for eval among `count`: the first round(count *
+    eval_fraction) of a seeded permutation. Only the count is needed, so prepare decides the split while it streams
+    the records. The permutation is drawn in uint32 (4 bytes a record, freed on return): numpy's shuffle draws the
+    same swaps for any dtype, so it is the permutation `default_rng(seed).permutation(count)` gives."""
     if not 0 < eval_fraction < 1:
         raise DataError(f"{source}: data.eval_fraction is {eval_fraction}; set it in (0, 1) or set "
                         f"data.eval_source")
-    order = np.random.default_rng(seed).permutation(len(records))
-    n_eval = max(1, round(len(records) * eval_fraction))
-    if n_eval >= len(records):
-        raise DataError(f"{source}: only {len(records)} record(s); holding out {n_eval} for eval leaves "
+    n_eval = max(1, round(count * eval_fraction))
+    if n_eval >= count:
+        raise DataError(f"{source}: only {count} record(s); holding out {n_eval} for eval leaves "
                         f"none to train on; add records, lower data.eval_fraction or set data.eval_source")
-    return records.select(np.sort(order[n_eval:])), records.select(np.sort(order[:n_eval]))
+    order = np.arange(count, dtype=np.uint32 if count < 1 << 32 else np.int64)
+    np.random.default_rng(seed).shuffle(order)
+    return np.sort(order[:n_eval]).astype(np.int64)

@@ -63,17 +63,61 @@ def write_atomic(path: Path, data: bytes) -> None:
 def write_shard(split_dir: Path, index: int, ids: np.ndarray, doc_ends: np.ndarray,
                 label_mask: Optional[np.ndarray], stats: dict) -> dict:
     """Write one shard (tokens, document ends, optional loss mask), then its .json marker; returns the marker."""
-    split_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{index:05d}"
-    files = {"tokens": ids.tobytes(), "docs": doc_ends.astype(np.int64).tobytes()}
-    if label_mask is not None:
-        files["labels"] = label_mask.astype(np.uint8).tobytes()
-    entry = {"tokens": int(len(ids)), "documents": int(len(doc_ends)), **stats, "files": {}}
-    for suffix, data in files.items():
-        write_atomic(split_dir / f"{stem}.{suffix}", data)
-        entry["files"][suffix] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    write_atomic(split_dir / f"{stem}.json", json.dumps(entry, indent=1).encode())
-    return entry
+    shard = ShardWriter(split_dir, index, label_mask is not None)
+    shard.add(ids, np.diff(np.asarray(doc_ends, dtype=np.int64), prepend=0), label_mask)
+    return shard.finish(stats)
+
+
+class ShardWriter:
+    """One shard written in pieces, as the records come: each file goes to a temporary name and is hashed as it is
+    written (one pass over the bytes); `finish` fsyncs and renames them, then writes the .json marker, so a shard
+    exists whole or not at all (an interrupted one leaves only temporary names, which a rerun writes again)."""
+
+    def __init__(self, split_dir: Path, index: int, labels: bool):
+        split_dir.mkdir(parents=True, exist_ok=True)
+        self.marker = split_dir / f"{index:05d}.json"
+        suffixes = ("tokens", "docs", "labels") if labels else ("tokens", "docs")
+        self.files = {suffix: HashedFile(split_dir / f"{index:05d}.{suffix}") for suffix in suffixes}
+        self.tokens = self.documents = 0
+
+    def add(self, ids: np.ndarray, lengths: np.ndarray, label_mask: Optional[np.ndarray] = None) -> None:
+        """Documents of `lengths` tokens each, whose ids (and loss mask) are `ids` back to back."""
+        self.files["tokens"].write(ids)
+        self.files["docs"].write(self.tokens + np.cumsum(lengths, dtype=np.int64))
+        if label_mask is not None:
+            self.files["labels"].write(label_mask.astype(np.uint8, copy=False))
+        self.tokens += len(ids)
+        self.documents += len(lengths)
+
+    def finish(self, stats: dict) -> dict:
+        entry = {"tokens": int(self.tokens), "documents": int(self.documents), **stats, "files": {}}
+        for suffix, file in self.files.items():
+            entry["files"][suffix] = file.close()
+        write_atomic(self.marker, json.dumps(entry, indent=1).encode())
+        return entry
+
+
+class HashedFile:
+    """A file written to `.<name>.tmp` and hashed as it is written; `close` fsyncs it and renames it to its name."""
+
+    def __init__(self, path: Path):
+        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp")
+        # O_NOFOLLOW: a link planted at the temporary name is an error, not a way to write somewhere else
+        self.handle = open(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb")
+        self.digest, self.bytes = hashlib.sha256(), 0
+
+    def write(self, array: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        self.handle.write(data)
+        self.digest.update(data)
+        self.bytes += len(data)
+
+    def close(self) -> dict:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self.tmp, self.path)
+        return {"bytes": self.bytes, "sha256": self.digest.hexdigest()}
 
 
 def finished_shard(split_dir: Path, index: int) -> Optional[dict]:

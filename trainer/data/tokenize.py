@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,11 @@ def has_chat_template_on_disk(path: str | None) -> bool:
 
 def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, source: str) -> str:
     """'text' (pretrain), 'pair' (sft prompt/response) or 'chat' (sft messages)."""
-    columns = visible_columns(records)
+    return format_of(visible_columns(records), records[0][ORIGIN], data_cfg, tokenizer, source)
+
+
+def format_of(columns: list[str], first: str, data_cfg: DataConfig, tokenizer, source: str) -> str:
+    """The format of records with these fields (`first`: where the first record is, for the messages)."""
     if data_cfg.task == "pretrain":
         if data_cfg.text_field in columns:
             return "text"
@@ -101,18 +104,18 @@ def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, so
     elif data_cfg.prompt_field in columns and data_cfg.response_field in columns:
         return "pair"
     elif data_cfg.messages_field in columns:
-        _check_chat_tokenizer(tokenizer, records, source)
+        _check_chat_tokenizer(tokenizer, first, source)
         return "chat"
     else:
         expected = (f"'{data_cfg.prompt_field}' + '{data_cfg.response_field}' (data.prompt_field + "
                     f"data.response_field) or '{data_cfg.messages_field}' (data.messages_field)")
-    raise DataError(f"{source}: records (first at {records[0][ORIGIN]}) have columns {columns}, but task "
+    raise DataError(f"{source}: records (first at {first}) have columns {columns}, but task "
                     f"'{data_cfg.task}' expects {expected}; rename the fields in the data or set the "
                     f"data.*_field options to the names used")
 
 
-def _check_chat_tokenizer(tokenizer, records: datasets.Dataset, source: str) -> None:
-    where = f"{source}: records (first at {records[0][ORIGIN]}) are chat messages"
+def _check_chat_tokenizer(tokenizer, first: str, source: str) -> None:
+    where = f"{source}: records (first at {first}) are chat messages"
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{where}, but the tokenizer has no chat_template (base checkpoints ship none); set "
                         f"data.chat_template: {TEMPLATE_CHOICES} to the format the model should learn, use a "
@@ -121,26 +124,7 @@ def _check_chat_tokenizer(tokenizer, records: datasets.Dataset, source: str) -> 
         raise DataError(f"{where}, which needs a fast tokenizer (offset mapping) to find assistant tokens")
 
 
-def tokenize_records(records: datasets.Dataset, fmt: str, data_cfg: DataConfig, tokenizer) -> datasets.Dataset:
-    """Per-record input_ids (+ labels for sft), `_cut` (tokens truncated) and `_problem` ('' if fine)."""
-    if tokenizer.eos_token_id is None:
-        raise DataError("the tokenizer has no eos_token; samples need one to end on")
-    function = {"text": _tokenize_texts, "pair": _tokenize_pairs, "chat": _tokenize_chats}[fmt]
-    samples = records.map(
-        partial(function, tokenizer=tokenizer, cfg=data_cfg), batched=True,
-        num_proc=data_cfg.num_workers if data_cfg.num_workers > 1 else None,
-        remove_columns=visible_columns(records), desc=f"tokenizing ({fmt})")
-    _raise_first_problem(samples)
-    return samples
-
-
-def _tokenize_texts(batch: dict, tokenizer, cfg: DataConfig) -> dict:
-    texts, problems = _strings(batch[cfg.text_field], cfg.text_field)
-    ids = tokenizer(texts, verbose=False)["input_ids"]
-    return {"input_ids": [with_eos(x, tokenizer.eos_token_id) for x in ids], "_problem": problems}
-
-
-def _tokenize_pairs(batch: dict, tokenizer, cfg: DataConfig) -> dict:
+def tokenize_pairs(batch: dict, tokenizer, cfg: DataConfig) -> dict:
     prompts, prompt_problems = _strings(batch[cfg.prompt_field], cfg.prompt_field)
     responses, response_problems = _strings(batch[cfg.response_field], cfg.response_field)
     prompt_ids = tokenizer(prompts, verbose=False)["input_ids"]
@@ -153,13 +137,13 @@ def _tokenize_pairs(batch: dict, tokenizer, cfg: DataConfig) -> dict:
     return out
 
 
-def _tokenize_chats(batch: dict, tokenizer, cfg: DataConfig) -> dict:
+def tokenize_chats(batch: dict, tokenizer, cfg: DataConfig) -> dict:
     out = {"input_ids": [], "labels": [], "_cut": [], "_problem": []}
     for messages in batch[cfg.messages_field]:
         try:
             ids, labels = chat_sample(tokenizer, messages)
             _append_fitted(out, ids, labels, cfg, "")
-        except DataError as e:  # reported with the record's origin by _raise_first_problem
+        except DataError as e:  # reported with the record's origin (encode._encode_samples)
             _append_fitted(out, [], [], cfg, str(e))
     return out
 
@@ -237,15 +221,3 @@ def _append_fitted(out: dict, ids: list[int], labels: list[int], cfg: DataConfig
     out["labels"].append(labels)
     out["_cut"].append(cut if cfg.truncate else 0)
     out["_problem"].append(problem)
-
-
-def _raise_first_problem(samples: datasets.Dataset) -> None:
-    problems = column_values(samples, "_problem")
-    bad = [i for i, problem in enumerate(problems) if problem]
-    if bad:
-        more = f" ({len(bad) - 1} more record(s) of this split have problems too)" if len(bad) > 1 else ""
-        raise DataError(f"{samples[bad[0]][ORIGIN]}: {problems[bad[0]]}{more}")
-
-
-def column_values(dataset: datasets.Dataset, name: str) -> list:
-    return dataset.with_format("arrow")[:][name].to_pylist()
