@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from distributed import REPO
+from processes import stop_tree
 from trainer import jit_locks
 from trainer.diagnose.recognise import diagnose
 from trainer.presets import load_preset
@@ -71,7 +72,7 @@ def test_a_planted_lock_is_named_before_the_ops_load_and_while_the_rank_waits(co
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "TRAINER_JIT_LOCK_REPORT_S": "1"}
     env.pop("RANK", None)
     run = subprocess.Popen([sys.executable, *command], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     try:
         deadline = time.time() + 180
@@ -81,7 +82,7 @@ def test_a_planted_lock_is_named_before_the_ops_load_and_while_the_rank_waits(co
                 break
             lines.append(line)
     finally:
-        run.kill()  # it waits on the planted lock: nothing is building, nothing half-written
+        stop_tree(run.pid)  # it waits on the planted lock: nothing is building, nothing half-written
         run.wait()
     named = [line for line in lines if str(lock) in line]
     assert named and "stale JIT lock" in named[0] and "22 min old" in named[0], lines[-5:]
