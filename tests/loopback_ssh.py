@@ -30,19 +30,36 @@ from processes import stop_tree
 PACKAGES = {"sshd": "openssh-server", "pdsh": "pdsh", "ssh-keygen": "openssh-client"}
 POLICY = Path("/usr/sbin/policy-rc.d")
 PRIVSEP_DIR = Path("/run/sshd")  # compiled into Debian's sshd: it refuses to start without it
-_daemons: list[subprocess.Popen] = []  # the test sshds running now
+_daemons: dict[int, subprocess.Popen] = {}  # the test sshds running now, by port
 
 
 def end_sessions() -> int:
-    """Stop every login of the running test sshds, with everything each started; how many processes that was."""
+    """Stop every login of the running test sshds, with everything each started; how many processes that was.
+    A login's processes are the sshd's descendants, and - once the login itself is gone (its client killed),
+    orphaned to PID 1 - still carry SSH_CONNECTION naming the daemon's port."""
     stopped = 0
-    for daemon in _daemons:
+    for port, daemon in list(_daemons.items()):
         try:
-            logins = psutil.Process(daemon.pid).children()
+            logins = {login.pid for login in psutil.Process(daemon.pid).children()}
         except psutil.NoSuchProcess:
-            continue
-        stopped += sum(stop_tree(login.pid) for login in logins)
+            logins = set()
+        logins |= connected_to(port)
+        stopped += sum(stop_tree(pid) for pid in logins)
     return stopped
+
+
+def connected_to(port: int) -> set[int]:
+    """Processes whose environment says they run in an ssh login to 127.0.0.1:`port`."""
+    found = set()
+    for proc in psutil.process_iter():
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(item.startswith(b"SSH_CONNECTION=") and item.endswith(f" 127.0.0.1 {port}".encode())
+               for item in environ):
+            found.add(proc.pid)
+    return found
 
 
 def missing_programs() -> list[str]:
@@ -126,12 +143,13 @@ def loopback_sshd(root: Path, port: int, hosts=("localhost", "127.0.0.1")):
     sshd = subprocess.Popen([shutil.which("sshd", path="/usr/sbin:/usr/bin") or "/usr/sbin/sshd", "-D", "-e", "-f",
                              str(root / "sshd_config")], stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "w"),
                             start_new_session=True)
-    _daemons.append(sshd)
+    _daemons[port] = sshd
     try:
         wait_for_port(port)
         yield bin_dir
     finally:
-        _daemons.remove(sshd)
+        end_sessions()
+        del _daemons[port]
         stop_tree(sshd.pid)  # by its pid and session: its logins go with it, no other sshd is touched
         sshd.wait()
         if made_privsep:
