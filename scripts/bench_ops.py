@@ -50,8 +50,9 @@ def second_environment(workdir: Path) -> Path:
     env = workdir / "checkout-b" / ".venv"
     if not (env / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    purelib = Path(subprocess.run([str(env / "bin" / "python"), "-c", "import sysconfig; print(sysconfig."
-                                   "get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    asked = subprocess.run([str(env / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                            "['purelib'])"], capture_output=True, text=True, check=True)
+    purelib = Path(asked.stdout.strip())
     ours = Path(sysconfig.get_paths()["purelib"])
     if not (purelib / "deepspeed").exists():
         shutil.copytree(ours / "deepspeed", purelib / "deepspeed", symlinks=True)

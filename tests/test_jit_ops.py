@@ -171,6 +171,16 @@ def test_an_op_nobody_listed_gets_an_estimate_from_its_sources(tmp_path, monkeyp
     assert seconds > jit_ops.SECONDS_PER_SOURCE[".cu"] and "3 source file(s)" in basis
 
 
+@pytest.mark.parametrize("history", ['{"deepspeed_shm_comm": 12', '["a list"]', '{"deepspeed_shm_comm": 7}',
+                                     '{"deepspeed_shm_comm": {"%s": "soon"}}' % jit_ops.machine_class(),
+                                     '{"deepspeed_shm_comm": {"%s": -1}}' % jit_ops.machine_class()])
+def test_a_damaged_history_falls_back_to_the_reference(tmp_path, monkeypatch, shm_builder, history):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / jit_ops.HISTORY).write_text(history)
+    seconds, basis = jit_ops.op_load(shm_builder).expected()
+    assert seconds >= jit_ops.REFERENCE_S["deepspeed_shm_comm"] and basis.startswith("measured on 2 CPUs")
+
+
 def test_no_ninja_is_a_named_error_with_the_fix_and_the_doctor_knows_it(monkeypatch, shm_builder, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no ninja anywhere
     built = []

@@ -63,9 +63,9 @@ class OpLoad:
 
     def expected(self) -> tuple[float, str]:
         """(seconds a build takes here, on what that rests)."""
-        measured = read_history(self.directory.parent).get(self.name, {}).get(machine_class())
-        if measured:
-            return float(measured), f"measured here, {machine_class()}"
+        measured = measured_seconds(self.directory.parent, self.name)
+        if measured is not None:
+            return measured, f"measured here, {machine_class()}"
         waves = math.ceil(max(len(self.sources), 1) / cpus())
         if self.name in REFERENCE_S:
             reference_waves = math.ceil(max(len(self.sources), 1) / REFERENCE_CPUS)
@@ -81,14 +81,15 @@ class OpLoad:
         if self.built_at() is None:
             return (f"op {self.name}: not built for this environment yet - building it now, once (expected "
                     f"{waits.duration(seconds)}: {basis}) {where}")
-        return (f"op {self.name}: built before - loading it {where}; ninja rebuilds it (~{waits.duration(seconds)}) "
-                f"only if its sources or flags changed")
+        return (f"op {self.name}: built before - loading it {where}; ninja rebuilds it "
+                f"(~{waits.duration(seconds)}) only if its sources or flags changed")
 
     def still(self, elapsed: float) -> str:
         seconds, _ = self.expected()
         builder = jit_locks.builder_in(self.directory) if self.directory.is_dir() else None
         doing = f"building ({builder})" if builder else "loading"
-        return f"op {self.name}: still {doing} - {waits.duration(elapsed)} so far, ~{waits.duration(seconds)} expected"
+        return (f"op {self.name}: still {doing} - {waits.duration(elapsed)} so far, ~{waits.duration(seconds)} "
+                f"expected")
 
     def finished(self, elapsed: float, before: Optional[float]) -> str:
         after = self.built_at()
@@ -97,8 +98,8 @@ class OpLoad:
         record_build(self.directory.parent, self.name, elapsed)
         if before is None:
             return f"op {self.name}: built in {waits.duration(elapsed)} (next runs load it in seconds)"
-        return (f"op {self.name}: rebuilt in {waits.duration(elapsed)} - its build.ninja had changed (another DeepSpeed, "
-                f"torch, compiler or flags than the last build in this directory)")
+        return (f"op {self.name}: rebuilt in {waits.duration(elapsed)} - its build.ninja had changed (another "
+                f"DeepSpeed, torch, compiler or flags than the last build in this directory)")
 
 
 def read_history(root: Path) -> dict:
@@ -107,6 +108,13 @@ def read_history(root: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def measured_seconds(root: Path, name: str) -> Optional[float]:
+    """The last build of `name` measured on this machine class, if the history has a sane one."""
+    entry = read_history(root).get(name)
+    seconds = entry.get(machine_class()) if isinstance(entry, dict) else None
+    return float(seconds) if isinstance(seconds, (int, float)) and 0 < seconds < 86400 else None
 
 
 def record_build(root: Path, name: str, seconds: float) -> None:
