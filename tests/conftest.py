@@ -1,10 +1,15 @@
 """Shared fixtures: the tiny test architecture, the ZeRO configurations, and the one launch that runs
-every non-TP engine configuration (built once per test session; DeepSpeed's JIT ops are cached in
-~/.cache/torch_extensions and shared by every launch)."""
+every non-TP engine configuration (built once per test session; DeepSpeed's JIT ops are built once per
+environment, trainer/jit_env.py, and shared by every launch). While a launch runs, the terminal shows what it
+waits for and a line per fixture run (tests/processes.py), so `pytest -q` is not silent for the half hour the
+engine fixture takes."""
 from __future__ import annotations
+
+import time
 
 import pytest
 
+import processes
 from distributed import USED_PORTS, remove_shm_buffers, run_many  # pytest puts tests/ on sys.path
 
 STEPS = 6
@@ -86,7 +91,11 @@ def engine_runs(tmp_path_factory, pretrained_dir):
                                    "train.lr=1e-2", "train.export_hf=true", "train.export_merged=true"])
     add("wandb_offline", STAGES["z2"] + ["logging.wandb_mode=offline", "logging.wandb_project=tests",
                                          f"train.sample_prompts=[{SAMPLE_PROMPTS[0]}]"])
+    processes.say(f"engine_runs: {len(runs)} trainings in one 2-rank launch, the set-up of the engine, inference "
+                  f"and export tests (~20-30 min on 2 cores; a line per training follows)")
+    started = time.monotonic()
     _, report = run_many(runs, root)
+    processes.say(f"engine_runs: done in {(time.monotonic() - started) / 60:.1f} min")
     return dirs, report
 
 
@@ -99,6 +108,21 @@ def no_shared_memory_left():
     yield
     for port in USED_PORTS:
         remove_shm_buffers(port)
+
+
+def pytest_configure(config):
+    """Progress lines (tests/processes.py) go to the terminal as they happen, past pytest's output capture."""
+    def to_terminal(line: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        if capture is None:
+            reporter.write_line(f"[{time.strftime('%H:%M:%S')}] {line}")
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"[{time.strftime('%H:%M:%S')}] {line}")
+    processes.progress = to_terminal
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,10 @@
 """Run the project from tests: `python -m trainer ...` in a subprocess (`run_cli`), and real DeepSpeed jobs
-on 2 CPU ranks, each on its own --master_port."""
+on 2 CPU ranks, each on its own --master_port.
+
+Every process a test starts runs in its own session and is stopped with everything below it when the test
+times out or fails (`run_group`, `stop_tree`; tests/processes.py). While a launch runs, what it is waiting for
+(op builds, lock waits, a fixture's runs) and a line a minute reach the terminal (`progress`, set by conftest).
+"""
 from __future__ import annotations
 
 import itertools
@@ -9,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from processes import run_group
+
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 _ports = itertools.count(29600 + (os.getpid() % 40) * 10)
@@ -16,8 +23,7 @@ _ports = itertools.count(29600 + (os.getpid() % 40) * 10)
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     """`python -m trainer <args>` from the repository root, as a user types it."""
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return run_group([sys.executable, "-m", "trainer", *args], cwd=REPO, timeout=120, merge=False)
 
 
 USED_PORTS: list[int] = []
@@ -36,14 +42,16 @@ def launch_command(script_args: list[str], ranks: int = 2, env: dict | None = No
     return cmd, full_env
 
 
-def launch_raw(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None):
-    """(returncode, output) of `deepspeed --num_gpus N --master_port P <script_args>`."""
+def launch_raw(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None,
+               stop_on=None):
+    """(returncode, output) of `deepspeed --num_gpus N --master_port P <script_args>`; a timeout (or a line
+    matching `stop_on`) stops the whole job and raises subprocess.TimeoutExpired."""
     cmd, full_env = launch_command(script_args, ranks, env)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+        proc = run_group(cmd, cwd=REPO, env=full_env, timeout=timeout, stop_on=stop_on)
     finally:
         remove_shm_buffers(cmd[cmd.index("--master_port") + 1])
-    return proc.returncode, proc.stdout + proc.stderr
+    return proc.returncode, proc.stdout
 
 
 def with_faults(script_args: list[str]) -> list[str]:

@@ -6,6 +6,11 @@ temporary directory: its own config, host key, port (127.0.0.1 only), authorized
 by its pid. The client side is an `ssh` wrapper first on PATH that adds `-F <temporary config>` (port, key,
 known_hosts): DeepSpeed's runner (its ssh check) and pdsh (its ssh rcmd module) both exec `ssh` from PATH, so
 neither ~/.ssh nor a system sshd is read, written or started.
+
+What runs on the "remote" side (a login's shell, DeepSpeed's remote launcher, its ranks) is sshd's, not the test's:
+killing a timed-out launch kills its ssh clients, and the remote processes of a session without a terminal keep
+running. `end_sessions` stops every login of the test daemons with all it started (tests/processes.py); the
+daemon itself runs in a session of its own and is stopped the same way.
 """
 from __future__ import annotations
 
@@ -17,10 +22,44 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
+from processes import stop_tree
+
 
 PACKAGES = {"sshd": "openssh-server", "pdsh": "pdsh", "ssh-keygen": "openssh-client"}
 POLICY = Path("/usr/sbin/policy-rc.d")
 PRIVSEP_DIR = Path("/run/sshd")  # compiled into Debian's sshd: it refuses to start without it
+_daemons: dict[int, subprocess.Popen] = {}  # the test sshds running now, by port
+
+
+def end_sessions() -> int:
+    """Stop every login of the running test sshds, with everything each started; how many processes that was.
+    A login's processes are the sshd's descendants, and - once the login itself is gone (its client killed),
+    orphaned to PID 1 - still carry SSH_CONNECTION naming the daemon's port."""
+    stopped = 0
+    for port, daemon in list(_daemons.items()):
+        try:
+            logins = {login.pid for login in psutil.Process(daemon.pid).children()}
+        except psutil.NoSuchProcess:
+            logins = set()
+        logins |= connected_to(port)
+        stopped += sum(stop_tree(pid) for pid in logins)
+    return stopped
+
+
+def connected_to(port: int) -> set[int]:
+    """Processes whose environment says they run in an ssh login to 127.0.0.1:`port`."""
+    found = set()
+    for proc in psutil.process_iter():
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(item.startswith(b"SSH_CONNECTION=") and item.endswith(f" 127.0.0.1 {port}".encode())
+               for item in environ):
+            found.add(proc.pid)
+    return found
 
 
 def missing_programs() -> list[str]:
@@ -102,16 +141,16 @@ def loopback_sshd(root: Path, port: int, hosts=("localhost", "127.0.0.1")):
     made_privsep = not PRIVSEP_DIR.exists()
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     sshd = subprocess.Popen([shutil.which("sshd", path="/usr/sbin:/usr/bin") or "/usr/sbin/sshd", "-D", "-e", "-f",
-                             str(root / "sshd_config")], stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "w"))
+                             str(root / "sshd_config")], stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "w"),
+                            start_new_session=True)
+    _daemons[port] = sshd
     try:
         wait_for_port(port)
         yield bin_dir
     finally:
-        sshd.terminate()  # by its pid: no other sshd is touched
-        try:
-            sshd.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            sshd.kill()
-            sshd.wait()
+        end_sessions()
+        del _daemons[port]
+        stop_tree(sshd.pid)  # by its pid and session: its logins go with it, no other sshd is touched
+        sshd.wait()
         if made_privsep:
             shutil.rmtree(PRIVSEP_DIR, ignore_errors=True)

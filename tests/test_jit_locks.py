@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from distributed import REPO
+from distributed import DEEPSPEED, REPO, new_port, remove_shm_buffers
+from processes import stop_tree
 from trainer import jit_locks
 from trainer.diagnose.recognise import diagnose
 from trainer.presets import load_preset
@@ -64,25 +65,35 @@ def test_a_lock_a_running_build_owns_is_not_stale(tmp_path):
         builder.wait()
 
 
-@pytest.mark.parametrize("command", [["train.py", "--preset", "tiny_cpu"],
-                                     ["-m", "trainer", "preflight", "--preset", "tiny_cpu"]], ids=["train", "preflight"])
-def test_a_planted_lock_is_named_before_the_ops_load_and_while_the_rank_waits(command, tmp_path):
-    lock = plant(tmp_path / "ext", minutes_old=22)
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "TRAINER_JIT_LOCK_REPORT_S": "1"}
+# The first op each run loads: one training rank has no peer, so no comm op (trainer/distributed.py), and goes
+# straight to its optimizer's; two preflight ranks load the comm op.
+RUNS = {"train": ([sys.executable, "train.py", "--preset", "tiny_cpu", "--world-size", "1"], "fused_adam"),
+        "preflight": ([str(DEEPSPEED), "--num_gpus", "2", "--master_port", "{port}", "--module", "trainer",
+                       "preflight", "--preset", "tiny_cpu"], OP)}
+
+
+@pytest.mark.parametrize("run_name", sorted(RUNS))
+def test_a_planted_lock_is_named_before_the_ops_load_and_while_the_rank_waits(run_name, tmp_path):
+    command, op = RUNS[run_name]
+    port = new_port()
+    lock = plant(tmp_path / "ext", minutes_old=22, op=op)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "TRAINER_JIT_LOCK_REPORT_S": "1",
+           "PYTHONPATH": str(REPO)}
     env.pop("RANK", None)
-    run = subprocess.Popen([sys.executable, *command], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen([word.format(port=port) for word in command], cwd=REPO, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     try:
         deadline = time.time() + 180
-        while time.time() < deadline and sum("waiting" in line for line in lines) < 2:
+        while time.time() < deadline and sum(line.startswith("[rank 0] waiting") for line in lines) < 2:
             line = run.stderr.readline()
             if not line:
                 break
             lines.append(line)
     finally:
-        run.kill()  # it waits on the planted lock: nothing is building, nothing half-written
+        stop_tree(run.pid)  # it waits on the planted lock: nothing is building, nothing half-written
         run.wait()
+        remove_shm_buffers(port)
     named = [line for line in lines if str(lock) in line]
     assert named and "stale JIT lock" in named[0] and "22 min old" in named[0], lines[-5:]
     waits = [line for line in named if line.startswith("[rank 0] waiting")]

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 import yaml
 
 from conftest import STAGES, TINY
 from distributed import REPO, last_wins, losses, new_port
-from loopback_ssh import install_if_missing, loopback_sshd
+from loopback_ssh import end_sessions, install_if_missing, loopback_sshd
+from processes import leftovers, run_group, stop_tree
+from trainer import jit_env
 
 pytestmark = pytest.mark.multirank
 
@@ -31,12 +36,22 @@ def env_with(**extra) -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **extra}
 
 
+def launch_raw(args: list[str], env: dict | None = None, timeout: int = 900, stop_on=None):
+    """`python -m trainer launch ...` in its own session: (exit code, output). A timeout (or a `stop_on` line)
+    raises subprocess.TimeoutExpired; either way nothing is left of it, on the local side (its tree) or the
+    "remote" one (the loopback sshd's logins)."""
+    try:
+        proc = run_group([sys.executable, "-m", "trainer", "launch", *args], cwd=REPO, env=env or env_with(),
+                         timeout=timeout, stop_on=stop_on)
+    finally:
+        end_sessions()
+    return proc.returncode, proc.stdout
+
+
 def launch(args: list[str], env: dict | None = None, timeout: int = 900) -> str:
     """`python -m trainer launch ...`: its output; fails with the tail when it fails."""
-    proc = subprocess.run([sys.executable, "-m", "trainer", "launch", *args], cwd=REPO, env=env or env_with(),
-                          capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"launch {' '.join(args)} failed ({proc.returncode}):\n{output[-6000:]}"
+    code, output = launch_raw(args, env, timeout)
+    assert code == 0, f"launch {' '.join(args)} failed ({code}):\n{output[-6000:]}"
     return output
 
 
@@ -54,9 +69,9 @@ def nodes(per_node_args, out_dir, tmp_path, timeout: int = 900) -> list[str]:
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
+        for p in procs:  # also after a normal exit: nothing a node's launch started outlives it
+            stop_tree(p.pid)
+            p.wait()
     outputs = []
     for log in logs:
         log.seek(0)
@@ -117,6 +132,28 @@ def test_deepspeed_hostfile_over_pdsh_trains_like_one_node(single_node, ssh_path
     record = json.loads((out / "launch.json").read_text())
     assert record["hostfile"]["hosts"] == [{"host": "localhost", "slots": 1}, {"host": "127.0.0.1", "slots": 1}]
     assert record["fabric"]["name"] == "tcp" and record["world_size"] == 2
+
+
+def test_a_timed_out_launch_over_pdsh_leaves_no_process_on_either_side(ssh_path, tmp_path):
+    """`launch --hostfile` over pdsh/ssh, stopped as a timeout would once the ranks of a "remote" node load
+    DeepSpeed's comm op: nothing of it is left - runner, pdsh, ssh clients (the launch's tree) nor the logins,
+    remote launchers and ranks (the sshd's). Their command lines all name the run directory.
+
+    The ranks came up in an ssh login (no virtualenv on PATH, Debian's ninja first): they still load the op from
+    this environment's extensions directory with its ninja."""
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    out = tmp_path / f"run-{uuid.uuid4().hex[:12]}"
+    loading = re.compile(r"op deepspeed_shm_comm: built before")
+    with pytest.raises(subprocess.TimeoutExpired) as stopped:
+        launch_raw(["tiny_cpu", "--hostfile", str(hosts), "--master-addr", "127.0.0.1", "--master-port",
+                    str(new_port()), *sets(RUN + STAGES["z2"] + ONE_RANK_PER_NODE + [f"train.output_dir={out}"])],
+                   env=env_with(PATH=ssh_path), timeout=600, stop_on=loading)
+    line = next(line for line in stopped.value.output.splitlines() if loading.search(line))
+    assert f"in {jit_env.environment_root() / 'deepspeed_shm_comm'} " in line, line
+    assert f"({jit_env.environment_ninja()})" in line, line
+    time.sleep(1)
+    assert leftovers(str(out)) == []
 
 
 def test_torchrun_two_node_rendezvous_trains_like_one_node(single_node, tmp_path):

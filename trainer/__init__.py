@@ -4,3 +4,7 @@ preset (presets.py, config.py, strict.py) -> resolved config (resolve.py, rules.
 model (model.py), data (data/) -> engine and loop (train/) -> checkpoints and metrics (train/). Beside the
 training job: plan/ (what fits), diagnose/ (doctor, lint), launch/ (launch lines, the node launcher).
 """
+
+from . import jit_env
+
+jit_env.settle()  # before anything imports DeepSpeed: this environment's op cache and ninja, for every rank

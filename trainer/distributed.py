@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import jit_locks, ranks
+from . import jit_ops, ranks
 from .errors import UserError
 
 
@@ -36,9 +36,11 @@ def start_distributed(timeout_s: int = 1800) -> int:
         # the world size, yet AutoTP's layers call it regardless: under torchrun (LOCAL_WORLD_SIZE) it segfaults
         os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
     remove_shm_buffer()  # a stale one of a crashed job on this port would be read by the peers before reset
-    # init_distributed builds DeepSpeed's CPU all-reduce op, deepspeed.initialize its optimizers: a lock file left
-    # by a killed build would make them wait for ever in silence
-    jit_locks.check_and_watch(_to_stderr)
+    # init_distributed builds DeepSpeed's CPU all-reduce op, deepspeed.initialize its optimizers: each op load is
+    # announced (and a lock file left by a killed build named) instead of minutes of silence
+    jit_ops.install(_to_stderr)
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        no_shared_memory_op()
     timeout = datetime.timedelta(seconds=timeout_s)
     # DeepSpeed builds its data/model-parallel groups with new_group(timeout=None), which takes torch's
     # default (30 min gloo, 10 min NCCL), not the world group's: set the default itself, so every
@@ -47,6 +49,16 @@ def start_distributed(timeout_s: int = 1800) -> int:
     distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
     deepspeed.init_distributed(timeout=timeout)
     return dist.get_rank()
+
+
+def no_shared_memory_op() -> None:
+    """One rank has no peer to share memory with, yet DeepSpeed's TorchBackend builds (1.5 min on 2 cores, the
+    first time) or loads its CPU shared-memory all-reduce op whatever the world size (comm/torch.py build_shm_op in
+    0.19.8). Without the op its collectives are torch.distributed's, which return at once on one rank: a one-rank
+    generate, evaluate or training builds nothing it does not use."""
+    import importlib
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # not `from deepspeed.comm
+    # import torch`: that package's `torch` attribute is torch itself
 
 
 def _to_stderr(message: str) -> None:

@@ -7,9 +7,9 @@ FileBaton). A build killed midway (a timeout, a preempted job, Ctrl-C) leaves th
 that needs the op waits on it for ever, printing nothing.
 
 So before DeepSpeed loads its ops the ranks look for lock files in the extensions directory
-(TORCH_EXTENSIONS_DIR, else torch's default ~/.cache/torch_extensions/<py tag>_<accelerator>) that no running
+(TORCH_EXTENSIONS_DIR: this environment's, trainer/jit_env.py, or the user's; else torch's default) that no running
 build owns, and name them; and while a rank waits on a lock, a watcher prints the file, its age and the
-removal command every 30 s (TRAINER_JIT_LOCK_REPORT_S). A build is running when a process works in the op's
+removal command every 30 s (trainer/waits.py's watcher). A build is running when a process works in the op's
 directory (ninja and the compilers run there) - only then is the lock not stale.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-REPORT_EVERY_S = 30.0
+from . import waits
+
 GRACE_S = 30.0  # a lock younger than this may be a build that is still writing its ninja file
 
 
@@ -103,41 +104,39 @@ def waiting_on() -> Optional[Path]:
     return None
 
 
-def report_every() -> float:
-    try:
-        return max(0.1, float(os.environ.get("TRAINER_JIT_LOCK_REPORT_S", REPORT_EVERY_S)))
-    except ValueError:
-        return REPORT_EVERY_S
+class LockProbe:
+    """For trainer/waits.py's watcher: the lock the main thread waits on, every `every` seconds while it waits."""
+
+    def __init__(self) -> None:
+        self.since: Optional[float] = None
+        self.reported = 0.0
+
+    def __call__(self, now: float, every: float) -> Optional[str]:
+        path = waiting_on()
+        if path is None:
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = self.reported = now
+        if now - self.reported < every:
+            return None
+        self.reported = now
+        lock = Lock.at(path)
+        return None if lock is None else (f"waiting {_age(now - self.since)} on a JIT build's lock - "
+                                          f"{lock.describe()}")
 
 
-_watcher: Optional[threading.Thread] = None
+_probe = LockProbe()
 
 
 def check_and_watch(emit: Callable[[str], None]) -> list[Lock]:
     """Before DeepSpeed loads its ops: name the stale locks there are now, and start (once per process) the
-    watcher that names the lock a rank waits on, every report_every() seconds, while it waits."""
-    global _watcher
+    watcher that names the lock a rank waits on, every waits.report_every() seconds, while it waits."""
     try:
         stale = [lock for lock in locks(extensions_root()) if lock.stale]
     except OSError:
         stale = []
     for lock in stale:
         emit(lock.describe())
-    if _watcher is None:
-        _watcher = threading.Thread(target=_watch, args=(emit, report_every()), name="jit-lock-watch", daemon=True)
-        _watcher.start()
+    waits.watch(emit, _probe)
     return stale
-
-
-def _watch(emit: Callable[[str], None], every: float) -> None:
-    waited = 0.0
-    while True:
-        time.sleep(every)
-        path = waiting_on()
-        if path is None:
-            waited = 0.0
-            continue
-        waited += every
-        lock = Lock.at(path)
-        if lock is not None:
-            emit(f"waiting {_age(waited)} on a JIT build's lock - {lock.describe()}")

@@ -9,6 +9,7 @@ SPEC: {"runs": [{"preset": "tiny_cpu", "overrides": ["k=v", ...], "rehearse": fa
 """
 import argparse
 import json
+import os
 import sys
 
 from trainer.errors import UserError
@@ -22,8 +23,10 @@ def main() -> int:
     args, _ = parser.parse_known_args()  # the launcher adds --local_rank
     spec = json.load(open(args.spec))
     report = []
-    for run in spec["runs"]:
+    for number, run in enumerate(spec["runs"], 1):
         error = None
+        if os.environ.get("RANK", "0") == "0":  # the test session shows it (tests/processes.py NOTABLE)
+            print(f"run_many: run {number}/{len(spec['runs'])}: {run.get('name') or run['preset']}", flush=True)
         try:
             run_training(run["preset"], run["overrides"], rehearse=run.get("rehearse", False))
         except UserError as err:

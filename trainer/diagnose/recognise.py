@@ -18,7 +18,7 @@
 | shm               | /dev/shm exhausted: bus error, exit -7, NCCL's shm segment    | a larger /dev/shm                 |
 | host_oom          | signal 9 as each launcher says it, a bare "Killed"            | sharded load, offload, swap       |
 | fp16_loss_scale   | "Current loss scale already at minimum", overflow at 1 or 0   | bf16, or fp32 without bf16        |
-| op_build          | a JIT op build failing (cpu_adam, fused_adam, async_io, ...)  | the toolchain fix, then fallback  |
+| op_build          | a JIT op build failing (cpu_adam, ...), no ninja on PATH      | the toolchain fix, then fallback  |
 | not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
@@ -55,6 +55,7 @@ NVME = re.compile(r"(buffer nbytes != file bytes|deepspeed_py_aio_handle\.cpp:\d
                   r"Assertion `static_cast<long long int>\(buffer\.nbytes\(\)\) == num_file_bytes')")
 LOSS_SCALE = re.compile(r"(Current loss scale already at minimum|Attempted loss scale: [01](\.0)?, reducing to [01](\.0)?\b)")
 OP_BUILD = re.compile(r"(Error building extension '\w+'|Unable to JIT load the \w+ op|Unable to pre-compile \w+|"
+                      r"Ninja is required to load C\+\+ extension|op must be compiled on first use, with ninja|"
                       r"'DeepSpeedCPUAdam' object has no attribute 'ds_opt_adam'|\w+\.so: cannot open shared object|"
                       r"nvcc fatal|FAILED: \w+(\.cuda)?\.(o|so)\b)")
 OP_WEAK = re.compile(r"\basync_io requires the")  # ds_report prints it in healthy runs too: only when nothing else

@@ -9,7 +9,8 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 - `auto`: "auto" filled from the trainer's sections, as the HF Trainer fills it;
 - `check`: the keys the installed DeepSpeed reads, learned from that DeepSpeed;
 - `inference`: the ZeRO-Inference config (stage 3, parameters offloaded, no optimizer);
-- `autotuning`: DeepSpeed's autotuner: its tuning config, its experiments as `--set` items, its best config.
+- `autotuning`: DeepSpeed's autotuner: its tuning config, its experiments as `--set` items, its best config;
+- `ops`: the JIT-built ops a config makes DeepSpeed load (what setup.sh builds ahead).
 """
 from .auto import fill_auto, find_auto
 from .autotuning import (
@@ -34,6 +35,7 @@ from .keys import (
     offload_pin_memory, overlap_comm, precision, quantized_gradients, quantized_weights, scheduler_type,
     without_tensor_parallel, zero, zero_key, zero_setting, zero_stage,
 )
+from .ops import jit_ops, optimizer_ops
 
 __all__ = [
     "Batch", "CHECKPOINT_WRITERS", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
@@ -42,9 +44,9 @@ __all__ = [
     "contiguous_gradients", "decode_launcher_config", "experiment_configs", "experiment_overrides", "fill_auto",
     "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled", "fp16_min_loss_scale", "gather_16bit_on_save",
     "gather_on_save_override", "global_batch_overrides", "has_activation_checkpointing", "hpz_partition_size",
-    "init_inference_config", "leaf_paths", "micro_batch_size", "min_loss_scale_override", "nvme_buffer_size",
+    "init_inference_config", "jit_ops", "leaf_paths", "micro_batch_size", "min_loss_scale_override", "nvme_buffer_size",
     "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device", "offload_param_device",
-    "offload_pin_memory", "overlap_comm", "precision", "precision_overrides", "preset_section",
+    "offload_pin_memory", "optimizer_ops", "overlap_comm", "precision", "precision_overrides", "preset_section",
     "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override",
     "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config",
     "unpinned_offload_overrides", "with_checkpoint_writer", "with_universal_load", "with_zeropp",

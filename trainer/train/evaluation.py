@@ -9,6 +9,7 @@ forward is a collective.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import waits
 from ..data import Stream
 
 
@@ -30,6 +32,11 @@ class EvalSet:
 
     def size(self, stream: Stream) -> int:
         return min(self.sequences, len(stream))
+
+    def forwards(self) -> int:
+        """Forwards per rank over the whole set (every rank runs the same number)."""
+        per_round = self.micro * self.dp_size
+        return sum(math.ceil(self.size(stream) / per_round) for stream in self.streams.values())
 
     def batches(self, stream: Stream) -> Iterator[tuple[dict, bool]]:
         """(batch, counts) for this rank; `counts` is False for a filler batch past the end of the set."""
@@ -78,3 +85,19 @@ def evaluate_engine(engine, eval_set: EvalSet) -> dict:
         return evaluate(lambda batch: engine(**batch).loss, eval_set, engine.device)
     finally:
         engine.train()
+
+
+def first_evaluation(engine, eval_set: EvalSet, step: int, seconds_per_micro: float, rank: int) -> dict:
+    """`evaluate_engine`, said out loud: the first eval of a run names what it runs and how long it should take (a
+    forward is about a third of a training micro-step), and rank 0 reports it every 30 s while it runs."""
+    forwards = eval_set.forwards()
+    expected = forwards * seconds_per_micro / 3
+    still = contextlib.nullcontext()
+    if rank == 0:
+        sequences = sum(eval_set.size(stream) for stream in eval_set.streams.values())
+        print(f"eval at step {step}: the run's first, {sequences} sequence(s) from {len(eval_set.streams)} "
+              f"source(s), {forwards} forward(s) per rank, ~{waits.duration(expected)}", flush=True)
+        still = waits.during(lambda seconds: f"eval at step {step}: still running - {waits.duration(seconds)} so far, "
+                                             f"~{waits.duration(expected)} expected")
+    with still:
+        return evaluate_engine(engine, eval_set)

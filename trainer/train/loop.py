@@ -15,7 +15,7 @@ from .. import hardware, ranks
 from ..resolve import Resolved
 from . import checkpoint
 from .checkpoint import TrainState
-from .evaluation import EvalSet, evaluate_engine
+from .evaluation import EvalSet, evaluate_engine, first_evaluation
 from .guards import LossScaleWatch, StepGuard, StopSignal, any_rank
 from .hooks import Hooks
 from .metrics import MetricsLogger, peak_memory_gb, print0
@@ -56,6 +56,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
     ended = Outcome.FINISHED if last_step == train.max_steps else Outcome.STOPPED_AFTER
 
     engine.train()  # evaluate() switches back to train mode when it is done
+    loop_start, first_step, evaluated = time.perf_counter(), state.step, False
     while state.step < last_step:
         position = train_batches.state_dict()  # where this step's data starts, for spike reports
         step_loss = torch.zeros((), device=engine.device)
@@ -118,7 +119,12 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
         if stop_requested:
             ended = Outcome.SIGNALLED
         if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
-            metrics.log({"step": state.step, **evaluate_engine(engine, eval_set)})
+            if evaluated:
+                metrics.log({"step": state.step, **evaluate_engine(engine, eval_set)})
+            else:
+                per_micro = (time.perf_counter() - loop_start) / ((state.step - first_step) * accum)
+                metrics.log({"step": state.step, **first_evaluation(engine, eval_set, state.step, per_micro, rank)})
+                evaluated = True
             if sampler is not None:  # train.sample_prompts: every rank generates (ZeRO-3 gathers in forward)
                 metrics.log_samples(state.step, sampler(engine))
 

@@ -18,7 +18,8 @@ OP_OF_OBJECT = {"CPUAdam": "cpu_adam", "multi_tensor_adam": "fused_adam", "fused
 BUILD_ENV = {"cpu_adam": "DS_BUILD_CPU_ADAM", "fused_adam": "DS_BUILD_FUSED_ADAM", "async_io": "DS_BUILD_AIO",
              "cpu_adagrad": "DS_BUILD_CPU_ADAGRAD", "cpu_lion": "DS_BUILD_CPU_LION", "fused_lamb": "DS_BUILD_FUSED_LAMB"}
 OP_NAME = [re.compile(p) for p in (
-    r"Error building extension '(\w+)'", r"Unable to JIT load the (\w+) op", r"Unable to pre-compile (\w+)",
+    r"Error building extension '(\w+)'", r"Unable to JIT load the (\w+) op", r"DeepSpeed's (\w+) op must be compiled",
+    r"Unable to pre-compile (\w+)",
     r"FAILED: (\w+?)(?:\.cuda)?\.(?:o|so)\b", r"/(\w+)/\1\.so: cannot open shared object", r"Building extension module (\w+)",
     r"\b(async_io) requires the", r"'DeepSpeed(CPUAdam)' object has no attribute 'ds_opt_adam'")]
 
@@ -28,9 +29,19 @@ class BuildCause:
     pattern: re.Pattern
     cause: str
     fix: str
+    outcome: str = "failed to build"
 
 
-BUILD_CAUSES = [BuildCause(re.compile(p), c, x) for p, c, x in (
+BUILD_CAUSES = [BuildCause(re.compile(p), c, x, *outcome) for p, c, x, *outcome in (
+    (r"due to ninja not being installed|Ninja is required to load C\+\+ extension|No such file or directory: "
+     r"'ninja'|ninja: (command )?not found|there is no `ninja` in this environment",
+     "there is no working `ninja` on the ranks' PATH: torch compiles every JIT op with it, and runs it even to load "
+     "an op built before (ranks started over ssh or by a scheduler often lack the environment's bin/ on PATH, and "
+     "another program called ninja may come first)",
+     "install ninja into the environment that runs the ranks: `python -m pip install ninja` (this trainer's "
+     "scripts/setup.sh does; `pip list | grep ninja` shows it) - the trainer then puts that environment's ninja "
+     "first on every rank's PATH, over ssh too; with another script, activate the environment on every node or "
+     "`export PATH=<env>/bin:$PATH`", "cannot be built or loaded: no ninja"),
     (r"(c\+\+|g\+\+|gcc|cc): (command )?not found|-cc: not found",
      "there is no C/C++ compiler", "install one: `sudo apt install build-essential` (conda: `conda install gxx_linux-64`)"),
     (r"cannot find -l(curand|cudart|cublas)",
@@ -73,14 +84,16 @@ def find_op(f: Found) -> Optional[str]:
 
 def diagnose_op_build(f: Found) -> Diagnosis:
     op = find_op(f)
-    d = Diagnosis("op_build", f"DeepSpeed's {op or 'CUDA/C++'} op failed to build (JIT extension)", f.line)
     cause = next((c for c in BUILD_CAUSES if f.log.has(c.pattern)), None)
+    outcome = cause.outcome if cause else BuildCause.outcome
+    d = Diagnosis("op_build", f"DeepSpeed's {op or 'CUDA/C++'} op {outcome} (JIT extension)", f.line)
     prebuild = (f"prebuild it when installing DeepSpeed so nothing compiles at run time: `{BUILD_ENV.get(op, 'DS_BUILD_OPS')}=1 "
                 f"pip install deepspeed=={TRAINER_DEEPSPEED} --no-cache-dir --force-reinstall`, then `ds_report` "
                 f"shows it installed")
     if cause is not None:
         d.proposal = Proposal(f"fix the build: {cause.fix}", [], f"{cause.cause}; rerun (it compiles once into "
-                                                                  f"~/.cache/torch_extensions), or {prebuild}")
+                                                                  f"the environment's extensions directory), or "
+                                                                  f"{prebuild}")
     else:
         d.proposal = Proposal("fix the build toolchain", [], f"the compiler output above the failure names the "
                               f"missing piece (compiler too old, CUDA_HOME/nvcc missing); `ds_report` lists what can "

@@ -1,0 +1,112 @@
+"""One extensions directory and one ninja per Python environment, for DeepSpeed's JIT-built ops.
+
+torch builds each op in <extensions root>/<op>/ with ninja, from the sources and flags its build.ninja lists, and
+keeps the .so there. Environments that share torch's default root (~/.cache/torch_extensions/<py>_<accelerator>:
+two checkouts, each with its own virtualenv) rewrite each other's build.ninja - their DeepSpeed sources, torch
+headers and python differ - and so rebuild each other's ops, 1.5-3 min each on 2 cores. Two ninjas do the same
+(Debian's 1.11 and a virtualenv's 1.13, whichever PATH finds first: each reads the other's .ninja_log as a
+changed command).
+
+So when the trainer is imported - before DeepSpeed loads anything - this environment gets its own root, a
+function of the interpreter's environment (sys.prefix), unless the user chose one with TORCH_EXTENSIONS_DIR; and
+the environment's own ninja goes first on PATH. Every rank imports the trainer, so ranks started by any launcher
+(DeepSpeed's runner over pdsh/ssh, torchrun, `launch`, Slurm) get the same root and the same ninja without
+anything being passed to them; a TORCH_EXTENSIONS_DIR the user sets reaches them as any variable does.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Optional
+
+VARIABLE = "TORCH_EXTENSIONS_DIR"
+CHOSEN_FOR = "TRAINER_EXTENSIONS_DIR_FOR"  # the environment (sys.prefix) `settle` chose the root for
+
+NINJA_PIN = "ninja==1.13.2"  # what `pip install` takes when the environment has none (scripts/setup.sh does)
+
+
+def environment_prefix() -> Path:
+    return Path(sys.prefix).resolve()
+
+
+def environment_root(prefix: Optional[Path] = None) -> Path:
+    """This environment's extensions root: beside torch's default one, named by the python version and the
+    environment's path (readable) plus a digest of it (unique)."""
+    prefix = prefix or environment_prefix()
+    digest = hashlib.sha256(str(prefix).encode()).hexdigest()[:10]
+    readable = re.sub(r"[^A-Za-z0-9._]+", "-", str(prefix)).strip("-")[-48:]
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return torch_cache_root() / f"{tag}-{readable}-{digest}"
+
+
+def torch_cache_root() -> Path:
+    """torch's ~/.cache/torch_extensions (cpp_extension.get_default_build_root), without importing torch."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(os.path.realpath(os.path.join(cache, "torch_extensions")))
+
+
+def environment_bin() -> Path:
+    """Where this environment's console scripts live (a virtualenv's bin/, whether activated or not)."""
+    return Path(sysconfig.get_path("scripts"))
+
+
+def environment_ninja() -> Optional[Path]:
+    candidate = environment_bin() / "ninja"
+    return candidate if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def settle(environ=os.environ) -> None:
+    """Give this process (and so every process it starts) the environment's extensions root, unless the user
+    chose one, and the environment's ninja first on PATH. Idempotent; cheap (no torch import).
+
+    A root another environment's trainer chose (a test run by one virtualenv starting another's python) is
+    not the user's choice: it is replaced by this environment's."""
+    if not environ.get(VARIABLE) or chosen_by_an_environment(environ):
+        environ[VARIABLE] = str(environment_root())
+        environ[CHOSEN_FOR] = str(environment_prefix())
+    ninja = environment_ninja()
+    if ninja is None:
+        return
+    path = environ.get("PATH", "")
+    found = shutil.which("ninja", path=path)
+    if found is None or Path(found).resolve() != ninja.resolve():
+        environ["PATH"] = os.pathsep.join([str(ninja.parent)] + [p for p in path.split(os.pathsep)
+                                                                  if p and p != str(ninja.parent)])
+
+
+def chosen_by_an_environment(environ=os.environ) -> bool:
+    """TORCH_EXTENSIONS_DIR is the root `settle` chose for some environment (not a value the user set)."""
+    prefix = environ.get(CHOSEN_FOR)
+    return bool(prefix) and environ.get(VARIABLE) == str(environment_root(Path(prefix)))
+
+
+def root_origin(environ=os.environ) -> str:
+    """How the extensions root was chosen, for the lines that name it."""
+    if chosen_by_an_environment(environ):
+        return f"this environment's, {environ[CHOSEN_FOR]}"
+    return "TORCH_EXTENSIONS_DIR, as set"
+
+
+def ninja_in_use(environ=os.environ) -> tuple[Optional[str], str]:
+    """(path, version) of the ninja torch will run (the first on PATH), (None, '') when there is none."""
+    found = shutil.which("ninja", path=environ.get("PATH", ""))
+    if found is None:
+        return None, ""
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        version = "?"
+    return found, version
+
+
+def missing_ninja_message(op: str) -> str:
+    return (f"DeepSpeed's {op} op must be compiled on first use, with ninja, and there is no `ninja` in this "
+            f"environment ({environment_bin()}) nor on PATH. Install it into the environment that runs the ranks: "
+            f"{sys.executable} -m pip install {NINJA_PIN} (scripts/setup.sh does), then rerun - the trainer puts "
+            f"that ninja first on PATH for every rank")
