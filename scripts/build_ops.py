@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/build_ops.py tiny_cpu                 # what `scripts/setup.sh tiny_cpu` runs
     .venv/bin/python scripts/build_ops.py my.yaml --set deepspeed.zero_optimization.offload_optimizer={device: cpu}
+    .venv/bin/python scripts/build_ops.py --ops fused_adam,cpu_adam  # by name, as trainer/ds/ops.py names them
 
 The ops are read from the preset's resolved DeepSpeed config (trainer/ds/ops.py) and built into this
 environment's extensions directory (trainer/jit_env.py) with the trainer's own progress lines: before each op,
@@ -67,18 +68,23 @@ def build(op: str, classes: dict, accelerator) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("presets", nargs="+", metavar="PRESET", help="shipped preset name or YAML path")
+    parser.add_argument("presets", nargs="*", metavar="PRESET", help="shipped preset name or YAML path")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--ops", default="", metavar="OP,...", help="also build these ops by name (the test suite "
+                                                                       "builds every op its launches load first)")
     args = parser.parse_args(argv)
+    named = [op for op in args.ops.split(",") if op]
+    if not args.presets and not named:
+        parser.error("name a preset or --ops")
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import banner
         from deepspeed.accelerator import get_accelerator
         accelerator = get_accelerator()
     jit_ops.install(say)
     started, ok = time.monotonic(), True
     try:
-        wanted = list(dict.fromkeys(op for preset in args.presets
-                                    for op in ops_for(preset, args.overrides, accelerator.device_name())))
-        say(f"{', '.join(args.presets)} on {accelerator.device_name()}: {', '.join(wanted) or 'no JIT ops'}")
+        wanted = list(dict.fromkeys([op for preset in args.presets
+                                     for op in ops_for(preset, args.overrides, accelerator.device_name())] + named))
+        say(f"{', '.join(args.presets + named)} on {accelerator.device_name()}: {', '.join(wanted) or 'no JIT ops'}")
         classes = builder_classes(accelerator)
         for op in wanted:
             ok = build(op, classes, accelerator) and ok

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from processes import run_group
+from processes import run_group, say
 
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
@@ -35,7 +35,29 @@ def new_port() -> int:
     return USED_PORTS[-1]
 
 
+# Every op the suite's launches load (tiny_cpu: the CPU all-reduce and fused_adam; CPU offload: cpu_adam; NVMe:
+# async_io), built before the first launch: on a fresh machine that takes ~10 min, which inside a launch would
+# count against its timeout (and a build stopped by a timeout would start over in the next launch).
+SUITE_OPS = ("deepspeed_shm_comm", "fused_adam", "cpu_adam", "async_io")
+_ops_ready = False
+
+
+def ensure_ops_built() -> None:
+    global _ops_ready
+    if _ops_ready:
+        return
+    say(f"building or loading DeepSpeed's ops for the suite's launches ({', '.join(SUITE_OPS)}); "
+        f"a fresh environment builds them once, ~10 min on 2 cores")
+    proc = run_group([sys.executable, "scripts/build_ops.py", "--ops", ",".join(SUITE_OPS)], cwd=REPO,
+                     env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/build_ops.py failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    _ops_ready = True
+
+
 def launch_command(script_args: list[str], ranks: int = 2, env: dict | None = None) -> tuple[list[str], dict]:
+    if "TORCH_EXTENSIONS_DIR" not in (env or {}):  # a test with its own extensions directory builds there itself
+        ensure_ops_built()
     cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(new_port()), *script_args]
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true",
                 **(env or {})}
