@@ -233,6 +233,8 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     if path is None:
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
+        else:
+            announce_fresh_start(ckpt_dir, cfg.train.max_steps, rank)
         return None, 0
     checkpoint.verify(path, comm_device())  # before any file in it is read, its own trainer state included
     saved_state, saved_config = checkpoint.read_trainer_state(path)
@@ -246,6 +248,21 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
         print0(f"notice: resuming {path.name} although newer checkpoints exist ({', '.join(newer)}); they are set "
                f"aside in {ckpt_dir / 'abandoned'} at this run's first save, not deleted", rank=rank)
     return path, saved_state.step
+
+
+def announce_fresh_start(ckpt_dir: Path, max_steps: int, rank: int) -> None:
+    """A fresh start in a directory that holds a previous run says so, with where that run goes and the disk it
+    keeps (rerunning the same command must not look like nothing happened to the old run)."""
+    previous = checkpoint.complete_checkpoints(ckpt_dir)
+    if not previous:
+        return
+    newest = previous[-1].name
+    finished = " (it finished: that is train.max_steps)" if newest == checkpoint.tag_for(max_steps) else ""
+    held = sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file() and not f.is_symlink())
+    print0(f"train: starting fresh (train.resume is off) although {ckpt_dir} holds a previous run, newest "
+           f"checkpoint {newest}{finished}; at this run's first save its checkpoints move to "
+           f"{ckpt_dir / 'abandoned'}/<time>/, not deleted ({held / 2**20:.0f} MB under {ckpt_dir} now). "
+           f"--resume auto continues it instead; delete {ckpt_dir / 'abandoned'} to free the disk", rank=rank)
 
 
 def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int,
