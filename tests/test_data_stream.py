@@ -181,3 +181,13 @@ def test_the_workers_take_a_bounded_number_of_tasks_ahead_and_answer_in_order(to
         first = next(results)
         assert len(drawn) <= AHEAD * 2  # the slow first task holds the rest back: nothing more was read
         assert [first, *results] == [t * t for t in range(40)]
+
+
+def test_bytes_that_are_not_utf8_are_named_with_line_byte_and_file_offset(tmp_path, tokenizer):
+    source = tmp_path / "corpus.jsonl"
+    good = "".join(json.dumps({"text": text(i)}) + "\n" for i in range(1500)).encode()
+    source.write_bytes(good + b'{"text": "caf\xe9"}\n')
+    offset = len(good) + len(b'{"text": "caf')
+    with pytest.raises(DataError, match=rf"{source} line 1501: not valid UTF-8 \(byte 0xe9 at column 14, file offset "
+                                        rf"{offset}: .*iconv -f latin1 -t utf-8"):
+        prepare(config(source, tmp_path), str(source), tokenizer, tmp_path / "out", 100_000, 2)

@@ -20,7 +20,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from .records import FILE_FORMATS, ORIGIN, DataError, hub_dataset, json_rows, looks_like_path, read_utf8
+from .records import (FILE_FORMATS, ORIGIN, DataError, decode_line, hub_dataset, json_rows, looks_like_path,
+                      read_utf8)
 
 CHUNK_BYTES = 256 << 10  # a chunk: ~256 KB of text (a tokenizer process holds ~100x that in its encodings);
 CHUNK_LINES = 4096       # at most this many lines (short records cost per record, not per byte). Small chunks keep
@@ -247,12 +248,7 @@ def chunk_lines(chunk: Chunk, wanted: Optional[np.ndarray]) -> tuple[list[int], 
         record += 1
         if wanted is not None and not wanted[record]:
             continue
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{chunk.origin} {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-                            f"{e.start + 1}, file offset {start + e.start}: {e.reason}); re-encode the file as "
-                            f"UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        line = decode_line(raw, f"{chunk.origin} {number}", start)
         numbers.append(number)
         records.append(_parsed(line, chunk.kind, f"{chunk.origin} {number}", start))
     return numbers, records

@@ -188,17 +188,23 @@ def _read_parquet(path: Path) -> datasets.Dataset:
     return datasets.Dataset(datasets.table.InMemoryTable(table.append_column(ORIGIN, origins)))
 
 
+def decode_line(raw: bytes, where: str, offset: int) -> str:
+    """A line of a JSON-lines file as text; bytes that are not UTF-8 are a named error with the byte, its column
+    and its offset in the file (`offset`: where the line starts)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}, file offset "
+                        f"{offset + e.start}: {e.reason}); re-encode the file as UTF-8 (e.g. iconv -f latin1 -t "
+                        f"utf-8)") from None
+
+
 def _numbered_lines(path: Path):
     """(1-based line number, text) of each non-blank line."""
     offset = 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-                                f"{e.start + 1}, file offset {offset + e.start}: {e.reason}); re-encode the file as "
-                                f"UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            line = decode_line(raw, f"{path} line {number}", offset)
             offset += len(raw)
             if line.strip():
                 yield number, line
