@@ -295,3 +295,21 @@ def test_sdpa_padding_mask_counts_the_kv_expansion_and_flash_does_not():
     flash = plan_for_resolved(sft, attention="flash_attention_2")
     assert flash.activations.layers == plain.activations.layers
     assert mem.expands_kv(sft.config.model, "sdpa", True) and not mem.expands_kv(sft.config.model, "sdpa", False)
+
+
+@pytest.mark.parametrize("global_batch", [None, 64])
+def test_the_launch_line_keeps_the_presets_global_batch_unless_asked(global_batch):
+    """Without --global-batch the plan has no target of its own: the launch line keeps 70b_8xa100's 1 x 32 x 8 =
+    256 sequences per step at the plan's micro-batch, and says so; with one, the line trains what was asked."""
+    values = {"model": "70b", "gpu": "a100-80g", "gpus_per_node": 8, "task": "full", "seq_len": 4096,
+              **({"global_batch": global_batch} if global_batch else {})}
+    plan = plan_to_json(make_plan(build_inputs(values)))
+    assert plan["preset"] == "70b_8xa100"
+    words = shlex.split(plan["launch"])
+    sets = dict(words[i + 1].split("=", 1) for i, word in enumerate(words) if word == "--set")
+    micro, accum = int(sets.get("train.micro_batch_size", 1)), int(sets.get("train.grad_accum", 32))
+    assert micro * accum * 8 == (global_batch or 256)
+    said = [line for line in plan["preset_differences"] if line.startswith("global batch:")]
+    assert bool(said) == (global_batch is None)
+    if said:
+        assert f"keeps 70b_8xa100's 256 sequences per step ({micro} x {accum} x 8 ranks)" in said[0]

@@ -65,7 +65,7 @@ def nearest_preset(plan: Plan) -> tuple[Optional[str], list[str], list[str]]:
     if not scored:
         return None, [], []
     _, name, config = min(scored, key=lambda item: (item[0], item[1]))
-    differences, overrides = preset_overrides(plan, config)
+    differences, overrides = preset_overrides(plan, config, name)
     return name, differences, overrides
 
 
@@ -83,7 +83,7 @@ def _similarity(plan: Plan, config: Config) -> int:
             + (dsc.offload_param_device(ds) == c.offload_param))
 
 
-def preset_overrides(plan: Plan, config: Config) -> tuple[list[str], list[str]]:
+def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> tuple[list[str], list[str]]:
     """What differs between the preset and the plan, and the `--set` strings that make the preset the plan."""
     inputs, c = plan.inputs, plan.choice
     differences, overrides = [], []
@@ -102,9 +102,13 @@ def preset_overrides(plan: Plan, config: Config) -> tuple[list[str], list[str]]:
     setting("data.seq_len", config.data.seq_len, inputs.seq_len)
     setting("train.precision", config.train.precision, inputs.precision)
     setting("train.micro_batch_size", config.train.micro_batch_size, c.micro_batch)
-    setting("train.grad_accum", config.train.grad_accum, plan.grad_accum)
+    accum, said = (plan.grad_accum, None) if inputs.global_batch else accumulation_keeping(plan, config, preset)
+    setting("train.grad_accum", config.train.grad_accum, accum)
+    if said:
+        differences.append(said)
     if config.train.global_batch_size is not None:
-        setting("train.global_batch_size", config.train.global_batch_size, plan.global_batch)
+        setting("train.global_batch_size", config.train.global_batch_size,
+                c.micro_batch * accum * inputs.world_size)
     setting("model.gradient_checkpointing", config.model.gradient_checkpointing, c.checkpointing)
     ds_changes = (_zero_changes(config, plan)
                   + dsc.precision_overrides(config.deepspeed, inputs.precision)
@@ -118,6 +122,29 @@ def preset_overrides(plan: Plan, config: Config) -> tuple[list[str], list[str]]:
     if inputs.task != "pretrain" and config.model.name_or_path is None:
         differences.append("the preset trains from scratch; set model.name_or_path to the weights to fine-tune")
     return differences, overrides + ds_changes
+
+
+def accumulation_keeping(plan: Plan, config: Config, preset: str) -> tuple[int, Optional[str]]:
+    """Without --global-batch the plan has no global batch of its own, so the launch line keeps the preset's
+    (its micro x accumulation x data-parallel ranks) at the plan's micro-batch where that divides it, and says so
+    either way: a launch line that silently trained 32 sequences a step instead of the preset's 256 would change
+    the optimisation, not only the memory."""
+    train, hw = config.train, config.hardware
+    micro, world = plan.choice.micro_batch, plan.inputs.world_size
+    ranks = hw.nodes * hw.gpus_per_node // max(dsc.autotp_size(config.deepspeed), 1)
+    kept = train.global_batch_size
+    if not isinstance(kept, int) and isinstance(train.micro_batch_size, int) and isinstance(train.grad_accum, int):
+        kept = train.micro_batch_size * train.grad_accum * ranks
+    if not isinstance(kept, int):
+        return plan.grad_accum, None
+    if kept % (micro * world) == 0:
+        accum = kept // (micro * world)
+        return accum, (f"global batch: the launch line keeps {preset}'s {kept} sequences per step ({micro} x {accum} "
+                       f"x {world} ranks); --global-batch N plans for another")
+    planned = micro * plan.grad_accum * world
+    return plan.grad_accum, (f"global batch: the launch line trains {planned} sequences per step, {preset} {kept} "
+                             f"({kept} is not a multiple of micro-batch {micro} x {world} ranks); --global-batch N "
+                             f"chooses it")
 
 
 def _zero_changes(config: Config, plan: Plan) -> list[str]:
