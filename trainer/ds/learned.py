@@ -187,7 +187,7 @@ def learn_in_subprocess() -> dict:
             raise UserError("learning the installed DeepSpeed's config keys took over 10 minutes (importing it "
                             "hangs?); run `python -c 'import deepspeed'` to see why") from None
         if child.returncode != 0 or not out.is_file():
-            tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-8:])
+            tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-3:])
             raise UserError(f"could not learn the installed DeepSpeed's config keys: importing DeepSpeed failed "
                             f"(exit {child.returncode}):\n{tail}")
         return json.loads(out.read_text(encoding="utf-8"))
