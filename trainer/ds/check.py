@@ -154,7 +154,7 @@ def _nested(spec: dict, block: dict) -> list[tuple[str, str]]:
     for name, field in spec["fields"].items():
         kinds = field["type"].get("of", []) if field["type"]["kind"] == "union" else [field["type"]]
         model = next((k["model"] for k in kinds if k["kind"] == "model"), None)
-        for key in {name, field.get("alias") or name}:
+        for key in dict.fromkeys((name, field.get("alias") or name)):
             if model and isinstance(block.get(key), dict):
                 found.append((key, model))
     return found
