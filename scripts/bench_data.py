@@ -64,7 +64,7 @@ MIN_WORDS, MAX_WORDS = 200, 3000
 SEQ_LEN, MICRO, DP_SIZE, DP_RANK = 128, 8, 2, 0          # tiny_cpu's micro-batch on 2 ranks
 EVAL_FRACTION = 0.05                                      # tiny_cpu's
 OLD_BYTES_PER_TOKEN = 150                                 # the measurement of the old path
-RECORDS_PER_SHARD = 100_000                               # prepare-data's default (trainer/data/build.py)
+RECORDS_PER_SHARD = 100_000                               # prepare-data's default (trainer/data/__init__.py)
 CREATED = ("corpora", "prepared", "tmp", "hf", "cache", "results")  # what --workdir gets (and loses at the end)
 
 

@@ -3,6 +3,9 @@ prepare-data, generate, evaluate, report.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
+
+Only the chosen command's module is imported (the others are listed by their help text alone), so a light command
+(`show`, `plan`, `lint`, `--help`, ...) does not pay for the imports of a heavy one (torch, DeepSpeed, datasets).
 """
 from __future__ import annotations
 
@@ -35,16 +38,19 @@ COMMANDS = {
 PASSTHROUGH = ("launch",)  # commands that take `-- ARGS`
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    """The whole command line (every command's flags) and the command modules."""
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The command line and the command modules: every command's flags, or with `only`, that command's flags and
+    the other commands by name and help text (their modules are not imported)."""
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
     # `deepspeed --module trainer <command>` puts --local_rank=N before the command
     parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():
-        modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
-        getattr(modules[name], f"{name.replace('-', '_')}_arguments")(sub.add_parser(name, help=help_text))
+        command_parser = sub.add_parser(name, help=help_text)
+        if only in (None, name):
+            modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
+            getattr(modules[name], f"{name.replace('-', '_')}_arguments")(command_parser)
     return parser, modules
 
 
@@ -66,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str]) -> int:
-    parser, modules = build_parser()
+    # argparse's command is the first command word: the only other top-level flag (--local_rank) takes a number
+    parser, modules = build_parser(only=command_word(argv) or "")
     cut = argv.index("--") if "--" in argv else len(argv)  # `launch P -- --resume auto`: passed on to the ranks
     try:  # a bad flag is argparse's exit 2 (usage + "error: argument --flag: ..."), returned like any other
         args = parser.parse_args(argv[:cut])

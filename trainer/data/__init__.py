@@ -13,12 +13,24 @@ samples read from the shards with positional reads) -> `order` (which sample com
 epoch and the global sample index; mixtures) -> `loader` (this rank's micro-batches); `build` is what
 training calls. Every problem with the data is a `DataError` naming the file and line (or row) and a fix.
 """
-from .build import PreparedData, build_datasets
-from .loader import MicroBatchLoader, Source, Stream
-from .records import IGNORE_INDEX, DataError, load_records, split_records
-from .samples import PretrainSamples, SftSamples, block_starts
-from .tokenize import apply_chat_template, chat_sample, load_tokenizer, record_format
+import importlib
 
-__all__ = ["IGNORE_INDEX", "DataError", "MicroBatchLoader", "PreparedData", "PretrainSamples", "SftSamples",
-           "Source", "Stream", "apply_chat_template", "block_starts", "build_datasets", "chat_sample",
-           "load_records", "load_tokenizer", "record_format", "split_records"]
+RECORDS_PER_SHARD = 100_000  # about 100 M tokens of web text per shard; the unit a prepare-data rerun keeps
+
+# Loaded on first use (PEP 562), so `prepare-data --help` and the light commands do not import datasets or torch.
+_EXPORTS = {
+    "PreparedData": "build", "build_datasets": "build",
+    "MicroBatchLoader": "loader", "Source": "loader", "Stream": "loader",
+    "IGNORE_INDEX": "records", "DataError": "records", "load_records": "records", "split_records": "records",
+    "PretrainSamples": "samples", "SftSamples": "samples", "block_starts": "samples",
+    "apply_chat_template": "tokenize", "chat_sample": "tokenize", "load_tokenizer": "tokenize",
+    "record_format": "tokenize",
+}
+
+__all__ = sorted(_EXPORTS) + ["RECORDS_PER_SHARD"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

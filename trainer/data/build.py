@@ -10,15 +10,12 @@ from pathlib import Path
 
 from ..config import DataConfig
 from ..distributed import rank0_first
-from . import shards
+from . import RECORDS_PER_SHARD, shards
 from .loader import Source, Stream
 from .prepare import cache_dir, cache_key, identity, is_prepared, needs_explicit_preparation, prepare_into_cache
 from .records import DataError
 from .samples import PretrainSamples, SftSamples
 from .verify import Checked, Prepared, verify_all
-
-
-RECORDS_PER_SHARD = 100_000  # about 100 M tokens of web text per shard
 
 
 @dataclass

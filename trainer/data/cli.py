@@ -18,9 +18,7 @@ from .. import numbers, paths
 from ..config import DataConfig, ModelConfig
 from ..errors import UserError
 from ..options import load_and_resolve
-from .build import RECORDS_PER_SHARD, sources_of
-from .prepare import check_cache_parent, is_prepared, prepare, prepared_path
-from .tokenize import apply_chat_template, load_tokenizer
+from . import RECORDS_PER_SHARD
 
 
 def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +39,7 @@ def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def prepare_data(args) -> int:
+    from .prepare import check_cache_parent, is_prepared, prepare  # datasets, numpy: not for `--help`
     jobs = preset_jobs(args) if args.preset else [single_job(args)]
     for data_cfg, tokenizer, source, out in jobs:
         if is_prepared(str(out)) and out == Path(source).expanduser():
@@ -58,6 +57,9 @@ def prepare_data(args) -> int:
 
 
 def preset_jobs(args) -> list[tuple]:
+    from .build import sources_of
+    from .prepare import prepared_path
+    from .tokenize import apply_chat_template, load_tokenizer
     if args.source or args.out or args.tokenizer:
         raise UserError("--preset prepares the preset's own sources where its training looks; drop --source, "
                         "--tokenizer and --out (or drop --preset)")
@@ -70,6 +72,7 @@ def preset_jobs(args) -> list[tuple]:
 
 
 def single_job(args) -> tuple:
+    from .tokenize import load_tokenizer
     missing = [flag for flag, value in (("--source", args.source), ("--tokenizer", args.tokenizer),
                                         ("--out", args.out)) if not value]
     if missing:

@@ -7,7 +7,9 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 - `build`: configs and `--set` overrides written from intent (planner, doctor, lint, rehearsal);
 - `batch`: the batch triad (micro x accumulation x data-parallel = global), solved once;
 - `auto`: "auto" filled from the trainer's sections, as the HF Trainer fills it;
-- `check`: the keys the installed DeepSpeed reads, learned from that DeepSpeed;
+- `check`: the keys the installed DeepSpeed reads, learned from that DeepSpeed (`learned`: once per DeepSpeed,
+  cached on disk, so checking a config imports neither DeepSpeed nor torch; `spec`: its pydantic models as JSON and
+  back; `probe`: the dict that watches DeepSpeed parse);
 - `inference`: the ZeRO-Inference config (stage 3, parameters offloaded, no optimizer);
 - `autotuning`: DeepSpeed's autotuner: its tuning config, its experiments as `--set` items, its best config;
 - `ops`: the JIT-built ops a config makes DeepSpeed load (what setup.sh builds ahead).
