@@ -27,7 +27,8 @@ def load_and_resolve(args) -> Resolved:
     # YAML/JSON that `show` and `export -o -` print, so it can be piped into a file.
     with contextlib.redirect_stdout(sys.stderr):
         config = load_preset(args.preset, args.overrides)
-        with blamed(str(preset_path(args.preset)), args.overrides):
+        with blamed(str(preset_path(args.preset)), args.overrides,
+                    alone=lambda: resolve(load_preset(args.preset), args.world_size)):
             return resolve(config, args.world_size)
 
 

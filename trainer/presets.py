@@ -15,6 +15,7 @@ import contextlib
 import copy
 import re
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from . import strict
 from .config import Config
@@ -220,14 +221,18 @@ def blame_overrides(problem: str, overrides: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def blamed(path: str, overrides: list[str]):
+def blamed(path: str, overrides: list[str], alone: Optional[Callable[[], Any]] = None):
     """Problems of a preset read with `--set` items say which came from which item, and the source names the
-    preset file only for the rest: a `--set` mistake is not blamed on the file."""
+    preset file only for the rest: a `--set` mistake is not blamed on the file. A problem that names no key
+    (the batch triad, a group size that does not divide) is put on the `--set` items when `alone` -- the same
+    step on the preset without them -- succeeds: the file was fine, the items made it fail."""
     try:
         yield
     except ConfigError as err:
         problems = [blame_overrides(p, overrides) for p in err.problems]
-        from_set = sum("(from --set " in p or p.startswith("--") for p in problems)  # --world-size too
+        if any(not _attributed(p) for p in problems) and _fine_alone(overrides, alone):
+            problems = [p if _attributed(p) else f"{p} ({_from_items(overrides)})" for p in problems]
+        from_set = sum(_attributed(p) for p in problems)
         source = "the command line" if from_set == len(problems) else path + (" and the command line" if from_set
                                                                               else "")
         raise ConfigError(problems, source) from None
@@ -236,7 +241,27 @@ def blamed(path: str, overrides: list[str]):
         if text.startswith("deepspeed_template"):
             text = blame_overrides(text, overrides)
             raise UserError(text if "(from --set" in text else f"{path}: {text}") from None
+        if overrides and not text.startswith("--") and _fine_alone(overrides, alone):
+            raise UserError(f"{text}\n({_from_items(overrides)}: {path} alone is fine)") from None
         raise
+
+
+def _attributed(problem: str) -> bool:
+    return "(from --set " in problem or "(from the --set items " in problem or problem.startswith("--")  # --world-size
+
+
+def _from_items(overrides: list[str]) -> str:
+    return "from the --set items " + " ".join(f"--set {clip(item, 60)}" for item in overrides)
+
+
+def _fine_alone(overrides: list[str], alone: Optional[Callable[[], Any]]) -> bool:
+    if not overrides or alone is None:
+        return False
+    try:
+        alone()
+    except UserError:
+        return False
+    return True
 
 
 def config_from_dict(raw: dict, source: str = "<dict>") -> Config:
