@@ -98,7 +98,7 @@ def check_topology(args, nproc: int) -> None:
         problems.append(f"--nproc-per-node={nproc} must be >= 1")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         problems.append(f"--node-rank={args.node_rank} must be in [0, --nnodes={args.nnodes})")
-    if not 0 < args.master_port < 65536:
+    if args.master_port is not None and not 0 < args.master_port < 65536:
         problems.append(f"--master-port={args.master_port} is not a port")
     if problems:
         raise UserError("; ".join(problems))
