@@ -42,7 +42,7 @@ POLL_S = 0.1
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The node-local launcher's flags (`python -m trainer launch` registers them with its own)."""
-    parser.add_argument("--nproc-per-node", type=numbers.COUNT, default=None,
+    parser.add_argument("--nproc-per-node", type=numbers.RANKS_PER_NODE, default=None,
                         help="ranks on this node (default: the preset's hardware.gpus_per_node)")
     parser.add_argument("--nnodes", type=numbers.COUNT, default=None, help="nodes in the job (default: hardware.nodes)")
     parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1")
