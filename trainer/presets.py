@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from . import strict
 from .config import Config
 from .errors import ConfigError, UserError, clip, closest
+from .paths import missing_or_what, what_is
 from .files import parse_yaml, read_json_object, read_yaml_mapping
 from .redact import resolve_env_refs
 
@@ -47,8 +48,9 @@ def preset_path(name_or_path: str) -> Path:
     if "/" not in name_or_path and shipped.is_file():
         return shipped
     if path.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        raise UserError(f"preset file {name_or_path!r} does not exist; `python -m trainer presets` lists the "
-                        f"shipped ones")
+        hint = ("`python -m trainer presets` lists the shipped ones" if what_is(path) == "missing"
+                else "give a preset .yaml file")
+        raise UserError(f"preset file {name_or_path!r} {missing_or_what(path)}; {hint}")
     names = [p.stem for p in PRESET_DIR.glob("*.yaml")]
     raise UserError(
         f"unknown preset {name_or_path!r}{closest(name_or_path, names)}; "

@@ -75,7 +75,8 @@ def deepspeed_env(fabric: Optional[Fabric]) -> DeepSpeedEnv:
     for path in user_env_files():
         if not path.is_file():
             continue
-        for name, value in parse_user_env(read_text(path, "DeepSpeed environment file", allow_empty=True),
+        for name, value in parse_user_env(read_text(path, "DeepSpeed environment file", allow_empty=True,
+                                                    also_read_by="DeepSpeed's runner"),
                                           str(path)):
             if name in profile and profile[name] != value:  # a profile never holds a secret (fabric.parse_env)
                 notes.append(f"{path} sets {name}={value} over the fabric profile's {profile[name]}")
