@@ -25,7 +25,7 @@ from typing import Optional
 
 from .. import numbers, paths
 from ..errors import UserError
-from ..options import add_train_arguments
+from ..options import add_rank_arguments, add_train_arguments, config_source
 from ..presets import load_preset
 from ..resolve import Resolved
 from . import supervisor
@@ -105,9 +105,8 @@ def check_passthrough(args, extra: list[str]) -> None:
     --deepspeed_config, whatever train grows): the ranks would run a config this launch never checked."""
     if not extra:
         return
-    from ..train.cli import config_source, train_arguments
     parser = RankParser(prog="train", add_help=False, exit_on_error=False)
-    train_arguments(parser)
+    add_rank_arguments(parser)
     ours = ["--preset", args.preset, *[w for item in args.overrides for w in ("--set", item)]]
     if args.world_size is not None:
         ours += ["--world-size", str(args.world_size)]
