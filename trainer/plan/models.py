@@ -127,7 +127,7 @@ def raw_count_model(count: float, hidden_size: Any, num_layers: Any, flag, text:
     MLP width solved so the count matches) for activations and the largest layer; params stay exact."""
     problem = PARAMETERS.problem(count)
     if problem:
-        raise UserError(f"{flag('model')}: parameter count {text or count!r} {problem}")
+        raise UserError(f"{flag('model')}: parameter count {text or count!r} must be {PARAMETERS.describe()}")
     hidden = positive_int(hidden_size, flag("hidden_size") + " (needed with a raw parameter count)", False)
     layers = positive_int(num_layers, flag("num_layers") + " (needed with a raw parameter count)", False)
     vocab, params = 32000, int(count)
