@@ -111,7 +111,8 @@ def test_set_values_get_the_same_kinds(capsys, item, fragment):
 
 @pytest.mark.parametrize("argv,fragment", [
     (["plan", "--model", "1e400", "--gpu", "a100-80g"], "parameter count '1e400' must be >= 1"),
-    (["plan", "--model", "-7", "--gpu", "a100-80g", "--hidden-size", "8", "--num-layers", "2"], "parameter count '-7' must be >= 1"),
+    (["plan", "--model", "-7", "--gpu", "a100-80g", "--hidden-size", "8", "--num-layers", "2"],
+     "parameter count '-7' must be >= 1"),
     (["plan", "{dir}/inf.yaml"], "hidden_size"),
     (["plan", "{dir}/nan.yaml"], "cpu_ram_gb"),
     (["plan", "--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "100000"], "<= 1024 (ranks per node"),
