@@ -107,3 +107,24 @@ def test_set_values_get_the_same_kinds(capsys, item, fragment):
     assert main(["show", "tiny_cpu", "--set", item]) == 2
     err = capsys.readouterr().err
     assert fragment in err and "(from --set" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["plan", "--model", "1e400", "--gpu", "a100-80g"], "parameter count '1e400' must be >= 1"),
+    (["plan", "--model", "-7", "--gpu", "a100-80g", "--hidden-size", "8", "--num-layers", "2"],
+     "parameter count '-7' must be >= 1"),
+    (["plan", "{dir}/inf.yaml"], "hidden_size"),
+    (["plan", "{dir}/nan.yaml"], "cpu_ram_gb"),
+    (["plan", "--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "100000"], "<= 1024 (ranks per node"),
+    (["prepare-data", "--source", "x.jsonl", "--tokenizer", "t", "--seq-len", "1"], "at least 2"),
+    (["show", "tiny_cpu", "--set", "data.seq_len=1"], "data.seq_len=1 must be >= 2"),
+    (["preflight", "--sizes", ""], "--sizes ''"),
+])
+def test_numbers_from_files_and_ranges_use_the_same_kinds(capsys, tmp_path, argv, fragment):
+    """A count written in a scenario file, a parameter count beyond a float, a node of 100000 GPUs, a one-token
+    sequence, an empty size list: each a named refusal (exit 2), never an OverflowError or a silent default."""
+    (tmp_path / "inf.yaml").write_text("model: 7000000000\nhidden_size: .inf\nnum_layers: 32\ngpu: a100-80g\n")
+    (tmp_path / "nan.yaml").write_text("model: 7b\ngpu: a100-80g\ncpu_ram_gb: .nan\n")
+    assert main([word.replace("{dir}", str(tmp_path)) for word in argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err, err

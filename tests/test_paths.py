@@ -113,3 +113,58 @@ def test_two_outputs_of_one_command_may_not_be_one_file(capsys, tmp_path):
                  "--chart", str(tmp_path / "link.png")]) == 2
     assert "are the same file" in capsys.readouterr().err
     assert target.read_text() == "{}"
+
+
+@pytest.mark.parametrize("name", ["p.yaml", "presets"])
+@pytest.mark.parametrize("kind,says", [("dir", "is a directory"), ("fifo", "is a FIFO"), ("missing", "does not exist")])
+def test_a_preset_path_says_what_is_there(capsys, tmp_path, kind, says, name):
+    path = tmp_path / name
+    if kind == "dir":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}" in err and says in err and "Traceback" not in err, err
+
+
+def test_a_file_deepspeed_also_reads_may_not_start_with_a_byte_order_mark(capsys, tmp_path):
+    """We would drop the mark; DeepSpeed's runner would read it as part of the first host name."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("\ufefflocalhost slots=2\n", encoding="utf-8")
+    assert main(["launch", "tiny_cpu", "--hostfile", str(hosts), "--dry-run"]) == 2
+    assert f"hostfile {hosts} line 1: starts with a byte-order mark" in capsys.readouterr().err
+
+
+def test_one_preparation_at_a_time_writes_an_output_directory(tmp_path):
+    """A second prepare-data into the directory another is writing is refused (it would rename the other's
+    temporary files away); the lock is the directory's own, so a refused run leaves nothing behind."""
+    import fcntl
+    from trainer.data.prepare import writing_alone
+    from trainer.data.records import DataError
+    out = tmp_path / "prepared"
+    with writing_alone(out):
+        with pytest.raises(DataError, match="another preparation is writing it now"):
+            with writing_alone(out):
+                pass
+        fd = os.open(out, os.O_RDONLY)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    with pytest.raises(RuntimeError):
+        with writing_alone(tmp_path / "refused"):
+            raise RuntimeError("a check failed before anything was written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]
+
+
+def test_a_jsonl_record_with_a_key_twice_is_named(capsys, tmp_path):
+    from trainer.presets import REPO_ROOT
+    rows = "".join(f'{{"text": "row {i}"}}\n' for i in range(20))
+    source = tmp_path / "dup.jsonl"
+    source.write_text(rows + '{"text": "a \\": b", "meta": {"k": 1, "k": 2}}\n')
+    out = tmp_path / "out"
+    assert main(["prepare-data", "--source", str(source), "--tokenizer", str(REPO_ROOT / "data/tiny/tokenizer"),
+                 "--num-proc", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "line 21" in err and "duplicate key 'k'" in err and "Traceback" not in err, err
+    assert not out.exists()

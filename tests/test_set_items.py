@@ -70,3 +70,25 @@ def test_a_json_object_with_a_key_twice_is_refused(capsys, tmp_path):
     template.write_text('{"zero_optimization": {"stage": 2, "stage": 3}}')
     err = error_of(capsys, "show", "tiny_cpu", "--set", f"deepspeed_template={template}")
     assert "duplicate key 'stage'" in err and str(template) in err
+
+
+@pytest.mark.parametrize("items", [["deepspeed.train_batch_size=7"],
+                                   ["train.micro_batch_size=3", "deepspeed.train_batch_size=8"]])
+def test_a_problem_naming_no_key_is_blamed_on_the_set_items_when_the_preset_alone_is_fine(capsys, items):
+    """The batch triad names no key of the --set item that broke it: the preset alone resolves, so the items did."""
+    err = error_of(capsys, "show", "tiny_cpu", *[w for item in items for w in ("--set", item)])
+    assert "in the command line" in err and "tiny_cpu.yaml" not in err, err
+    assert "(from the --set items " + " ".join(f"--set {item}" for item in items) + ")" in err, err
+
+
+def test_a_preset_that_fails_alone_is_still_blamed_on_its_file(capsys, tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(load_text("tiny_cpu").replace("micro_batch_size: 8", "micro_batch_size: 8\n  "
+                                                                           "global_batch_size: 7"))
+    err = error_of(capsys, "show", str(broken), "--set", "train.lr=1e-3")
+    assert f"in {broken}" in err and "(from the --set items" not in err, err
+
+
+def load_text(name: str) -> str:
+    from trainer.presets import preset_path
+    return preset_path(name).read_text()

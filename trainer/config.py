@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, POSITIVE, SEED, WHOLE_SECONDS,
-                      Kind)
+from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, POSITIVE, RANKS_PER_NODE, SEED,
+                      SEQUENCE_TOKENS, WHOLE_SECONDS, Kind)
 
 
 AUTO = "auto"
@@ -30,7 +30,7 @@ def doc(text: str, default: Any = None, factory: Any = None, kind: Optional[Kind
 @dataclass
 class HardwareConfig:
     gpu: str = doc("GPU type from trainer.hardware.GPUS (a100-80g, h100-80g, v100-32g, ...) or 'cpu'.", "cpu")
-    gpus_per_node: int = doc("Ranks per node (GPUs per node; CPU ranks for 'cpu').", 1, kind=COUNT)
+    gpus_per_node: int = doc("Ranks per node (GPUs per node; CPU ranks for 'cpu').", 1, kind=RANKS_PER_NODE)
     nodes: int = doc("Number of nodes; world size = nodes x gpus_per_node.", 1, kind=COUNT)
     cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB (planner: offload budget).", None, kind=GIGABYTES)
     nvme_gb: Optional[float] = doc("Local NVMe per node in GB (planner: ZeRO-Infinity budget).", None, kind=GIGABYTES)
@@ -108,7 +108,7 @@ class DataConfig:
     eval_split: Optional[str] = doc("Split of a hub eval_source to read; None = the same as `split`.", None)
     eval_fraction: float = doc(
         "Share of records (documents) held out for eval when eval_source is None.", 0.05, kind=FRACTION)
-    seq_len: int = doc("Tokens per training sequence.", 2048, kind=COUNT)
+    seq_len: int = doc("Tokens per training sequence.", 2048, kind=SEQUENCE_TOKENS)
     packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
     truncate: bool = doc("Cut records longer than seq_len; when off such records are an error.", False)
     text_field: str = doc("Column with raw text (pretrain).", "text")

@@ -12,6 +12,7 @@ or a crash leaves the old file (or none), never part of the new one.
 """
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -67,10 +68,16 @@ def read_bytes(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, t
         raise UserError(f"{what} {path}: cannot read it ({err.strerror})") from None
 
 
-def read_text(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, allow_empty: bool = False) -> str:
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES, allow_empty: bool = False,
+              also_read_by: str = "") -> str:
     """A UTF-8 text file (a config a person wrote): binary content, bad UTF-8 and (unless allowed) an empty or
-    blank file are refused, each naming `what` and the path."""
+    blank file are refused, each naming `what` and the path. A byte-order mark is dropped, unless the file is
+    `also_read_by` another program (DeepSpeed's runner reads a hostfile as plain UTF-8: the mark would be part
+    of its first host name): then it is refused, so both read the same text."""
     data = read_bytes(path, what, max_bytes)
+    if also_read_by and data.startswith(codecs.BOM_UTF8):
+        raise UserError(f"{what} {path} line 1: starts with a byte-order mark (an editor's U+FEFF), which "
+                        f"{also_read_by} reads as part of the line; save the file without it (UTF-8, no BOM)")
     if b"\0" in data:
         raise UserError(f"{what} {path} is a binary file (it holds NUL bytes), not text: is it the right file?")
     try:
@@ -89,7 +96,7 @@ def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BY
     twice in one object refused."""
     text = read_text(path, what, max_bytes)
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicate_members)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=unique_members)
     except json.JSONDecodeError as err:
         raise UserError(f"{what} {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg})") from None
     except ValueError as err:
@@ -99,7 +106,7 @@ def read_json_object(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BY
     return _expect_mapping(value, what, path, "a JSON object ({...})")
 
 
-def _refuse_duplicate_members(pairs: list) -> dict:
+def unique_members(pairs: list) -> dict:
     """JSON keeps the last of two equal keys without a word (DeepSpeed's own reader refuses them): refuse them."""
     seen = {}
     for key, value in pairs:

@@ -151,6 +151,10 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+# a node's ranks: 8 GPUs is usual, 72 an NVL72 domain; 100000 is a typo, not a node
+RANKS_PER_NODE = Kind("ranks per node", integer=True, low=1, high=1024)
+# a training sequence predicts each next token: one token has nothing to predict
+SEQUENCE_TOKENS = Kind("tokens per sequence, at least 2", integer=True, low=2, high=BIG)
 # worker processes: more than the cores only queue (5000 requested, 190 forked, nothing faster)
 PROCESSES = Kind(f"processes, at most the {available_cores()} cores this process may use", integer=True, low=1,
                  high=available_cores())

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import Optional
 
 from . import numbers
-from .presets import blamed, load_preset, preset_path
+from .presets import blamed, load_preset, preset_path, with_overrides
 from .resolve import Resolved, resolve
 
 
@@ -27,7 +28,8 @@ def load_and_resolve(args) -> Resolved:
     # YAML/JSON that `show` and `export -o -` print, so it can be piped into a file.
     with contextlib.redirect_stdout(sys.stderr):
         config = load_preset(args.preset, args.overrides)
-        with blamed(str(preset_path(args.preset)), args.overrides):
+        with blamed(str(preset_path(args.preset)), args.overrides,
+                    alone=lambda: resolve(load_preset(args.preset), args.world_size)):
             return resolve(config, args.world_size)
 
 
@@ -38,3 +40,24 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the preset's DeepSpeed features on a shrunk model with the ranks present")
     parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, default=-1,
                         help=argparse.SUPPRESS)  # launcher
+
+
+def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `python -m trainer train` (each rank) takes: the train flags, and DeepSpeed's autotuner's own."""
+    add_train_arguments(parser)
+    # DeepSpeed's autotuner (`python -m trainer autotune`) runs each experiment as train.py ... --deepspeed_config
+    # <base64 JSON>: that config becomes the preset's whole DeepSpeed section for the experiment
+    parser.add_argument("--deepspeed_config", help=argparse.SUPPRESS)
+
+
+def config_source(args) -> tuple[str, list[str], Optional[int]]:
+    """What a rank's config is resolved from: the preset, its overrides (an autotuner experiment's DeepSpeed
+    section folded in) and the world size. `launch` compares it with and without the words after `--`: a word
+    that changes it would make the ranks run a config the launcher never checked. (--resume is where the run
+    starts, not what it is: `train.cli.train` folds it in.)"""
+    overrides = list(args.overrides)
+    if args.deepspeed_config:
+        from . import ds as dsc
+        experiment = dsc.experiment_overrides(dsc.decode_launcher_config(args.deepspeed_config))
+        overrides = with_overrides(overrides, experiment)
+    return args.preset, overrides, args.world_size

@@ -15,10 +15,12 @@ import contextlib
 import copy
 import re
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from . import strict
 from .config import Config
 from .errors import ConfigError, UserError, clip, closest
+from .paths import missing_or_what, what_is
 from .files import parse_yaml, read_json_object, read_yaml_mapping
 from .redact import resolve_env_refs
 
@@ -46,8 +48,9 @@ def preset_path(name_or_path: str) -> Path:
     if "/" not in name_or_path and shipped.is_file():
         return shipped
     if path.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        raise UserError(f"preset file {name_or_path!r} does not exist; `python -m trainer presets` lists the "
-                        f"shipped ones")
+        hint = ("`python -m trainer presets` lists the shipped ones" if what_is(path) == "missing"
+                else "give a preset .yaml file")
+        raise UserError(f"preset file {name_or_path!r} {missing_or_what(path)}; {hint}")
     names = [p.stem for p in PRESET_DIR.glob("*.yaml")]
     raise UserError(
         f"unknown preset {name_or_path!r}{closest(name_or_path, names)}; "
@@ -220,14 +223,18 @@ def blame_overrides(problem: str, overrides: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def blamed(path: str, overrides: list[str]):
+def blamed(path: str, overrides: list[str], alone: Optional[Callable[[], Any]] = None):
     """Problems of a preset read with `--set` items say which came from which item, and the source names the
-    preset file only for the rest: a `--set` mistake is not blamed on the file."""
+    preset file only for the rest: a `--set` mistake is not blamed on the file. A problem that names no key
+    (the batch triad, a group size that does not divide) is put on the `--set` items when `alone` -- the same
+    step on the preset without them -- succeeds: the file was fine, the items made it fail."""
     try:
         yield
     except ConfigError as err:
         problems = [blame_overrides(p, overrides) for p in err.problems]
-        from_set = sum("(from --set " in p or p.startswith("--") for p in problems)  # --world-size too
+        if any(not _attributed(p) for p in problems) and _fine_alone(overrides, alone):
+            problems = [p if _attributed(p) else f"{p} ({_from_items(overrides)})" for p in problems]
+        from_set = sum(_attributed(p) for p in problems)
         source = "the command line" if from_set == len(problems) else path + (" and the command line" if from_set
                                                                               else "")
         raise ConfigError(problems, source) from None
@@ -236,7 +243,27 @@ def blamed(path: str, overrides: list[str]):
         if text.startswith("deepspeed_template"):
             text = blame_overrides(text, overrides)
             raise UserError(text if "(from --set" in text else f"{path}: {text}") from None
+        if overrides and not text.startswith("--") and _fine_alone(overrides, alone):
+            raise UserError(f"{text}\n({_from_items(overrides)}: {path} alone is fine)") from None
         raise
+
+
+def _attributed(problem: str) -> bool:
+    return "(from --set " in problem or "(from the --set items " in problem or problem.startswith("--")  # --world-size
+
+
+def _from_items(overrides: list[str]) -> str:
+    return "from the --set items " + " ".join(f"--set {clip(item, 60)}" for item in overrides)
+
+
+def _fine_alone(overrides: list[str], alone: Optional[Callable[[], Any]]) -> bool:
+    if not overrides or alone is None:
+        return False
+    try:
+        alone()
+    except UserError:
+        return False
+    return True
 
 
 def config_from_dict(raw: dict, source: str = "<dict>") -> Config:

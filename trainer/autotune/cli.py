@@ -65,6 +65,8 @@ def autotune(args) -> int:
     work = Path(args.dir or f"runs/autotune/{name}")
     output = args.output or str(PRESET_DIR / f"{name}_autotuned.yaml")
     check_target(output, "-o")
+    if not args.from_results:  # the default --dir too, for a dry run as for the real one (which creates it)
+        paths.output_dir("autotuning directory (--dir)").check(str(work))
     space = search_space(resolved)
     if args.from_results:  # writing needs no GPU
         return write_preset(args, read_results(args.from_results), output, space)
@@ -82,8 +84,15 @@ def autotune(args) -> int:
     if args.dry_run:
         print(json.dumps(config, indent=2))
         print(" ".join(command))
+        for problem in runtime_problems():  # the machine, not the inputs: a dry run may be made anywhere
+            print(f"autotune: --dry-run: note: the real run here would stop: {problem}", file=sys.stderr)
         return 0
-    refuse_without_cuda()
+    problems = runtime_problems()
+    if problems:
+        raise UserError(problems[0])
+    if shutil.which("pdsh") is None:
+        print("autotune: pdsh is not installed: DeepSpeed cleans up after each experiment with pdsh (pkill); "
+              "the experiments still run, each ending with a FileNotFoundError in the log", file=sys.stderr)
     work.mkdir(parents=True, exist_ok=True)
     write_text_atomic(str(work / "ds_config_autotuning.json"), json.dumps(config, indent=2) + "\n", "--dir")
     print(f"autotune: {' '.join(command)}", file=sys.stderr, flush=True)
@@ -116,18 +125,18 @@ def tuning_job(args, resolved, space, work: Path) -> tuple[dict, list[str]]:
     return config, command
 
 
-def refuse_without_cuda() -> None:
+def runtime_problems() -> list[str]:
+    """What this machine lacks for tuning: the real run stops at the first, a dry run names them as notes."""
     import torch
+    problems = []
     if not torch.cuda.is_available():
-        raise UserError("autotune needs CUDA GPUs: DeepSpeed's autotuner times CUDA events and sizes micro-batches "
+        problems.append("autotune needs CUDA GPUs: DeepSpeed's autotuner times CUDA events and sizes micro-batches "
                         "from GPU memory, and none is visible here; run it on the GPU node (--dry-run prints the "
                         "config and the command on any machine)")
     if importlib.util.find_spec("tabulate") is None:  # DeepSpeed's Autotuner asserts it is installed
-        raise UserError("DeepSpeed's autotuner needs the tabulate package: pip install tabulate==0.10.0 (or "
+        problems.append("DeepSpeed's autotuner needs the tabulate package: pip install tabulate==0.10.0 (or "
                         "pip install -e '.[gpu]')")
-    if shutil.which("pdsh") is None:
-        print("autotune: pdsh is not installed: DeepSpeed cleans up after each experiment with pdsh (pkill); "
-              "the experiments still run, each ending with a FileNotFoundError in the log", file=sys.stderr)
+    return problems
 
 
 def write_preset(args, best, output: str, space) -> int:

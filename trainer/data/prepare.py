@@ -9,6 +9,8 @@ entry against the identity its key stands for, every time it is used).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -18,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -102,7 +104,38 @@ def needs_explicit_preparation(cfg: DataConfig, source: str) -> Optional[str]:
 def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shard: int, num_proc: int = 1,
             progress: bool = False, wanted: Optional[dict] = None) -> dict:
     """Prepare `source` into `out` (created; a rerun continues an interrupted one); returns the manifest.
-    `wanted`: the source's identity when the caller has it already.
+    `wanted`: the source's identity when the caller has it already. One preparation at a time writes `out`
+    (`writing_alone`): two at once would rename each other's temporary files away."""
+    with writing_alone(out):
+        return _prepare(cfg, source, tokenizer, out, records_per_shard, num_proc, progress, wanted)
+
+
+@contextlib.contextmanager
+def writing_alone(out: Path) -> Iterator[None]:
+    """An exclusive lock on the output directory itself (flock on its descriptor: no lock file, so the directory
+    stays what a preparation writes, and the lock goes with the process however it ends). The directory is made
+    to be locked; a run refused before it wrote anything leaves no empty directory behind."""
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"{out}: another preparation is writing it now; wait for it to finish (then this one "
+                            f"finds it prepared), or choose another output directory") from None
+        yield
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        os.close(fd)
+
+
+def _prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shard: int, num_proc: int,
+             progress: bool, wanted: Optional[dict]) -> dict:
+    """`prepare`, with `out` held.
 
     The records are streamed (trainer/data/reading.py): one pass counts them (the eval split is drawn from the
     count alone), a second hands them in chunks to `num_proc` tokenizer processes (trainer/data/encode.py) and
@@ -128,8 +161,6 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
             eval_ids = eval_indices(count, cfg.eval_fraction, cfg.split_seed, source)
             totals = {TRAIN: count - len(eval_ids), EVAL: len(eval_ids)}
             passes = [(train, eval_ids, None)]
-        created = not out.exists()
-        out.mkdir(parents=True, exist_ok=True)
         shards.write_atomic(out / ".identity.json", json.dumps(wanted, sort_keys=True).encode())
         writers = {split: SplitWriter(out / shards.SPLITS[split], totals[split], records_per_shard, cfg.task == "sft")
                    for split in (TRAIN, EVAL)}
@@ -142,9 +173,7 @@ def prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_shar
         except DataError:
             # what was written holds records the user must change (or settings that change the key): a rerun could
             # never continue it, and would find the directory taken by "another source"
-            _remove_unfinished(out, finished_too=True)
-            if created and not any(out.iterdir()):
-                out.rmdir()
+            _remove_unfinished(out, finished_too=True)  # an emptied directory is removed by writing_alone
             raise
     manifest = {"format": shards.FORMAT, "task": cfg.task, "format_of_records": fmt, "dtype": settings.dtype.name,
                 "vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "eos_appended": True,

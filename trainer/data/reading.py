@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from ..files import unique_members
 from .records import (FILE_FORMATS, ORIGIN, DataError, decode_line, hub_dataset, json_rows, looks_like_path,
                       read_utf8)
 
@@ -265,6 +266,11 @@ def _parsed(line: str, kind: str, where: str, start: int) -> dict:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}; each record must be an object "
                         f"such as {{\"text\": \"...\"}}")
+    if line.count('":') > len(record):  # more keys written than kept (or nested ones): read again, refusing twins
+        try:
+            json.loads(line[1:] if start == 0 and line.startswith(BOM) else line, object_pairs_hook=unique_members)
+        except ValueError as e:
+            raise DataError(f"{where}: {e}") from None
     return record
 
 

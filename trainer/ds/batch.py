@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import numbers
 from ..config import AUTO, Config
 from .keys import autotp_size
 
@@ -87,7 +88,7 @@ def _merge_batch_value(train_value, ds_value, train_key: str, ds_key: str, probl
     for key, value in ((train_key, train_value), (f"deepspeed.{ds_key}", ds_value)):
         if value is None or value == AUTO:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        if numbers.COUNT.problem(value):  # inf and nan too, not an OverflowError from int()
             problems.append(f"{key}: {value!r} must be a positive integer or 'auto'")
             continue
         values[key] = int(value)

@@ -34,7 +34,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the preset's (or run's) config, e.g. data.seq_len=512")
     parser.add_argument("--task", choices=("pretrain", "sft"), help="with --data: how to read it")
-    parser.add_argument("--seq-len", type=numbers.COUNT, help="with --data: tokens per sequence")
+    parser.add_argument("--seq-len", type=numbers.SEQUENCE_TOKENS, help="with --data: tokens per sequence")
     parser.add_argument("--eval-sequences", type=numbers.COUNT,
                         help="sequences to evaluate (default: train.eval_sequences)")
     parser.add_argument("--batch-size", type=numbers.COUNT,

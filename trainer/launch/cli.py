@@ -25,7 +25,7 @@ from typing import Optional
 
 from .. import numbers, paths
 from ..errors import UserError
-from ..options import add_train_arguments
+from ..options import add_rank_arguments, add_train_arguments, config_source
 from ..presets import load_preset
 from ..resolve import Resolved
 from . import supervisor
@@ -73,11 +73,13 @@ def launch(args) -> int:
     args.launcher = args.launcher or ("local" if any(getattr(args, k) is not None for k in NODE_LOCAL_FLAGS)
                                       else "deepspeed")
     check_launcher_flags(args)
+    check_passthrough(args, extra)
     fabric = load_fabric(args.fabric) if args.fabric else None
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import banner is not the printed command
         config = load_preset(args.preset, args.overrides)
     topology = topology_of(args, config)
     resolved = resolve_for(args, config, topology)
+    check_output_dir(resolved)
     train_args = supervisor.train_flags(args) + extra
     if args.launcher == "local":
         return run_local(args, resolved, topology, fabric, extra)
@@ -96,12 +98,86 @@ def preset_and_train_args(args) -> tuple[str, list[str]]:
     return preset, list(getattr(args, "passthrough", []))
 
 
+def check_passthrough(args, extra: list[str]) -> None:
+    """The words after `--` reach every rank's `train` as they are: refused here when train's parser would
+    not take them (every rank would stop there), when they are the launcher's own hidden flags, or when they
+    change what the rank's config is resolved from (`train.cli.config_source`: --preset, --set, --world-size,
+    --deepspeed_config, whatever train grows): the ranks would run a config this launch never checked."""
+    if not extra:
+        return
+    parser = RankParser(prog="train", add_help=False, exit_on_error=False)
+    add_rank_arguments(parser)
+    ours = ["--preset", args.preset, *[w for item in args.overrides for w in ("--set", item)]]
+    if args.world_size is not None:
+        ours += ["--world-size", str(args.world_size)]
+    ours += supervisor.train_flags(args)
+    try:
+        base, _ = parser.parse_known_args(ours)
+        full, unknown = parser.parse_known_args(ours + extra)
+    except argparse.ArgumentError as err:
+        raise UserError(f"launch: the words after `--` ({' '.join(extra)}): every rank's train would refuse them: "
+                        f"{err}; see python -m trainer train --help") from None
+    if unknown:
+        raise UserError(f"launch: {' '.join(unknown)} after `--`: train takes no such argument (every rank would "
+                        f"stop at it); see python -m trainer train --help")
+    problems = []
+    for action in parser._actions:
+        if not action.option_strings or getattr(full, action.dest) == getattr(base, action.dest):
+            continue
+        flag = shown_flag(action, extra, getattr(base, action.dest), getattr(full, action.dest))
+        if action.help == argparse.SUPPRESS:
+            problems.append(f"{flag} is set by the launcher (or DeepSpeed's autotuner), not by hand")
+        elif changes_config(config_source, base, action.dest, getattr(full, action.dest)):
+            problems.append(f"{flag} changes the config the ranks run, which this launch checked without it; give "
+                            f"it before `--` (a launch flag, checked and passed on to every rank)")
+        elif getattr(base, action.dest) != action.default:
+            problems.append(f"{flag} is given before `--` too; give it once")
+    if problems:
+        raise UserError("launch: after `--`:\n  " + "\n  ".join(problems))
+
+
+def shown_flag(action: argparse.Action, extra: list[str], before, after) -> str:
+    """The flag as the user wrote it after `--`, with what it added (`--set train.lr=1`)."""
+    flag = next((w.partition("=")[0] for w in extra if w.partition("=")[0] in action.option_strings),
+                action.option_strings[0])
+    if isinstance(after, list):
+        return " ".join(f"{flag} {item}" for item in after[len(before or []):])
+    return flag if isinstance(after, bool) else f"{flag} {after}"
+
+
+class RankParser(argparse.ArgumentParser):
+    """train's parser, as each rank will run it; a word it refuses is an exception here, not an exit."""
+
+    def error(self, message: str):
+        raise argparse.ArgumentError(None, message)
+
+
+def changes_config(config_source, base: argparse.Namespace, dest: str, value) -> bool:
+    changed = argparse.Namespace(**{**vars(base), dest: value})
+    try:
+        return config_source(changed) != config_source(base)
+    except UserError:
+        return True  # a value train could not even read changes it too
+
+
+def check_output_dir(resolved: Resolved) -> None:
+    """The run directory is checked the same way for a dry run and a real one (a dry run creates nothing):
+    launch.json, the DeepSpeed env file and job.sbatch go there before the ranks start."""
+    try:
+        paths.output_dir("train.output_dir").check(str(resolved.config.train.output_dir))
+    except UserError as err:
+        raise UserError(f"{err} (the run directory; --set train.output_dir=PATH)") from None
+
+
 def check_launcher_flags(args) -> None:
     unused = [f"--{name.replace('_', '-')} ({owner} only)" for name, owner in LAUNCHER_ONLY.items()
               if getattr(args, name) is not None and owner != args.launcher]
     if unused:
         raise UserError(f"launch --launcher {args.launcher}: {', '.join(unused)} would do nothing here; leave "
                         f"{'it' if len(unused) == 1 else 'them'} out or choose that launcher")
+    if args.ssh_port is not None and args.launcher == "deepspeed" and not args.hostfile:
+        raise UserError("launch: --ssh-port without --hostfile would do nothing (one node runs here, no ssh); leave "
+                        "it out or give the hostfile")
     if args.master_addr is not None:  # it reaches torchrun, ssh/pdsh command lines and every rank's environment
         check_host(args.master_addr, "--master-addr")
 
@@ -110,6 +186,7 @@ def run_local(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
     """The node-local launcher; node 0 records the launch, every node exports the fabric to its ranks."""
     args.nnodes, args.node_rank = topology.nodes, args.node_rank or 0
     args.nproc_per_node = topology.ranks_per_node
+    supervisor.check_topology(args, args.nproc_per_node)  # what the real launch checks, before the dry run ends
     env = fabric.env if fabric else ()
     words = train_argv(args.preset, args.overrides, topology.nodes, topology.ranks_per_node, launcher="local",
                        world_size=topology.world_size, env=env, python=sys.executable,

@@ -26,6 +26,7 @@ class Rendezvous:
     ssh_port: Optional[int] = None      # deepspeed's runner: ssh/pdsh to this port on every host
     rdzv_backend: Optional[str] = None  # torchrun: c10d (dynamic rendezvous, node ranks assigned) instead of static
     rdzv_id: Optional[str] = None
+    hostfile_given: bool = False        # deepspeed: a hostfile of the user's, kept however many hosts it lists
 
 
 def train_argv(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_per_node: int = 1,
@@ -65,14 +66,18 @@ def train_command(preset: str, overrides: list[str] = (), nodes: int = 1, gpus_p
 
 def _deepspeed(nodes: int, gpus_per_node: int, cpu_offload: bool, where: Rendezvous) -> list[str]:
     words = ["deepspeed"]
-    if nodes > 1:
+    if nodes > 1 or where.hostfile_given:
         words += ["--hostfile", where.hostfile, "--num_nodes", str(nodes)]
+    if nodes == 1 and where.hostfile_given:
+        # DeepSpeed's runner runs one active host on *this* machine, whatever the hostfile names, unless told
+        # --force_multi: then it reaches that host over pdsh/ssh like several (it ssh-checks it either way)
+        words.append("--force_multi")
     words += ["--num_gpus", str(gpus_per_node)]
     if where.master_addr:
         words += ["--master_addr", where.master_addr]
     if where.master_port:
         words += ["--master_port", str(where.master_port)]
-    if where.ssh_port and nodes > 1:
+    if where.ssh_port and (nodes > 1 or where.hostfile_given):
         words += ["--ssh_port", str(where.ssh_port)]
     if cpu_offload:
         words.append("--bind_cores_to_rank")

@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Optional
 from ..errors import UserError
 from ..files import read_text, write_text_atomic
 from ..redact import REDACTED, looks_secret
-from .fabric import NAME, Fabric
+from .fabric import NAME, Fabric, duplicate
 from .shell import export_value_problem
 
 
@@ -75,7 +75,8 @@ def deepspeed_env(fabric: Optional[Fabric]) -> DeepSpeedEnv:
     for path in user_env_files():
         if not path.is_file():
             continue
-        for name, value in parse_user_env(read_text(path, "DeepSpeed environment file", allow_empty=True),
+        for name, value in parse_user_env(read_text(path, "DeepSpeed environment file", allow_empty=True,
+                                                    also_read_by="DeepSpeed's runner"),
                                           str(path)):
             if name in profile and profile[name] != value:  # a profile never holds a secret (fabric.parse_env)
                 notes.append(f"{path} sets {name}={value} over the fabric profile's {profile[name]}")
@@ -95,14 +96,17 @@ def parse_user_env(text: str, source: str) -> list[tuple[str, str]]:
     """A user's .deepspeed_env: `NAME=value` lines (blank and # lines skipped: DeepSpeed itself would stop on
     them); every line that DeepSpeed would break on, or that the node's shell would run as code, is refused
     with its file:line."""
-    entries, problems = [], []
+    entries, problems, first = [], [], {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         name, sep, value = (part.strip() for part in line.partition("="))
         where = f"{source}:{number}"
-        if not sep or not NAME.match(name):  # the line itself is not quoted: it may be a bare secret
+        twice = duplicate(name, number, first, source) if sep and NAME.match(name) else None
+        if twice:
+            problems.append(twice)
+        elif not sep or not NAME.match(name):  # the line itself is not quoted: it may be a bare secret
             problems.append(f"{where}: not NAME=value{f' ({name[:40]!r} is no variable name)' if sep else ''}: "
                             f"DeepSpeed's runner splits each line at '=' and exports NAME on every node")
         elif export_value_problem(value, variables=True):

@@ -63,13 +63,16 @@ def profile_path(name: str) -> Path:
 
 def parse_env(text: str, source: str) -> dict[str, str]:
     """`NAME=value` lines; blank lines and `#` comments skipped; every bad line reported with file:line."""
-    env, problems = {}, []
+    env, problems, first = {}, [], {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         name, sep, value = line.partition("=")
-        if not sep or not NAME.match(name):
+        twice = duplicate(name, number, first, source) if sep and NAME.match(name) else None
+        if twice:
+            problems.append(twice)
+        elif not sep or not NAME.match(name):
             problems.append(f"{source}:{number}: {line!r} is not NAME=value (a comment line starts with #)")
         elif looks_secret(name):
             problems.append(f"{source}:{number}: {name} looks like a secret: a fabric profile is printed with the "
@@ -83,6 +86,16 @@ def parse_env(text: str, source: str) -> dict[str, str]:
     if problems:
         raise UserError("fabric profile problems:\n  " + "\n  ".join(problems))
     return env
+
+
+def duplicate(name: str, number: int, first: dict[str, int], source: str) -> str | None:
+    """`NAME` set a second time in one file: which value was meant is not for the reader to guess (a shell, DeepSpeed
+    and this file's readers would all keep the last silently). Remembers the first line of each name."""
+    if name in first:
+        return (f"{source}:{number}: {name} is set again (first at {source}:{first[name]}): keep one line "
+                f"(another file, e.g. a later profile in --fabric a,b, may override it)")
+    first[name] = number
+    return None
 
 
 def received_network_env(environ=os.environ) -> dict[str, str]:

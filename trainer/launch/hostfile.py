@@ -49,7 +49,7 @@ class Hostfile:
 
 
 def read_hostfile(path: str) -> Hostfile:
-    return parse_hostfile(read_text(path, "hostfile"), path)
+    return parse_hostfile(read_text(path, "hostfile", also_read_by="DeepSpeed's runner"), path)
 
 
 def parse_hostfile(text: str, path: str = "<hostfile>") -> Hostfile:

@@ -29,7 +29,7 @@ from .topology import Topology
 def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], train_args: list[str]) -> int:
     if topology.launcher == "slurm":
         return run_slurm(args, resolved, topology, fabric, train_args)
-    over_pdsh = topology.launcher == "deepspeed" and topology.nodes > 1
+    over_pdsh = topology.launcher == "deepspeed" and topology.hostfile is not None  # one host too (--force_multi)
     if over_pdsh:  # before anything is written
         words = launcher_words(args, resolved, topology, (), train_args)
         check_pdsh_words(words[words.index(script_path()):], words[0])
@@ -50,6 +50,7 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
     words = launcher_words(args, resolved, topology, tuple(env.items()), train_args)
     print_command(words)
     if args.dry_run:
+        note_if_missing(words[len(env)])
         return 0
     program = installed(words[len(env)])
     if topology.launcher != "torchrun" or not args.node_rank:  # torchrun runs on every node: node 0 records
@@ -114,8 +115,9 @@ def launcher_words(args, resolved: Resolved, topology: Topology, env, train_args
     where = Rendezvous(hostfile=topology.hostfile.path if topology.hostfile else "hostfile",
                        master_addr=args.master_addr or torchrun_master(args, topology), master_port=args.master_port,
                        node_rank=args.node_rank if args.node_rank is not None else "$NODE_RANK",
-                       ssh_port=args.ssh_port, rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id)
-    if topology.launcher == "torchrun" and topology.nodes > 1 and not args.dry_run:
+                       ssh_port=args.ssh_port, rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id,
+                       hostfile_given=topology.hostfile is not None)
+    if topology.launcher == "torchrun" and topology.nodes > 1:  # a dry run is checked as the real one
         check_torchrun_node(args, topology)
     return train_argv(args.preset, args.overrides, topology.nodes, topology.ranks_per_node, cpu_offloaded(resolved),
                       topology.world_size, topology.launcher, env, where, train_args, script_path())
@@ -154,6 +156,15 @@ def installed(program: str) -> str:
     return found
 
 
+def note_if_missing(program: str) -> None:
+    """A dry run checks everything the real one does; the program is the machine's, so it is a note (a Slurm
+    script or a launch line may be previewed anywhere)."""
+    try:
+        installed(program)
+    except UserError as err:
+        print(f"launch: --dry-run: note: the real launch here would stop: {err}", file=sys.stderr, flush=True)
+
+
 def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fabric], train_args: list[str]) -> int:
     """Write `<output_dir>/job.sbatch` and submit it with sbatch (printed first; --dry-run prints the script)."""
     cfg = resolved.config
@@ -173,6 +184,7 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
     if args.dry_run:
         print(f"launch: {path} would hold:\n{script}", flush=True)
         print_command(words)
+        note_if_missing("sbatch")
         return 0
     sbatch = installed("sbatch")
     Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ POLL_S = 0.1
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The node-local launcher's flags (`python -m trainer launch` registers them with its own)."""
-    parser.add_argument("--nproc-per-node", type=numbers.COUNT, default=None,
+    parser.add_argument("--nproc-per-node", type=numbers.RANKS_PER_NODE, default=None,
                         help="ranks on this node (default: the preset's hardware.gpus_per_node)")
     parser.add_argument("--nnodes", type=numbers.COUNT, default=None, help="nodes in the job (default: hardware.nodes)")
     parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1")
@@ -98,7 +98,7 @@ def check_topology(args, nproc: int) -> None:
         problems.append(f"--nproc-per-node={nproc} must be >= 1")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         problems.append(f"--node-rank={args.node_rank} must be in [0, --nnodes={args.nnodes})")
-    if not 0 < args.master_port < 65536:
+    if args.master_port is not None and not 0 < args.master_port < 65536:
         problems.append(f"--master-port={args.master_port} is not a port")
     if problems:
         raise UserError("; ".join(problems))

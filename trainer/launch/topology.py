@@ -9,7 +9,7 @@ from typing import Optional
 
 from .. import ds as dsc
 from ..errors import UserError
-from ..presets import blamed, preset_path
+from ..presets import blamed, load_preset, preset_path
 from ..resolve import Resolved, resolve
 from .hostfile import Hostfile, check_against_preset, read_hostfile
 
@@ -57,7 +57,8 @@ def resolve_for(args, config, topology: Topology) -> Resolved:
         raise UserError(f"--world-size {args.world_size} but the launch starts {topology.nodes} node(s) x "
                         f"{topology.ranks_per_node} rank(s) = {world}: leave --world-size out (launch sets it)")
     try:
-        with contextlib.redirect_stdout(sys.stderr), blamed(str(preset_path(args.preset)), args.overrides):
+        alone = lambda: resolve(load_preset(args.preset), world)  # noqa: E731 (the preset without --set items)
+        with contextlib.redirect_stdout(sys.stderr), blamed(str(preset_path(args.preset)), args.overrides, alone):
             resolved = resolve(config, world)
     except UserError as err:
         source = (f"the hostfile {topology.hostfile.path}" if topology.hostfile

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import ds as dsc
+from .. import numbers
 from ..config import LORA_TARGETS, LoraConfig
 from ..errors import ConfigError, UserError, closest, short
 from ..hardware import GPUS, Gpu, gpu_named
@@ -105,7 +106,9 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
     task = str(values.get("task", "full"))
     if task not in TASKS:
         problems.append(f"{flag('task')}: {task!r} is not one of {', '.join(TASKS)}{closest(task, TASKS)}")
-    ints = {key: check(positive_int, values.get(key, default), flag(key), optional=default is None)
+    kinds = {"gpus_per_node": numbers.RANKS_PER_NODE, "seq_len": numbers.SEQUENCE_TOKENS}  # the flags' kinds
+    ints = {key: check(positive_int, values.get(key, default), flag(key), optional=default is None,
+                       kind=kinds.get(key, numbers.COUNT))
             for key, default in (("gpus_per_node", 1), ("nodes", 1), ("seq_len", 2048), ("micro_batch", None),
                                  ("global_batch", None))}
     sizes = {key: check(_size_gb, values.get(key), flag(key), allow_zero=key == "nvme_gb")
@@ -145,7 +148,7 @@ def _size_gb(value: Any, where: str, allow_zero: bool) -> Optional[float]:
     """A size in GB: positive (NVMe may be 0 = none); absent = unknown."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+    if numbers.GIGABYTES.problem(value) or (value == 0 and not allow_zero):  # nan, inf and -1 too
         raise UserError(f"{where}: {value!r} must be a size in GB " + (">= 0 (0 = none)" if allow_zero else "> 0")
                         + "; leave it out when unknown")
     return float(value)

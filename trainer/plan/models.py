@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import numbers
 from ..config import ModelConfig
 from ..errors import UserError, closest, short
 from ..files import read_json_object
@@ -64,17 +65,23 @@ def model_from_spec(spec: Any, hidden_size: Any, num_layers: Any, flag) -> Model
         return ModelSpec(_checked_model(preset.model, where), f"preset {preset.name}")
     count = _parse_count(text)
     if count is not None:
-        return raw_count_model(count, hidden_size, num_layers, flag)
+        return raw_count_model(count, hidden_size, num_layers, flag, text)
     presets = [name for name, _ in list_presets()]
     raise UserError(f"{where}: {text!r} is not a named size ({', '.join(NAMED_MODELS)}), a preset"
                     f"{closest(text, list(NAMED_MODELS) + presets)}, an existing config.json, or a parameter count")
 
 
+PARAMETERS = numbers.Kind("a parameter count", integer=True, low=1, high=1e15)
+
+
 def _parse_count(text: str) -> Optional[float]:
-    """'6738415616', '6.7e9' or '-5' as a number; None for anything else."""
+    """'6738415616', '6.7e9', '-5' or '1e400' as a number (the range is checked by raw_count_model); None for
+    anything that is no number at all (a name, a path)."""
     try:
-        return float(text.replace("_", "").replace(",", ""))
-    except ValueError:
+        return numbers.parse_number(text.replace(",", ""), integer=True)
+    except ValueError as err:
+        if "too large" in str(err) or "beyond" in str(err) or "not a finite" in str(err):
+            return float("inf")  # a number, out of any range: refused with the range below
         return None
 
 
@@ -115,11 +122,12 @@ def model_from_hf_fields(raw: dict, where: str) -> ModelConfig:
     return _checked_model(config_from_dict({"model": fields}, source=where).model, where)  # types checked
 
 
-def raw_count_model(count: float, hidden_size: Any, num_layers: Any, flag) -> ModelSpec:
+def raw_count_model(count: float, hidden_size: Any, num_layers: Any, flag, text: str = "") -> ModelSpec:
     """A parameter count with hidden size and layers: a Llama-shaped stand-in (heads of 128, vocab 32000,
     MLP width solved so the count matches) for activations and the largest layer; params stay exact."""
-    if count < 1 or count != int(count):
-        raise UserError(f"{flag('model')}: parameter count {count!r} must be a positive whole number")
+    problem = PARAMETERS.problem(count)
+    if problem:
+        raise UserError(f"{flag('model')}: parameter count {text or count!r} must be {PARAMETERS.describe()}")
     hidden = positive_int(hidden_size, flag("hidden_size") + " (needed with a raw parameter count)", False)
     layers = positive_int(num_layers, flag("num_layers") + " (needed with a raw parameter count)", False)
     vocab, params = 32000, int(count)
@@ -134,9 +142,10 @@ def raw_count_model(count: float, hidden_size: Any, num_layers: Any, flag) -> Mo
     return ModelSpec(_checked_model(config, flag("model")), f"{params / 1e9:.2f}B-parameter model", params)
 
 
-def positive_int(value: Any, where: str, optional: bool) -> Optional[int]:
+def positive_int(value: Any, where: str, optional: bool, kind: numbers.Kind = numbers.COUNT) -> Optional[int]:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
-        raise UserError(f"{where}: {value!r} must be a positive whole number")
+    problem = kind.problem(value)  # inf and nan too, not an OverflowError from int()
+    if problem:
+        raise UserError(f"{where}: {value!r} {problem}")
     return int(value)

@@ -90,7 +90,7 @@ def check_settings(args) -> None:
         problems.append(f"--world-size {args.world_size}, but {running} rank(s) are running: preflight checks the "
                         f"ranks that are here; launch {args.world_size} (e.g. deepspeed --num_gpus "
                         f"{args.world_size} --module trainer preflight ...) or drop --world-size")
-    if args.sizes:
+    if args.sizes is not None:  # '' too: not the default sizes
         try:
             parse_sizes(args.sizes)
         except UserError as err:

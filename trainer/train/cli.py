@@ -6,17 +6,14 @@ import argparse
 import os
 import sys
 
-from ..options import add_train_arguments
+from ..options import add_rank_arguments, config_source
 from ..presets import with_overrides
 from ..redact import redact_argv, warn_about_literal_secrets
 from ..resolve import launcher_world_size
 
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
-    add_train_arguments(parser)  # shared with `launch`, which passes them on to every rank
-    # DeepSpeed's autotuner (`python -m trainer autotune`) runs each experiment as train.py ... --deepspeed_config
-    # <base64 JSON>: that config becomes the preset's whole DeepSpeed section for the experiment
-    parser.add_argument("--deepspeed_config", help=argparse.SUPPRESS)
+    add_rank_arguments(parser)  # shared with `launch`, which checks the words it passes on to every rank
 
 
 def train(args, hooks=None) -> int:
@@ -25,17 +22,13 @@ def train(args, hooks=None) -> int:
     if os.environ.get("RANK", "0") == "0":
         warn_about_literal_secrets(args.overrides)
     sys.argv[:] = redact_argv(sys.argv)  # what wandb records as the run's command line
-    overrides = list(args.overrides)
-    if args.deepspeed_config:
-        from .. import ds as dsc
-        experiment = dsc.experiment_overrides(dsc.decode_launcher_config(args.deepspeed_config))
-        overrides = with_overrides(overrides, experiment)
+    preset, overrides, world_size = config_source(args)
     if args.resume is not None:  # the flag wins over a --set train.resume
         overrides = with_overrides(overrides, [f"train.resume={'null' if args.resume == 'off' else args.resume}"])
     succeeded = False
     try:
-        code = run_training(args.preset, overrides, rehearse=args.rehearse,
-                            world_size=args.world_size or launcher_world_size(), hooks=hooks)
+        code = run_training(preset, overrides, rehearse=args.rehearse,
+                            world_size=world_size or launcher_world_size(), hooks=hooks)
         succeeded = True
         return code
     finally:

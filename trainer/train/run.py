@@ -103,7 +103,8 @@ def configure(preset: str, overrides: list[str], rehearse: bool, world_size: int
     if rehearse:
         from .rehearse import rehearsal_config
         config, rehearsal_notices = rehearsal_config(config, dist.get_world_size(), set_keys(overrides))
-    with blamed(str(preset_path(preset)), overrides):
+    alone = None if rehearse else lambda: resolve(load_preset(preset), world_size)  # the preset without --set
+    with blamed(str(preset_path(preset)), overrides, alone):
         resolved = resolve(config, world_size)
     check_world_size(resolved)
     return resolved, rehearsal_notices
