@@ -11,7 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
-_ports = itertools.count(29600 + (os.getpid() % 40) * 10)
+# TRAINER_TEST_PORT: the first --master_port (several people testing on one machine each take their own range)
+_ports = itertools.count(int(os.environ.get("TRAINER_TEST_PORT") or 29600 + (os.getpid() % 40) * 10))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ import random
 import re
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -147,16 +147,19 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # debris of a crashed save
     ranks.barrier()
+    from . import checkpoint_io
+    writer = checkpoint_io.install(engine, checksums)  # hashes as it writes (None: another writer was chosen)
     with _naming_a_full_disk(ckpt_dir, tag):
         engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
         wait_for_writer(engine)
+        written = checkpoint_io.relative_entries(writer.take_written(), partial) if writer else {}
         write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
         if rank == 0:
             write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
         hooks.in_save("files_written", state.step)
         ranks.barrier()
-        fsync_tree(partial)  # every rank flushes what is visible to it before the switch
-        manifest = integrity.build_manifest(partial, tag, checksums, engine.device)  # collective
+        fsync_tree(partial)  # every rank flushes what is visible to it before the switch (the writer's files: done)
+        manifest = integrity.build_manifest(partial, tag, checksums, engine.device, written)  # collective
         if rank == 0:
             _commit(ckpt_dir, partial, final, manifest, state.parent,
                     before_latest=lambda: hooks.in_save("before_latest", state.step))
@@ -375,11 +378,14 @@ def load(engine, path: Path, ckpt_dir: Path, deepspeed_dir: Optional[Path] = Non
     """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state; the state's
     parent is `path` as this run's `ckpt_dir` records it. `verify` must have passed on every rank first.
     `deepspeed_dir`: where DeepSpeed's files of `path` are when not in it (its universal conversion)."""
+    from . import checkpoint_io
     rank = ranks.rank()
     state, _ = read_trainer_state(path)
+    reader = checkpoint_io.install(engine)  # maps the files, weights-only
     try:
-        loaded, _ = engine.load_checkpoint(str(deepspeed_dir or path.parent), tag=path.name,
-                                           load_optimizer_states=True, load_lr_scheduler_states=True)
+        with reader.loading(engine) if reader else nullcontext():  # then no tensor keeps a file of it mapped
+            loaded, _ = engine.load_checkpoint(str(deepspeed_dir or path.parent), tag=path.name,
+                                               load_optimizer_states=True, load_lr_scheduler_states=True)
     except FileNotFoundError as err:  # a checkpoint from before manifests, missing one of DeepSpeed's files
         previous = _previous_complete(path)
         raise integrity.CheckpointError(
