@@ -414,7 +414,8 @@ def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         model = unwrap(engine)
-        model.save_pretrained(str(out_dir), state_dict=state_dict)
+        with for_serving(model, tokenizer):
+            model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
         verify_export(out_dir, state_dict)
         write_json_atomic(out_dir / EXPORT_INFO, {"step": step})
@@ -428,9 +429,43 @@ def export_merged(adapter_dir: Path, tokenizer, merged_dir: Path, peft_model) ->
     """The LoRA export merged into its base (read back from disk, so the layout of training does not matter)."""
     from ..model import load_lora_merged
     merged = load_lora_merged(str(adapter_dir), next(peft_model.parameters()).dtype)  # base named in the adapter
-    merged.save_pretrained(str(merged_dir))
+    with for_serving(merged, tokenizer):
+        merged.save_pretrained(str(merged_dir))
     tokenizer.save_pretrained(str(merged_dir))
     verify_export(merged_dir, merged.state_dict())
+
+
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@contextmanager
+def for_serving(model, tokenizer):
+    """While an export is written: the config and generation config a server and plain transformers read
+    (config.json, generation_config.json). Training turns the KV cache off (trainer.model.build_model) and the
+    generation config was derived from that training config; an export decodes with the cache on whatever training
+    used, and its special tokens are those of the tokenizer shipped beside it (a pad token, so batched generate
+    needs no fallback). The base model's own generation defaults (sampling settings) are kept. Restored afterwards."""
+    from transformers import GenerationConfig
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # inside a PEFT wrapper
+    config = model.config
+    before = (config.use_cache, {key: getattr(config, key, None) for key in SPECIAL_TOKENS},
+              getattr(model, "generation_config", None))
+    tokens = {key: value for key in SPECIAL_TOKENS if (value := getattr(tokenizer, key, None)) is not None}
+    generation = before[2].to_dict() if before[2] is not None else {}
+    generation = {key: value for key, value in generation.items() if not key.startswith("_")}  # _from_model_config...
+    try:
+        config.use_cache = True
+        for key, value in tokens.items():
+            setattr(config, key, value)
+        if before[2] is not None or model.can_generate():
+            model.generation_config = GenerationConfig(**{**generation, **tokens, "use_cache": True})
+        yield
+    finally:
+        config.use_cache = before[0]
+        for key, value in before[1].items():
+            setattr(config, key, value)
+        if before[2] is not None:
+            model.generation_config = before[2]
 
 
 def verify_export(out_dir: Path, state_dict: dict) -> None:
