@@ -21,13 +21,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import datasets
 import numpy as np
 
 from ..config import DataConfig
+from ..lazy import lazy_module
 from . import fingerprint, shards
 from .records import ORIGIN, DataError, load_records, looks_like_path, split_records
 from .tokenize import record_format, tokenize_records, with_eos
+
+datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
 
 
 # --- where prepared data lives ---------------------------------------------------------------------
