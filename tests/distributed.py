@@ -93,7 +93,7 @@ def argv_last_wins(argv: list[str]) -> list[str]:
 
 def run_many(runs: list[dict], workdir: Path, timeout: int = 1500) -> tuple[str, list]:
     """Run several trainings in one launch (tests/workers/run_many.py); returns (output, report)."""
-    runs = [{**run, "overrides": last_wins(run["overrides"])} for run in runs]
+    runs = [{**run, "overrides": last_wins(run["overrides"])} if "overrides" in run else run for run in runs]
     spec = workdir / "spec.json"
     report = workdir / "report.json"
     spec.write_text(json.dumps({"runs": runs, "report": str(report)}))

@@ -1,6 +1,7 @@
 """Checkpoint files hashed as they are written and loaded from a mapping (trainer/train/checkpoint_io.py): the
 manifest still says what is on disk, a resume still restores every bit, and no tensor keeps a checkpoint file.
-The round trip runs real engines on 2 ranks (tests/workers/checkpoint_roundtrip.py), the rest in this process."""
+The round trip runs real engines on 2 ranks (tests/workers/checkpoint_roundtrip.py, inside conftest's
+engine_runs launch), the rest in this process."""
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import STAGES, TINY
-from distributed import launch, last_wins
+from conftest import ROUNDTRIP_STAGES
 from trainer.train import checkpoint_io, integrity
 
 
@@ -103,25 +103,15 @@ def test_the_ranks_hash_shares_of_equal_bytes():
     assert [sum(sizes[name] for name in share) for share in shares] == [556, 556]
 
 
-# --- real engines, 2 ranks ------------------------------------------------------------------------------
-
-CONFIGS = {name: STAGES[name] for name in ("z0", "z1", "z2", "z3", "z2_cpu_offload")}
-
+# --- real engines, 2 ranks (conftest's engine_runs launch runs tests/workers/checkpoint_roundtrip.py) -----------
 
 @pytest.fixture(scope="module")
-def roundtrips(tmp_path_factory):
-    root = tmp_path_factory.mktemp("roundtrip")
-    base = last_wins(TINY + ["deepspeed.optimizer.params.torch_adam=true", "deepspeed.zero_force_ds_cpu_optimizer=false"])
-    spec = root / "spec.json"
-    spec.write_text(json.dumps({"out": str(root), "report": str(root / "report.json"), "base": base,
-                                "configs": CONFIGS}))
-    launch(["tests/workers/checkpoint_roundtrip.py", str(spec)])
-    return json.loads((root / "report.json").read_text())
-
+def roundtrips(engine_runs):
+    return json.loads((engine_runs[0]["checkpoint_roundtrip"] / "report.json").read_text())
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", ROUNDTRIP_STAGES)
 def test_a_saved_checkpoint_resumes_every_bit_and_its_manifest_is_the_disks(roundtrips, name):
     found = roundtrips[name]
     assert found["manifest_mismatches"] == []
@@ -131,7 +121,7 @@ def test_a_saved_checkpoint_resumes_every_bit_and_its_manifest_is_the_disks(roun
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", ROUNDTRIP_STAGES)
 def test_no_tensor_keeps_a_checkpoint_file_mapped_after_the_load(roundtrips, name):
     """Retention deletes old checkpoints: a mapping left in the optimizer would hold the file's disk space."""
     assert roundtrips[name]["mapped_after_load"] == []

@@ -1,5 +1,6 @@
 """Save and resume real engines through trainer.train.checkpoint, one per configuration: what
-tests/test_checkpoint_io.py asserts. Under `deepspeed --num_gpus N`:
+tests/test_checkpoint_io.py asserts. Runs inside conftest's engine_runs launch (tests/workers/run_many.py calls
+`run(SPEC)`), or alone under `deepspeed --num_gpus N`:
     python tests/workers/checkpoint_roundtrip.py SPEC.json
 SPEC: {"out": dir, "report": path, "base": [--set items], "configs": {name: [--set items]}}. For each config: build an
 engine, take two steps, save it with checkpoint.save; build a second engine, verify and load the checkpoint into it
@@ -107,13 +108,17 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("spec")
     args, _ = parser.parse_known_args()  # the launcher adds --local_rank
-    spec = json.loads(Path(args.spec).read_text())
     deepspeed.init_distributed(dist_backend="gloo")
+    run(json.loads(Path(args.spec).read_text()))
+    end_distributed()
+    return 0
+
+
+def run(spec: dict) -> None:
+    """Every configuration of SPEC in the process group already started; rank 0 writes the report."""
     report = {name: roundtrip(name, spec["base"] + extra, Path(spec["out"])) for name, extra in spec["configs"].items()}
     if dist.get_rank() == 0:
         Path(spec["report"]).write_text(json.dumps(report, indent=1))
-    end_distributed()
-    return 0
 
 
 if __name__ == "__main__":
