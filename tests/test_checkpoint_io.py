@@ -57,6 +57,15 @@ def test_the_loader_refuses_code_even_in_a_file_swapped_after_vetting(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_the_read_ahead_hash_is_the_files(tmp_path, monkeypatch, size):
+    """Verification reads the next chunk while hashing the last: chunk edges must not drop or repeat a byte."""
+    monkeypatch.setattr(integrity, "_HASH_CHUNK", 4096)
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(size))
+    assert integrity.sha256_file(path) == sha256(path)
+
+
 def test_the_manifest_takes_the_writers_digests_and_hashes_the_rest(tmp_path):
     (tmp_path / "a.pt").write_bytes(b"a" * 1000)
     (tmp_path / "b.json").write_bytes(b"{}")
