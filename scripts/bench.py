@@ -38,6 +38,7 @@ BUDGET_VS_MINIMAL = 0.03  # the issue: the loop may cost at most 3% against the 
 # ============================================================================================ driver
 
 def main(argv: list[str] | None = None) -> int:
+    main_at = time.time()  # --first-step: the end of the interpreter's start-up
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny_cpu", help="preset name or path (default: tiny_cpu)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -56,11 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="keep configs, logs and results here (default: a temp dir, removed)")
     parser.add_argument("--report-from", metavar="WORKDIR", default=None,
                         help="print the report again from a kept --workdir, without running anything")
-    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--first-step", action="store_true",
+                        help="instead: time from process start to the first optimizer step of the trainer, by phase "
+                             "(imports, process group, data open, model build, DeepSpeed initialize, first step), "
+                             "--repeats launches")
+    parser.add_argument("--worker", choices=CONTENDERS + ("first_step",), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker == "first_step":
+        return run_first_step_worker(json.loads(Path(args.spec).read_text()), Path(args.out), main_at)
     if args.worker:
         return run_worker(args.worker, json.loads(Path(args.spec).read_text()), Path(args.out))
     from trainer.errors import UserError
@@ -75,8 +82,9 @@ def drive(args) -> int:
     from trainer.presets import load_preset, with_overrides
     from trainer.resolve import declared_world_size, resolve
 
-    contenders = list(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))
-    unknown = sorted(set(contenders) - set(CONTENDERS))
+    contenders = ["first_step"] if args.first_step else \
+        list(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))
+    unknown = sorted(set(contenders) - set(CONTENDERS) - ({"first_step"} if args.first_step else set()))
     if unknown or not contenders:
         sys.exit(f"--contenders: unknown {unknown}; choose from {', '.join(CONTENDERS)}")
     if not 0 <= args.warmup < args.steps:
@@ -84,8 +92,9 @@ def drive(args) -> int:
 
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_"))
     workdir.mkdir(parents=True, exist_ok=True)
+    stop_after = 1 if args.first_step else "null"  # --first-step: the run as configured, ended after step 1
     overrides = with_overrides(args.overrides, [
-        f"train.max_steps={args.steps}", "train.eval_every=0", "train.save_every=0", "train.stop_after=null",
+        f"train.max_steps={args.steps}", "train.eval_every=0", "train.save_every=0", f"train.stop_after={stop_after}",
         "train.export_hf=false", "train.resume=null", "logging.progress_bar=false", "logging.wandb_mode=disabled"])
     config = load_preset(args.preset, overrides)
     ranks = args.ranks or declared_world_size(config)
@@ -124,7 +133,7 @@ def drive(args) -> int:
             port += 1
             out.unlink(missing_ok=True)
             started = time.time()
-            rc = launch(cmd, env, log, args.timeout)
+            rc = launch(cmd, {**env, "BENCH_LAUNCHED_AT": repr(started)}, log, args.timeout)
             if not out.exists():  # rank 0 writes it only after the last step: no file, no complete run
                 failures += 1
                 tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
@@ -132,6 +141,10 @@ def drive(args) -> int:
                 continue
             if rc != 0:
                 print(f"  note: {name} run {rep + 1} exited with {rc} after its last step (at shutdown); see {log}")
+            if args.first_step:
+                runs[name].append(json.loads(out.read_text()))
+                print(f"  first step run {rep + 1}: {runs[name][-1]['total_s']:.2f} s from process start", flush=True)
+                continue
             result = summarize(json.loads(out.read_text()), args.warmup, args.steps)
             runs[name].append(result)
             print(f"  {name:<10} run {rep + 1}: {result['tokens_per_s']:>10,.0f} tokens/s, "
@@ -140,7 +153,12 @@ def drive(args) -> int:
                   f"outside engine {result['outside_s'] * 1e3:.2f} ms/step, "
                   f"launch {time.time() - started:.0f} s", flush=True)
 
-    print_report(runs, resolved, args)
+    if args.first_step:
+        from first_step import print_first_step
+        if runs["first_step"]:
+            print_first_step(runs["first_step"], args.preset, ranks)
+    else:
+        print_report(runs, resolved, args)
     if failures:
         print(f"{failures} launch(es) failed; logs in {workdir}")
     elif not args.workdir:
@@ -351,6 +369,20 @@ class ModelProbe:
         if loss is not None and module.training:
             self.first_loss = float(loss.detach()) * self.loss_scale
             self._handle.remove()
+
+
+def run_first_step_worker(spec: dict, out: Path, main_at: float) -> int:
+    """The trainer to the end of its first step under scripts/first_step.py's clock; rank 0 writes the split."""
+    from first_step import first_step_worker
+    launched = os.environ.get("BENCH_LAUNCHED_AT")
+    result = first_step_worker({**spec, "run_dir": str(out.with_suffix("")),
+                                "launched_at": float(launched) if launched else None}, main_at)
+    import torch.distributed as dist
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
 
 
 def run_worker(name: str, spec: dict, out: Path) -> int:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import processes
-from distributed import USED_PORTS, remove_shm_buffers, run_many  # pytest puts tests/ on sys.path
+from distributed import USED_PORTS, last_wins, remove_shm_buffers, run_many  # pytest puts tests/ on sys.path
 
 STEPS = 6
 TINY = [
@@ -35,6 +35,7 @@ STAGES = {
     "z3_ds_act_ckpt": ["deepspeed.zero_optimization.stage=3", "model.gradient_checkpointing=true",
                        "deepspeed.activation_checkpointing={partition_activations: false}"],
 }
+ROUNDTRIP_STAGES = ("z0", "z2", "z3", "z2_cpu_offload")  # ZeRO-1 saves and loads through ZeRO-2's code
 
 
 def nvme_overrides(path) -> list[str]:
@@ -91,6 +92,14 @@ def engine_runs(tmp_path_factory, pretrained_dir):
                                    "train.lr=1e-2", "train.export_hf=true", "train.export_merged=true"])
     add("wandb_offline", STAGES["z2"] + ["logging.wandb_mode=offline", "logging.wandb_project=tests",
                                          f"train.sample_prompts=[{SAMPLE_PROMPTS[0]}]"])
+    # engines saved and loaded directly, in this launch (tests/test_checkpoint_io.py): torch's AdamW keeps the state
+    # tensors it is given, the case where a load from a mapped file must copy them off
+    dirs["checkpoint_roundtrip"] = root / "checkpoint_roundtrip"
+    runs.append({"name": "checkpoint_roundtrip", "worker": "checkpoint_roundtrip", "spec": {
+        "out": str(root / "checkpoint_roundtrip"), "report": str(root / "checkpoint_roundtrip" / "report.json"),
+        "base": last_wins(TINY + ["deepspeed.optimizer.params.torch_adam=true",
+                                  "deepspeed.zero_force_ds_cpu_optimizer=false"]),
+        "configs": {name: STAGES[name] for name in ROUNDTRIP_STAGES}}})
     processes.say(f"engine_runs: {len(runs)} trainings in one 2-rank launch, the set-up of the engine, inference "
                   f"and export tests (~20-30 min on 2 cores; a line per training follows)")
     started = time.monotonic()

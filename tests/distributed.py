@@ -18,7 +18,8 @@ from processes import run_group, say
 
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
-_ports = itertools.count(29600 + (os.getpid() % 40) * 10)
+# TRAINER_TEST_PORT: the first --master_port (several people testing on one machine each take their own range)
+_ports = itertools.count(int(os.environ.get("TRAINER_TEST_PORT") or 29600 + (os.getpid() % 40) * 10))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -122,7 +123,7 @@ def argv_last_wins(argv: list[str]) -> list[str]:
 
 def run_many(runs: list[dict], workdir: Path, timeout: int = 1500) -> tuple[str, list]:
     """Run several trainings in one launch (tests/workers/run_many.py); returns (output, report)."""
-    runs = [{**run, "overrides": last_wins(run["overrides"])} for run in runs]
+    runs = [{**run, "overrides": last_wins(run["overrides"])} if "overrides" in run else run for run in runs]
     spec = workdir / "spec.json"
     report = workdir / "report.json"
     spec.write_text(json.dumps({"runs": runs, "report": str(report)}))

@@ -126,12 +126,14 @@ def test_each_checkpoint_records_its_parent(cases):
 
 @pytest.mark.parametrize("name, expected", [
     ("optimizer_missing", "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing"),
-    ("optimizer_truncated", "zero_pp_rank_0_mp_rank_00_optim_states.pt is truncated (673,020 of 1,346,040 bytes)"),
+    ("optimizer_truncated", "zero_pp_rank_0_mp_rank_00_optim_states.pt is truncated ({half:,} of {full:,} bytes)"),
     ("weights_bit_flip", "mp_rank_00_model_states.pt is corrupt or was changed after it was saved"),
 ])
-def test_a_damaged_checkpoint_is_a_named_error_with_the_one_to_resume(cases, name, expected):
+def test_a_damaged_checkpoint_is_a_named_error_with_the_one_to_resume(cases, base, name, expected):
     dirs, errors, _ = cases
     error = errors[name]
+    full = (base / "checkpoints" / tag(12) / CASES[name][0]).stat().st_size  # the intact file's size
+    expected = expected.format(half=full // 2, full=full)
     assert error and f"checkpoint {dirs[name] / 'checkpoints' / tag(12)} must not be resumed" in error, error
     assert expected in error, error
     previous = dirs[name] / "checkpoints" / tag(8)

@@ -26,6 +26,7 @@ def start_distributed(timeout_s: int = 1800) -> int:
 
     import deepspeed
     from deepspeed.accelerator import get_accelerator
+    cpu_info_once()  # before the ops load: init_distributed loads DeepSpeed's comm op, deepspeed.initialize its Adam
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
@@ -59,6 +60,28 @@ def no_shared_memory_op() -> None:
     import importlib
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # not `from deepspeed.comm
     # import torch`: that package's `torch` attribute is torch itself
+
+
+def cpu_info_once() -> None:
+    """py-cpuinfo's answer kept for the process. DeepSpeed asks it twice for every op it loads, built or not
+    (op_builder's cpu_arch and simd_width, for the compiler flags), and py-cpuinfo answers each call from a fresh
+    Python subprocess: about 1.2 s a call on 2 busy cores, 2.5 s per op before the first step. The CPU does not
+    change under a running process; each caller gets its own copy of the first answer."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return  # DeepSpeed then asks lscpu
+    if getattr(cpuinfo.get_cpu_info, "kept_for_the_process", False):
+        return
+    import copy
+    import functools
+    ask = functools.lru_cache(maxsize=1)(cpuinfo.get_cpu_info)
+
+    @functools.wraps(cpuinfo.get_cpu_info)
+    def get_cpu_info():
+        return copy.deepcopy(ask())
+    get_cpu_info.kept_for_the_process = True
+    cpuinfo.get_cpu_info = get_cpu_info  # DeepSpeed imports it by name at every call
 
 
 def _to_stderr(message: str) -> None:

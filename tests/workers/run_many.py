@@ -6,8 +6,11 @@ back to back in one job keeps the suite fast. Usage (under `deepspeed --num_gpus
 SPEC: {"runs": [{"preset": "tiny_cpu", "overrides": ["k=v", ...], "rehearse": false, "expect_error": false}, ...],
        "report": "path.json"}; the report records, for each run, the UserError it ended with (runs marked
        expect_error) and which wandb modules were imported after it.
+A run {"worker": "module_in_tests/workers", "spec": {...}} calls that module's `run(spec)` instead of a training
+(checks that drive engines directly share this launch instead of paying for one of their own).
 """
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -27,6 +30,10 @@ def main() -> int:
         error = None
         if os.environ.get("RANK", "0") == "0":  # the test session shows it (tests/processes.py NOTABLE)
             print(f"run_many: run {number}/{len(spec['runs'])}: {run.get('name') or run['preset']}", flush=True)
+        if run.get("worker"):
+            importlib.import_module(run["worker"]).run(run["spec"])
+            report.append({"name": run.get("name"), "error": None, "wandb_modules": []})
+            continue
         try:
             run_training(run["preset"], run["overrides"], rehearse=run.get("rehearse", False))
         except UserError as err:

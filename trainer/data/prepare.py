@@ -25,11 +25,14 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..config import DataConfig
+from ..lazy import lazy_module
 from . import fingerprint, shards
 from .encode import EVAL, SKIPPED, TRAIN, Part, Settings, Workers, encode_chunk
 from .reading import Chunk, SourceReader, count_lines
 from .records import DataError, eval_indices, looks_like_path
 from .tokenize import format_of
+
+datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
 
 
 # --- where prepared data lives ---------------------------------------------------------------------

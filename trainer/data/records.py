@@ -10,13 +10,15 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from ..errors import UserError
+from ..lazy import lazy_module
+
+datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
 
 
 IGNORE_INDEX = -100                      # labels the loss skips (torch CrossEntropyLoss default)

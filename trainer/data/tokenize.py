@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from ..errors import clip
 from ..config import DataConfig, ModelConfig
+from ..lazy import lazy_module
 from ..presets import REPO_ROOT
 from ..remote_code import load_kwargs, refused
 from .records import IGNORE_INDEX, ORIGIN, DataError, looks_like_path, visible_columns
+
+datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
 
 
 def load_tokenizer(model_cfg: ModelConfig):

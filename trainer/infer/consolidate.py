@@ -56,7 +56,7 @@ def _tp_ranks(path: Path) -> int:
 def _one_slice(path: Path, stage: int) -> dict[str, torch.Tensor]:
     if stage == 0 or not list(path.glob("*optim_states.pt")):
         model_file = path / "mp_rank_00_model_states.pt"
-        with torch.serialization.safe_globals(integrity._deepspeed_state_classes()):
+        with torch.serialization.safe_globals(integrity.deepspeed_state_classes()):
             states = torch.load(model_file, map_location="cpu", weights_only=True)
         return {k: v for k, v in states["module"].items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -22,7 +22,7 @@ import random
 import re
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -147,16 +147,19 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # debris of a crashed save
     ranks.barrier()
+    from . import checkpoint_io
+    writer = checkpoint_io.install(engine, checksums)  # hashes as it writes (None: another writer was chosen)
     with _naming_a_full_disk(ckpt_dir, tag):
         engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
         wait_for_writer(engine)
+        written = checkpoint_io.relative_entries(writer.take_written(), partial) if writer else {}
         write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
         if rank == 0:
             write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
         hooks.in_save("files_written", state.step)
         ranks.barrier()
-        fsync_tree(partial)  # every rank flushes what is visible to it before the switch
-        manifest = integrity.build_manifest(partial, tag, checksums, engine.device)  # collective
+        fsync_tree(partial)  # every rank flushes what is visible to it before the switch (the writer's files: done)
+        manifest = integrity.build_manifest(partial, tag, checksums, engine.device, written)  # collective
         if rank == 0:
             _commit(ckpt_dir, partial, final, manifest, state.parent,
                     before_latest=lambda: hooks.in_save("before_latest", state.step))
@@ -375,11 +378,14 @@ def load(engine, path: Path, ckpt_dir: Path, deepspeed_dir: Optional[Path] = Non
     """Restore engine (weights, optimizer, scheduler), trainer state and this rank's RNG state; the state's
     parent is `path` as this run's `ckpt_dir` records it. `verify` must have passed on every rank first.
     `deepspeed_dir`: where DeepSpeed's files of `path` are when not in it (its universal conversion)."""
+    from . import checkpoint_io
     rank = ranks.rank()
     state, _ = read_trainer_state(path)
+    reader = checkpoint_io.install(engine)  # maps the files, weights-only
     try:
-        loaded, _ = engine.load_checkpoint(str(deepspeed_dir or path.parent), tag=path.name,
-                                           load_optimizer_states=True, load_lr_scheduler_states=True)
+        with reader.loading(engine) if reader else nullcontext():  # then no tensor keeps a file of it mapped
+            loaded, _ = engine.load_checkpoint(str(deepspeed_dir or path.parent), tag=path.name,
+                                               load_optimizer_states=True, load_lr_scheduler_states=True)
     except FileNotFoundError as err:  # a checkpoint from before manifests, missing one of DeepSpeed's files
         previous = _previous_complete(path)
         raise integrity.CheckpointError(
@@ -408,7 +414,8 @@ def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         model = unwrap(engine)
-        model.save_pretrained(str(out_dir), state_dict=state_dict)
+        with for_serving(model, tokenizer):
+            model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
         verify_export(out_dir, state_dict)
         write_json_atomic(out_dir / EXPORT_INFO, {"step": step})
@@ -422,9 +429,43 @@ def export_merged(adapter_dir: Path, tokenizer, merged_dir: Path, peft_model) ->
     """The LoRA export merged into its base (read back from disk, so the layout of training does not matter)."""
     from ..model import load_lora_merged
     merged = load_lora_merged(str(adapter_dir), next(peft_model.parameters()).dtype)  # base named in the adapter
-    merged.save_pretrained(str(merged_dir))
+    with for_serving(merged, tokenizer):
+        merged.save_pretrained(str(merged_dir))
     tokenizer.save_pretrained(str(merged_dir))
     verify_export(merged_dir, merged.state_dict())
+
+
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@contextmanager
+def for_serving(model, tokenizer):
+    """While an export is written: the config and generation config a server and plain transformers read
+    (config.json, generation_config.json). Training turns the KV cache off (trainer.model.build_model) and the
+    generation config was derived from that training config; an export decodes with the cache on whatever training
+    used, and its special tokens are those of the tokenizer shipped beside it (a pad token, so batched generate
+    needs no fallback). The base model's own generation defaults (sampling settings) are kept. Restored afterwards."""
+    from transformers import GenerationConfig
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # inside a PEFT wrapper
+    config = model.config
+    before = (config.use_cache, {key: getattr(config, key, None) for key in SPECIAL_TOKENS},
+              getattr(model, "generation_config", None))
+    tokens = {key: value for key in SPECIAL_TOKENS if (value := getattr(tokenizer, key, None)) is not None}
+    generation = before[2].to_dict() if before[2] is not None else {}
+    generation = {key: value for key, value in generation.items() if not key.startswith("_")}  # _from_model_config...
+    try:
+        config.use_cache = True
+        for key, value in tokens.items():
+            setattr(config, key, value)
+        if before[2] is not None or model.can_generate():
+            model.generation_config = GenerationConfig(**{**generation, **tokens, "use_cache": True})
+        yield
+    finally:
+        config.use_cache = before[0]
+        for key, value in before[1].items():
+            setattr(config, key, value)
+        if before[2] is not None:
+            model.generation_config = before[2]
 
 
 def verify_export(out_dir: Path, state_dict: dict) -> None:

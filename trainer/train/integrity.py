@@ -45,6 +45,19 @@ def _my_share(items: list, rank: int, world: int) -> list:
     return items[rank::world]
 
 
+def _my_share_of_bytes(sizes: dict[str, int], rank: int, world: int) -> list[str]:
+    """This rank's files when the ranks split `sizes` ({name: bytes}, the same on every rank) into shares of about
+    equal bytes: largest first, each to the rank with the fewest bytes so far (a ZeRO-1/2 checkpoint's module file
+    is as large as an optimizer partition; a round-robin split by name gives one rank both)."""
+    load, mine = [0] * world, []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        target = min(range(world), key=lambda r: (load[r], r))
+        load[target] += sizes[name] + 1
+        if target == rank:
+            mine.append(name)
+    return mine
+
+
 # --- manifest ---------------------------------------------------------------------------------------
 
 def all_files(path: Path) -> list[str]:
@@ -69,26 +82,49 @@ def symbolic_links(path: Path) -> list[str]:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's SHA-256, reading the next chunk while the last one is hashed: a file read from the disk (a resume
+    on a node that did not write it) takes about the disk's time instead of the disk's plus the hash's."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)  # hashlib releases the GIL: the thread pool below hashes in parallel
+    buffers = [bytearray(_HASH_CHUNK), bytearray(_HASH_CHUNK)]  # two buffers for the whole file: no fresh memory
+    with open(path, "rb", buffering=0) as handle, ThreadPoolExecutor(max_workers=1) as reader:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead
+        turn = 0
+        pending = reader.submit(handle.readinto, buffers[turn])
+        while count := pending.result():
+            ready, turn = buffers[turn], 1 - turn
+            pending = reader.submit(handle.readinto, buffers[turn])
+            digest.update(memoryview(ready)[:count])  # releases the GIL: the read and other files' hashes go on
     return digest.hexdigest()
+
+
+def _threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def _describe(files: list[str], root: Path, checksums: bool) -> dict:
     def entry(name):
         file = root / name
         return name, {"bytes": file.stat().st_size, **({"sha256": sha256_file(file)} if checksums else {})}
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=_threads()) as pool:
         return dict(pool.map(entry, files))
 
 
-def build_manifest(path: Path, tag: str, checksums: bool, device) -> dict:
-    """Collective: the ranks hash their share of the files; every rank returns the whole manifest."""
+def build_manifest(path: Path, tag: str, checksums: bool, device, written: dict | None = None) -> dict:
+    """Collective: every rank returns the whole manifest. `written`: what this rank's checkpoint writer recorded as
+    it wrote ({relative name: entry}, hashed in the same pass as the write, trainer/train/checkpoint_io.py); taken as
+    recorded when the file on disk has that size. Every other file (DeepSpeed's copied scripts, the trainer's JSON,
+    another writer's files) is hashed here, the ranks splitting those bytes evenly."""
     rank, world = ranks.rank(), ranks.world_size()
-    mine = _describe(_my_share(checkpoint_files(path), rank, world), path, checksums)
-    files = {}
+    sizes = {name: (path / name).stat().st_size for name in checkpoint_files(path)}
+    recorded: dict[str, dict] = {}
+    for part in all_gather_text(json.dumps(written or {}), device):
+        for name, entry in json.loads(part).items():
+            agrees = recorded.get(name, entry) == entry and sizes.get(name) == entry["bytes"]
+            recorded[name] = entry if agrees and ("sha256" in entry) == checksums else None  # else: hashed again
+    hashed_here = {name: size for name, size in sizes.items() if recorded.get(name) is None}
+    mine = _describe(_my_share_of_bytes(hashed_here, rank, world), path, checksums)
+    files = {name: entry for name, entry in recorded.items() if entry is not None and name in sizes}
     for part in all_gather_text(json.dumps(mine), device):
         files.update(json.loads(part))
     return {"manifest_version": MANIFEST_VERSION, "tag": tag, "files": dict(sorted(files.items()))}
@@ -110,7 +146,20 @@ def read_manifest(path: Path) -> dict | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{path / 'COMPLETE'} is not a manifest this version can read; resume another "
                               f"checkpoint")
+    for name, entry in manifest["files"].items():
+        if not _is_entry(entry):
+            raise CheckpointError(f"{path / 'COMPLETE'} lists {name!r} with {json.dumps(entry)[:80]}, not a size "
+                                  f"and SHA-256 this version can read; resume another checkpoint")
     return manifest
+
+
+def _is_entry(entry) -> bool:
+    """{"bytes": n} or {"bytes": n, "sha256": 64 hex digits}: what build_manifest writes."""
+    if not isinstance(entry, dict) or set(entry) - {"bytes", "sha256"}:
+        return False
+    size, digest = entry.get("bytes"), entry.get("sha256", "0" * 64)
+    return (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(digest, str)
+            and re.fullmatch(r"[0-9a-f]{64}", digest) is not None)
 
 
 def _check_entry(root: Path, name: str, expected: dict) -> str | None:
@@ -128,7 +177,7 @@ def _check_entry(root: Path, name: str, expected: dict) -> str | None:
 
 # --- pickle vetting -----------------------------------------------------------------------------------
 
-def _deepspeed_state_classes() -> list:
+def deepspeed_state_classes() -> list:
     """The classes DeepSpeed 0.19.8 pickles into its checkpoints besides tensors and containers."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
@@ -150,7 +199,7 @@ def may_be_unpickled(file: Path) -> bool:
 
 def vet_file(file: Path, name: str) -> str | None:
     """None when a weights-only load accepts the file; else why it was refused."""
-    with torch.serialization.safe_globals(_deepspeed_state_classes()):
+    with torch.serialization.safe_globals(deepspeed_state_classes()):
         try:
             try:
                 torch.load(file, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensor data not read
@@ -186,8 +235,10 @@ def verify_checkpoint(path: Path, device, optional=lambda name: False, elsewhere
     on_disk = [name for name in all_files(path) if not elsewhere(name)]
     if manifest is not None:
         listed = manifest["files"]
-        for name, expected in _my_share(sorted(listed.items()), rank, world):
-            problem = _check_entry(path, name, expected)
+        share = _my_share_of_bytes({name: entry["bytes"] for name, entry in listed.items()}, rank, world)
+        with ThreadPoolExecutor(max_workers=_threads()) as pool:
+            found = list(pool.map(lambda name: _check_entry(path, name, listed[name]), share))
+        for name, problem in zip(share, found):
             if problem and problem.endswith("is missing") and optional(name):
                 warnings.append(problem)
             elif problem:
@@ -221,15 +272,24 @@ def _master_weights(engine) -> list:
 
 def nonfinite_weights(engine) -> dict[str, int]:
     """{parameter: inf/NaN values in it} (the largest count any rank holds: ZeRO-1/2 replicate the module's
-    weights, ZeRO-3 partitions them). Collective."""
+    weights, ZeRO-3 partitions them). Collective.
+
+    A tensor's minimum and maximum are both finite exactly when all its values are (a NaN or an inf is its own
+    extreme, or turns it into NaN): one reduction without a temporary per tensor, where counting the non-finite
+    values allocates a mask as large as the tensor (seconds for a 100M-parameter model with its fp32 master copy
+    on a CPU). Only the tensors whose extremes are not finite are counted."""
     named = []
     for name, param in engine.module.named_parameters():
         local = getattr(param, "ds_tensor", None)
         named.append((name, local if local is not None else param.data))
     named += _master_weights(engine)
-    counts = torch.stack([(~torch.isfinite(t)).sum() if t.numel() else torch.zeros((), dtype=torch.int64,
-                                                                                  device=t.device)
-                          for _, t in named]).to(engine.device)
+    zero = torch.zeros((), dtype=torch.int64, device=engine.device)
+    extremes = torch.stack([torch.stack(torch.aminmax(t)).float().to(engine.device) if t.numel()
+                            else torch.zeros(2, device=engine.device) for _, t in named])
+    suspects = (~torch.isfinite(extremes)).any(dim=1).tolist()  # one device sync for all of them
+    # the same length on every rank (a ZeRO-3 partition may be empty on some): the all-reduce pairs them by position
+    counts = torch.stack([(~torch.isfinite(t)).sum().to(engine.device) if suspect else zero
+                          for (_, t), suspect in zip(named, suspects)])
     if dist.is_initialized():
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     found: dict[str, int] = {}

@@ -1,0 +1,50 @@
+"""What a training does before its first step that it does not need (scripts/bench.py --first-step measures the
+phases): no `datasets` import when the data is prepared, and py-cpuinfo's subprocess once per process instead of
+twice per DeepSpeed op."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from distributed import REPO
+
+
+def test_the_modules_a_training_imports_before_its_first_step_leave_datasets_out():
+    """`datasets` (with pandas) costs ~0.8 s per rank; a training from prepared shards never calls it."""
+    code = ("import json, sys; import trainer.train.run, trainer.data, trainer.data.prepare, trainer.model; "
+            "print(json.dumps(sorted(m for m in ('datasets', 'pandas') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_the_lazy_module_is_the_real_one_on_first_use(tmp_path):
+    from trainer.data import records
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "one"}\n{"text": "two"}\n')
+    loaded = records.load_records(str(path))
+    import datasets
+    assert isinstance(loaded, datasets.Dataset) and records.datasets.Dataset is datasets.Dataset
+    assert [row["text"] for row in loaded] == ["one", "two"]
+
+
+def test_deepspeed_asks_py_cpuinfo_once_per_process_and_gets_the_same_flags(monkeypatch):
+    import cpuinfo
+    from deepspeed.accelerator import get_accelerator
+
+    from trainer.distributed import cpu_info_once
+    calls = []
+    real = cpuinfo.get_cpu_info
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: calls.append(1) or real())
+    builder = get_accelerator().create_op_builder("FusedAdamBuilder")
+    flags = builder.cxx_args()  # what keys an op's build: a different answer would rebuild every op
+    asked = len(calls)
+    assert asked >= 1  # this DeepSpeed does ask py-cpuinfo (else the test tests nothing)
+    cpu_info_once()
+    cpu_info_once()  # idempotent: not wrapped twice
+    assert [builder.cxx_args() for _ in range(3)] == [flags] * 3
+    assert len(calls) == asked + 1
+    first = cpuinfo.get_cpu_info()
+    first["flags"].clear()  # a caller changing its answer does not change the next caller's
+    assert cpuinfo.get_cpu_info()["flags"]
