@@ -59,6 +59,8 @@ def ensure_ops_built() -> None:
 def launch_command(script_args: list[str], ranks: int = 2, env: dict | None = None) -> tuple[list[str], dict]:
     if "TORCH_EXTENSIONS_DIR" not in (env or {}):  # a test with its own extensions directory builds there itself
         ensure_ops_built()
+    if "--set" in script_args and "--" not in script_args:
+        script_args = argv_last_wins(script_args)  # a test's base config plus its changes: each key set once
     cmd = [str(DEEPSPEED), "--num_gpus", str(ranks), "--master_port", str(new_port()), *script_args]
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true",
                 **(env or {})}

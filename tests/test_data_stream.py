@@ -191,3 +191,19 @@ def test_bytes_that_are_not_utf8_are_named_with_line_byte_and_file_offset(tmp_pa
     with pytest.raises(DataError, match=rf"{source} line 1501: not valid UTF-8 \(byte 0xe9 at column 14, file offset "
                                         rf"{offset}: .*iconv -f latin1 -t utf-8"):
         prepare(config(source, tmp_path), str(source), tokenizer, tmp_path / "out", 100_000, 2)
+
+
+@pytest.mark.parametrize("odd", ["fifo", "device", "dangling"])
+def test_a_data_directory_entry_that_is_not_a_file_is_named_not_skipped(tmp_path, tokenizer, odd):
+    """A `.jsonl` in the source directory that is a FIFO, a device or a dangling link was meant as data: silently
+    training without it would change the corpus."""
+    import os
+    source = tmp_path / "corpus"
+    source.mkdir()
+    (source / "a.jsonl").write_text("".join(json.dumps({"text": text(i)}) + "\n" for i in range(1500)))
+    entry = source / "b.jsonl"
+    {"fifo": lambda: os.mkfifo(entry), "device": lambda: entry.symlink_to("/dev/zero"),
+     "dangling": lambda: entry.symlink_to(tmp_path / "gone.jsonl")}[odd]()
+    with pytest.raises(DataError, match=f"{entry}: not a regular file .* in the data directory {source}"):
+        prepare(config(source, tmp_path), str(source), tokenizer, tmp_path / "out", 100_000, 2)
+    assert not (tmp_path / "out" / "manifest.json").exists()

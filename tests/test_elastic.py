@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import STAGES, TINY
-from distributed import launch, read_metrics, run_many
+from distributed import last_wins, launch, read_metrics, run_many
 from trainer.presets import load_preset
 from trainer.resolve import resolve
 from trainer.train import checkpoint, elastic
@@ -44,7 +44,7 @@ def copy_until(src, dst, step: int):
 
 def run(name, root, extra, expect_error=False):
     return {"name": name, "preset": "tiny_cpu", "expect_error": expect_error,
-            "overrides": BASE + extra + [f"train.output_dir={root / name}"]}
+            "overrides": last_wins(BASE + extra + [f"train.output_dir={root / name}"])}
 
 
 def one_rank_launch(runs, root):

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_check as gc  # noqa: E402
 import gpu_check_items as gi  # noqa: E402
+from trainer.presets import with_overrides  # noqa: E402
 
 from trainer.errors import UserError  # noqa: E402
 from trainer.plan import memory as mem  # noqa: E402
@@ -275,7 +276,7 @@ def test_the_kernels_worker_on_cpu_sees_no_flash_or_liger_and_the_item_says_so(d
     Liger fall back to sdpa and torch, which is exactly what the checks must catch (a silent fallback)."""
     spec = gi.prepare_kernels(dry_ctx)
     for run in spec["runs"]:
-        run["overrides"] = run["overrides"] + SHRUNK
+        run["overrides"] = with_overrides(run["overrides"], SHRUNK)  # the shrunk values replace the item's
     found = gi.kernels_worker(spec)
     assert found["flash_liger"]["attention"] == "sdpa" and found["flash_liger"]["kernel_count"] > 10
     assert found["flash_liger"]["flash_attn_kernels"] == found["flash_liger"]["liger_kernels"] == []

@@ -10,8 +10,12 @@ Only the chosen command's module is imported (the others are listed by their hel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
+import signal
 import sys
+import threading
 
 from . import numbers, paths
 from .errors import UserError
@@ -73,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> int:
     # argparse's command is the first command word: the only other top-level flag (--local_rank) takes a number
-    parser, modules = build_parser(only=command_word(argv) or "")
+    command = command_word(argv) or ""
+    with interrupts_after_imports(command != "launch"):  # launch's own handlers take every signal from the start
+        parser, modules = build_parser(only=command)
     cut = argv.index("--") if "--" in argv else len(argv)  # `launch P -- --resume auto`: passed on to the ranks
     try:  # a bad flag is argparse's exit 2 (usage + "error: argument --flag: ..."), returned like any other
         args = parser.parse_args(argv[:cut])
@@ -92,6 +98,32 @@ def run(argv: list[str]) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def interrupts_after_imports(defer: bool = True):
+    """A Ctrl-C while Python imports the command's modules is acted on once the imports are done. Raised inside an
+    import, KeyboardInterrupt can leave an extension half-initialised (numpy then refuses to load again: the
+    command died with an ImportError traceback instead of exit 130). A second Ctrl-C during the imports ends the
+    process at once, with the same line and exit code."""
+    if not defer or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def note(signum, frame):
+        if received:
+            print("\ntrainer: interrupted (Ctrl-C); nothing half-written was left", file=sys.stderr, flush=True)
+            os._exit(130)
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def command_word(argv: list[str]) -> str | None:

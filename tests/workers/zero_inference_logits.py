@@ -16,8 +16,8 @@ def main() -> int:
     parser.add_argument("model")
     parser.add_argument("out")
     args, _ = parser.parse_known_args()  # the launcher adds --local_rank
-    flags = SimpleNamespace(model=args.model, tp=1, dtype="fp32", kernel_inject=False, zero_inference="cpu",
-                            nvme_path=None)
+    flags = SimpleNamespace(model=args.model, trust_remote_code=False, tp=1, dtype="fp32", kernel_inject=False,
+                            zero_inference="cpu", nvme_path=None)
     request = check_arguments(flags)
     ids = torch.tensor([[1, 17, 42, 99, 7, 300, 12, 5]])
     plain = load_model(request.source, torch.float32)(input_ids=ids).logits

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .records import DataError
+
 CHUNK = 8 << 20
 SETTLED_NS = 1_000_000_000  # a ctime this old cannot be shared with a write still to come
 
@@ -49,7 +51,10 @@ def content_hashes(root: Path, files: dict[str, Path], cache_dir: Path) -> dict[
     remembered = read_memo(memo_path, str(root))
     kept, hashes = {}, {}
     for name, file in files.items():
-        before = stat_key(file.stat())
+        st = file.stat()
+        if not stat.S_ISREG(st.st_mode):  # reading a FIFO would wait for a writer forever
+            raise DataError(f"{file}: not a regular file (a FIFO, a device or a socket); give a data file")
+        before = stat_key(st)
         entry = remembered.get(name)
         if entry is not None and entry[:4] == before:
             hashes[name], kept[name] = entry[4], entry

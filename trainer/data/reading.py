@@ -21,8 +21,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..files import unique_members
-from .records import (FILE_FORMATS, ORIGIN, DataError, decode_line, hub_dataset, json_rows, looks_like_path,
-                      read_utf8)
+from .records import (FILE_FORMATS, ORIGIN, DataError, data_files, decode_line, hub_dataset, json_rows,
+                      looks_like_path, read_utf8)
 
 CHUNK_BYTES = 256 << 10  # a chunk: ~256 KB of text (a tokenizer process holds ~100x that in its encodings);
 CHUNK_LINES = 4096       # at most this many lines (short records cost per record, not per byte). Small chunks keep
@@ -149,11 +149,7 @@ def changed(name: str) -> DataError:
 def _files(path: Path) -> list[Path]:
     if not path.is_dir():
         return [path]
-    files = sorted(p for p in path.rglob("*")
-                   if p.is_file() and p.suffix in FILE_FORMATS and not p.name.startswith("."))
-    if not files:
-        raise DataError(f"{path}: directory holds no {'/'.join(FILE_FORMATS)} files")
-    return files
+    return data_files(path)
 
 
 def _opened(path: Path):

@@ -80,11 +80,22 @@ def hub_dataset(name: str, split: str, subset: str | None = None) -> datasets.Da
                         f"failed: {e}") from e
 
 
-def _read_directory(directory: Path) -> datasets.Dataset:
-    files = sorted(p for p in directory.rglob("*")
-                   if p.is_file() and p.suffix in FILE_FORMATS and not p.name.startswith("."))
+def data_files(directory: Path) -> list[Path]:
+    """The data files of a directory source, sorted: every non-hidden file with a data suffix. One with a data suffix
+    that is not a regular file (a FIFO, a device, a dangling link) is an error, not skipped: it was meant as data."""
+    named = sorted(p for p in directory.rglob("*") if p.suffix in FILE_FORMATS and not p.name.startswith("."))
+    odd = [p for p in named if not p.is_file() and not p.is_dir()]
+    if odd:
+        raise DataError(f"{odd[0]}: not a regular file (a FIFO, a device, a socket or a dangling link) in the data "
+                        f"directory {directory}; remove it or give a data file")
+    files = [p for p in named if p.is_file()]
     if not files:
         raise DataError(f"{directory}: directory holds no {'/'.join(FILE_FORMATS)} files")
+    return files
+
+
+def _read_directory(directory: Path) -> datasets.Dataset:
+    files = data_files(directory)
     parts = [_read_file(f) for f in files]
     for f, part in zip(files[1:], parts[1:]):
         if set(part.column_names) != set(parts[0].column_names):
