@@ -7,7 +7,8 @@ built here with the shipped tokenizer), the same prompts, dtype and greedy decod
 --new-tokens tokens (EOS ignored), so they do the same work. They alternate, --repeats rounds, and the median
 tokens/s of each is compared (the goal: trainer >= 0.95x transformers at TP=1). Time to first token is the
 median over the rounds. With --tp2 (default on when 2+ cores) the same prompts then run through `trainer generate`
-on 2 ranks with AutoTP (`deepspeed --num_gpus 2 --module trainer generate --tp 2`), reported beside them.
+on 2 ranks with AutoTP (`deepspeed --num_gpus 2 --module trainer generate --tp 2`), reported beside them, both
+as the README's line runs it (no OMP_NUM_THREADS) and with one thread count per rank set by the benchmark.
 """
 from __future__ import annotations
 
@@ -111,28 +112,47 @@ def plain_generate(model, tokenizer, prompts, new_tokens: int) -> float:
 
 
 def tp2(model_dir: str, batch: int, new_tokens: int, work: Path) -> dict:
-    """`trainer generate --tp 2` on 2 ranks: its own tokens/s (wall time of generate, from its JSONL)."""
+    """`trainer generate --tp 2` on 2 ranks, twice: as the README writes it (no OMP_NUM_THREADS: the trainer gives
+    each rank its share of the cores) and with the thread count a benchmark would set itself (cores / 2). Its own
+    tokens/s (wall time of generate, from its JSONL), best of the two runs of each, alternating."""
     prompts = work / f"prompts_{batch}.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": PROMPTS[i % len(PROMPTS)]}) + "\n" for i in range(batch)))
+    bare = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    variants = {"readme": bare, "threads_set": {**bare, "OMP_NUM_THREADS": str(max((os.cpu_count() or 2) // 2, 1))}}
+    best: dict[str, dict] = {}
+    for _ in range(2):
+        for name, env in variants.items():
+            got = _tp2_once(model_dir, batch, new_tokens, work, prompts, env)
+            if got["tokens_per_s"] > best.get(name, {}).get("tokens_per_s", 0):
+                best[name] = got
+    return {**best["threads_set"], "readme_tokens_per_s": best["readme"]["tokens_per_s"]}
+
+
+def _tp2_once(model_dir: str, batch: int, new_tokens: int, work: Path, prompts: Path, env: dict) -> dict:
     out = work / f"tp2_{batch}.jsonl"
     deepspeed = Path(sys.executable).parent / "deepspeed"
     cmd = [str(deepspeed), "--num_gpus", "2", "--master_port", "29790", "--module", "trainer", "generate",
            "--model", model_dir, "--prompts", str(prompts), "--batch-size", str(batch), "--tp", "2",
            "--max-new-tokens", str(new_tokens), "--ignore-eos", "--greedy", "--format", "jsonl", "-o", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(max((os.cpu_count() or 2) // 2, 1))}
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=1200)
+    subprocess.run(cmd, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, check=True, capture_output=True, text=True,
+                   timeout=1200)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return {"tokens_per_s": sum(r["tokens_per_s"] for r in rows), "ttft_s": rows[0]["time_to_first_token_s"]}
 
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'batch':>5} {'new':>4} {'trainer tok/s':>14} {'transformers':>13} {'ratio':>6} {'ttft s':>7} "
-          f"{'tp2 tok/s':>10} {'tp2 ttft':>9}")
+          f"{'tp2 tok/s':>10} {'tp2 ttft':>9} {'README tp2':>11} {'ratio':>6}")
     for r in rows:
         tp = r.get("trainer_tp2") or {}
         print(f"{r['batch']:>5} {r['new_tokens']:>4} {r['trainer']:>14.1f} {r['transformers']:>13.1f} "
               f"{r['ratio']:>6.3f} {r['ttft_s']:>7.3f} {tp.get('tokens_per_s', float('nan')):>10.1f} "
-              f"{tp.get('ttft_s', float('nan')):>9.3f}")
+              f"{tp.get('ttft_s', float('nan')):>9.3f} {tp.get('readme_tokens_per_s', float('nan')):>11.1f} "
+              f"{tp.get('readme_tokens_per_s', float('nan')) / tp.get('tokens_per_s', float('nan')):>6.3f}")
+    if any("trainer_tp2" in r for r in rows):
+        readme = all(r["trainer_tp2"]["readme_tokens_per_s"] >= 0.9 * r["trainer_tp2"]["tokens_per_s"] for r in rows)
+        print("goal: the README's TP=2 line (no OMP_NUM_THREADS) >= 0.9x TP=2 with the threads set ->",
+              "met" if readme else "MISSED")
     print("goal: trainer >= 0.95x transformers at TP=1 ->", "met" if all(r["ratio"] >= 0.95 for r in rows) else
           "MISSED")
 

@@ -48,3 +48,27 @@ def test_deepspeed_asks_py_cpuinfo_once_per_process_and_gets_the_same_flags(monk
     first = cpuinfo.get_cpu_info()
     first["flags"].clear()  # a caller changing its answer does not change the next caller's
     assert cpuinfo.get_cpu_info()["flags"]
+
+
+def _threads_in_a_rank(env: dict) -> tuple[int, str]:
+    code = ("import os, torch; from trainer.distributed import threads_per_rank; threads_per_rank(); "
+            "print(torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
+    clean = {k: v for k, v in __import__("os").environ.items()
+             if k not in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**clean, **env}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    threads, omp = out.stdout.split()
+    return int(threads), omp
+
+
+def test_ranks_on_one_node_share_its_cores_instead_of_each_taking_all_of_them():
+    """DeepSpeed's launcher sets OMP_NUM_THREADS only with --bind_cores_to_rank: without this, 2 CPU ranks ran 2 x
+    cores threads and a TP=2 generate was 3-10x slower. A user's OMP_NUM_THREADS is kept."""
+    import os
+    cores = len(os.sched_getaffinity(0))
+    alone, _ = _threads_in_a_rank({})
+    assert alone == min(cores, alone) and alone >= 1  # one rank keeps torch's own count (one per core)
+    assert _threads_in_a_rank({"LOCAL_SIZE": "2"}) == (max(1, cores // 2), str(max(1, cores // 2)))
+    assert _threads_in_a_rank({"LOCAL_WORLD_SIZE": str(2 * cores)}) == (1, "1")  # torchrun's name; never 0
+    assert _threads_in_a_rank({"LOCAL_SIZE": "1", "OMP_NUM_THREADS": "1"}) == (1, "1")  # not cores // 1

@@ -32,6 +32,7 @@ def start_distributed(timeout_s: int = 1800) -> int:
                           MASTER_PORT=str(_free_port()))
     if get_accelerator().device_name() != "cpu":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    threads_per_rank()
     if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
         # DeepSpeed's CPU shared-memory all-reduce sets itself up only when LOCAL_SIZE (its launcher's name) equals
         # the world size, yet AutoTP's layers call it regardless: under torchrun (LOCAL_WORLD_SIZE) it segfaults
@@ -50,6 +51,23 @@ def start_distributed(timeout_s: int = 1800) -> int:
     distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
     deepspeed.init_distributed(timeout=timeout)
     return dist.get_rank()
+
+
+def threads_per_rank() -> int:
+    """Each rank's share of this node's cores as its intra-op thread count, unless OMP_NUM_THREADS says otherwise.
+    torch starts one thread per core in every process and DeepSpeed's launcher sets OMP_NUM_THREADS only with
+    --bind_cores_to_rank, so N ranks on a node would run N x cores threads: on CPU ranks (and for the CPU Adam of
+    offloaded runs) that oversubscription made a TP=2 generate 3-10x slower than one thread per rank. Every launch
+    line (README, presets, plan, doctor, launch) gets the fit this way, without an environment prefix to forget."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()  # the user's (or --bind_cores_to_rank's) choice
+    local_ranks = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // max(local_ranks, 1))
+    if threads < torch.get_num_threads():
+        torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for processes this rank starts (op builds, data workers)
+    return torch.get_num_threads()
 
 
 def no_shared_memory_op() -> None:
