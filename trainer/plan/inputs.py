@@ -145,12 +145,14 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
 
 
 def sequence_parallel_sizes(inputs: PlanInputs) -> list[int]:
-    """Ulysses sizes that can work: each divides the world (whole SP groups), the query and key/value heads (the
-    all-to-all hands each rank whole heads) and the sequence (equal shards)."""
+    """Ulysses sizes that can work: each divides the world (whole SP groups), the query heads (the all-to-all hands
+    each rank whole heads) and the sequence (equal shards), and divides the key/value heads or is a multiple of
+    them (DeepSpeed then replicates a kv head on several ranks: ulysses_sp.py)."""
     m = inputs.model.config
     kv_heads = m.num_kv_heads or m.num_heads
     return [n for n in range(1, inputs.world_size + 1)
-            if inputs.world_size % n == 0 and m.num_heads % n == 0 and kv_heads % n == 0 and inputs.seq_len % n == 0]
+            if inputs.world_size % n == 0 and m.num_heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
+            and inputs.seq_len % n == 0]
 
 
 def sequence_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
@@ -159,7 +161,8 @@ def sequence_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
         return []
     m = inputs.model.config
     return [f"{flag('sequence_parallel')} {sp} must divide the {inputs.world_size} GPUs, the {m.num_heads} attention "
-            f"and {m.num_kv_heads or m.num_heads} key/value heads and --seq-len {inputs.seq_len}: sizes that work here: "
+            f"heads and --seq-len {inputs.seq_len}, and divide the {m.num_kv_heads or m.num_heads} key/value heads or be "
+            f"a multiple of them: sizes that work here: "
             f"{', '.join(map(str, sequence_parallel_sizes(inputs)))}"]
 
 

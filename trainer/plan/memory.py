@@ -305,17 +305,20 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, preci
     h, kv, inter, a = m.hidden_size, kv_width(m), m.intermediate_size, m.num_heads
     saved_kv = h if expands_kv(m, attention, padding_mask) else kv
     per_token = (2 * rms_norm_bytes_per_token(h, e, m.liger)  # two RMSNorms
-                 + e * (h + 2 * saved_kv)          # q, k, v (k, v repeated to all heads under a padding mask)
+                 + e * h                           # q (k, v below)
                  + e * h                           # attention output (o_proj's input is a view of it)
                  + 4 * a                           # logsumexp
                  + (3 if m.liger else 4) * e * inter)  # SwiGLU
     if attention == "eager":
         per_token += a * seq_len * (4 + e)         # the score matrix flash/sdpa never store
-    local_tokens = seq_len * micro_batch // sequence_parallel
+    # k, v (repeated to all heads under a padding mask) over the whole sequence for this rank's kv heads: with fewer
+    # kv heads than ranks DeepSpeed's Ulysses hands every rank one head, replicated (ulysses_sp.py)
+    kv_per_rank = saved_kv // sequence_parallel if saved_kv % (sequence_parallel * head_dim(m)) == 0 else head_dim(m)
+    kv = 2 * e * kv_per_rank * seq_len * micro_batch
     mask = 0
     if attention in ("sdpa", "auto") and padding_mask:
         mask = e * seq_len * seq_len * micro_batch  # the mask in the model's dtype, (b, 1, s, s), per layer
-    return local_tokens * per_token + mask
+    return seq_len * micro_batch // sequence_parallel * per_token + kv + mask
 
 
 def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
