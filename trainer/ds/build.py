@@ -86,6 +86,15 @@ def with_zeropp(ds: dict, hpz_partition_size: int, quantized_weights: bool = Tru
     return ds
 
 
+def with_sequence_parallel(ds: dict, sequence_parallel_size: int) -> dict:
+    """A copy with DeepSpeed Ulysses' group size (top-level `sequence_parallel_size`): DeepSpeed 0.19.8 then checks
+    its batch triad against world / sequence_parallel_size data-parallel ranks (runtime/config.py)."""
+    ds = copy.deepcopy(ds)
+    if sequence_parallel_size > 1:
+        ds["sequence_parallel_size"] = sequence_parallel_size
+    return ds
+
+
 # --- `--set` overrides (the planner's launch line and the doctor's proposals) ------------------
 
 

@@ -59,6 +59,11 @@ def autotp_size(ds: dict) -> int:
     return int((ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 1)
 
 
+def sequence_parallel_size(ds: dict) -> int:
+    """DeepSpeed Ulysses' group size (a top-level key); 1 = no sequence parallelism."""
+    return int(ds.get("sequence_parallel_size", 1) or 1)
+
+
 def bf16_enabled(ds: dict) -> bool:
     return bool((ds.get("bf16") or {}).get("enabled", False))
 

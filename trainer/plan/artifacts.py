@@ -25,9 +25,11 @@ def planned_deepspeed_config(plan: Plan) -> dict:
                          inputs.nvme_path, inputs.precision, c.checkpointing)
     if c.hpz_partition_size > 1:
         ds = dsc.with_zeropp(ds, c.hpz_partition_size)
+    ds = dsc.with_sequence_parallel(ds, inputs.sp)
     config = planned_trainer_config(plan, ds)
     problems: list[str] = []
-    batch = dsc.Batch(c.micro_batch, plan.grad_accum, plan.global_batch, inputs.world_size, inputs.world_size)
+    dp = inputs.data_parallel_size  # DeepSpeed's triad under SP counts world / sequence_parallel_size ranks
+    batch = dsc.Batch(c.micro_batch, plan.grad_accum, plan.global_batch, dp, dp)
     filled = dsc.fill_auto(config, batch, problems)
     if problems:  # a planner bug, not a user error
         raise RuntimeError(f"planned DeepSpeed config does not fill: {problems}")
@@ -108,8 +110,11 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
         differences.append(said)
     if config.train.global_batch_size is not None:
         setting("train.global_batch_size", config.train.global_batch_size,
-                c.micro_batch * accum * inputs.world_size)
+                c.micro_batch * accum * inputs.data_parallel_size)
     setting("model.gradient_checkpointing", config.model.gradient_checkpointing, c.checkpointing)
+    if dsc.sequence_parallel_size(config.deepspeed) != inputs.sp:
+        differences.append(f"sequence parallel: preset {dsc.sequence_parallel_size(config.deepspeed)}, plan {inputs.sp}")
+        overrides.append(f"deepspeed.sequence_parallel_size={inputs.sp}")
     ds_changes = (_zero_changes(config, plan)
                   + dsc.precision_overrides(config.deepspeed, inputs.precision)
                   + dsc.activation_checkpointing_overrides(config.deepspeed, c.checkpointing))
@@ -130,8 +135,9 @@ def accumulation_keeping(plan: Plan, config: Config, preset: str) -> tuple[int, 
     either way: a launch line that silently trained 32 sequences a step instead of the preset's 256 would change
     the optimisation, not only the memory."""
     train, hw = config.train, config.hardware
-    micro, world = plan.choice.micro_batch, plan.inputs.world_size
-    ranks = hw.nodes * hw.gpus_per_node // max(dsc.autotp_size(config.deepspeed), 1)
+    micro, world = plan.choice.micro_batch, plan.inputs.data_parallel_size
+    ranks = (hw.nodes * hw.gpus_per_node // max(dsc.autotp_size(config.deepspeed), 1)
+             // dsc.sequence_parallel_size(config.deepspeed))
     kept = train.global_batch_size
     if not isinstance(kept, int) and isinstance(train.micro_batch_size, int) and isinstance(train.grad_accum, int):
         kept = train.micro_batch_size * train.grad_accum * ranks

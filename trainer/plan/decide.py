@@ -12,7 +12,7 @@ from .artifacts import launch_line, nearest_preset, planned_deepspeed_config
 from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Estimate, Plan, best_shot, estimate, gb, micro_batch_options
 )
-from .inputs import PlanInputs
+from .inputs import PlanInputs, sequence_parallel_sizes
 
 
 def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
@@ -26,14 +26,21 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         plan.notes.append(f"micro-batch {inputs.micro_batch} fits nowhere; planning the largest micro-batch that fits")
         chosen, lines = walk_tree(inputs, 1)
         plan.walk += lines
+    if chosen is None and inputs.sequence_parallel is None:
+        found = smallest_sequence_parallel(inputs)
+        plan.walk += found[2]
+        if found[1] is not None:
+            inputs, chosen = found[0], found[1]
+            plan.inputs, plan.rows = inputs, [best_shot(inputs, c, 1) for c in CANDIDATES]
     if chosen is None:
         plan.suggestions = what_would_fit(inputs)
         return plan
+    plan.notes += sequence_parallel_notes(inputs, chosen)
     chosen, note = add_zeropp(inputs, chosen)
     plan.notes += [note] if note else []
     plan.choice, line = largest_micro_batch(inputs, chosen)
     plan.walk += [line] if line else []
-    plan.grad_accum = (dsc.accumulation(inputs.global_batch, plan.choice.micro_batch, inputs.world_size)
+    plan.grad_accum = (dsc.accumulation(inputs.global_batch, plan.choice.micro_batch, inputs.data_parallel_size)
                        if inputs.global_batch else 1)  # largest_micro_batch chose a micro-batch that divides
     plan.deepspeed = planned_deepspeed_config(plan)
     plan.preset, plan.preset_differences, overrides = nearest_preset(plan)
@@ -55,6 +62,43 @@ def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate],
         tried = " even with activation checkpointing" if shot.checkpointing else ""
         lines.append(f"{candidate.name}: does not fit at micro-batch {micro_batch}{tried}: {shot.why_not()}")
     return None, lines
+
+
+def smallest_sequence_parallel(inputs: PlanInputs) -> tuple[PlanInputs, Optional[Estimate], list[str]]:
+    """When one sequence's activations fit no GPU at micro-batch 1 (long context), DeepSpeed Ulysses splits each
+    sequence over an SP group: every activation outside attention (logits included) is held s/sp tokens per GPU,
+    attention runs on the whole sequence for a/sp heads. The tree's order still rules (lowest stage first,
+    offload last: a CPU optimizer step costs more than an all-to-all over NVLink), and for each candidate the
+    smallest size that fits: SP adds an all-to-all per attention and divides the data-parallel ranks."""
+    sizes = sequence_parallel_sizes(inputs)[1:]
+    if not sizes:
+        return inputs, None, ["sequence parallelism: no size > 1 divides the GPUs, the heads and the sequence"]
+    lines = []
+    for candidate in WALK:
+        for sp in sizes:
+            trial = dataclasses.replace(inputs, sequence_parallel=sp)
+            shot = best_shot(trial, candidate, 1)
+            if shot.fits:
+                lines.append(f"{candidate.name} + sequence parallel {sp} (DeepSpeed Ulysses): each GPU holds "
+                             f"{inputs.seq_len // sp} of the {inputs.seq_len} tokens' activations -> fits at "
+                             f"micro-batch 1 ({gb(shot.gpu_total)} of {gb(shot.gpu_budget)} GB per GPU) -> chosen")
+                return trial, shot, lines
+        widest = best_shot(dataclasses.replace(inputs, sequence_parallel=sizes[-1]), candidate, 1)
+        lines.append(f"{candidate.name}: does not fit even at sequence parallel {sizes[-1]}: {widest.why_not()}")
+    return inputs, None, lines
+
+
+def sequence_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
+    sp = inputs.sp
+    if sp == 1:
+        return []
+    m = inputs.model.config
+    per_layer = mem.ulysses_all_to_all_bytes(m, inputs.seq_len, chosen.micro_batch, sp, inputs.precision)
+    recompute = 1.5 if chosen.checkpointing else 1.0  # checkpointing repeats the forward's two all-to-alls
+    fabric = "inside a node (NVLink)" if sp <= inputs.gpus_per_node else "across nodes: the network sets the pace"
+    return [f"Ulysses all-to-all: {gb(per_layer * recompute)} GB sent per GPU per layer per micro-batch "
+            f"({gb(per_layer * recompute * m.num_layers)} GB over {m.num_layers} layers), {fabric}; "
+            f"{inputs.data_parallel_size} data-parallel group(s) of {sp} GPUs, each training one sequence at a time"]
 
 
 def add_zeropp(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional[str]]:
@@ -89,13 +133,17 @@ def largest_micro_batch(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate,
         return best, (f"micro-batch {best.micro_batch} is the largest that fits; {bigger[0]} would need "
                       f"{gb(shot.gpu_total)} GB per GPU")
     return best, (f"micro-batch {best.micro_batch}: the largest option"
-                  + (f" (the {inputs.global_batch // inputs.world_size} sequences per rank)"
+                  + (f" (the {inputs.global_batch // inputs.data_parallel_size} sequences per rank)"
                      if inputs.global_batch else f" (cap {MAX_MICRO_BATCH})"))
 
 
 def what_would_fit(inputs: PlanInputs) -> list[str]:
     """For a plan that fits nowhere: more GPUs, host RAM, NVMe, or LoRA, each checked by planning again."""
     out = []
+    if inputs.sequence_parallel is not None:  # the user fixed the size: would another one do?
+        trial, shot, _ = smallest_sequence_parallel(dataclasses.replace(inputs, sequence_parallel=None))
+        if shot is not None:
+            out.append(f"sequence parallel {trial.sp}: {shot.candidate.name} fits (--sequence-parallel {trial.sp})")
     gpus = _gpus_that_fit(inputs)
     if gpus:
         out.append(f"more GPUs: {gpus[0]} node(s) x {inputs.gpus_per_node} {inputs.gpu.name} "

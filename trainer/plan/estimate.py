@@ -123,7 +123,7 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     states = _model_states(inputs, candidate, precision)
     attention = attention or m.attn_implementation  # 'auto' is counted as sdpa, the larger of the two
     activations = mem.activation_bytes(m, inputs.seq_len, micro_batch, checkpointing, precision, attention,
-                                       inputs.padding_mask, stage)
+                                       inputs.padding_mask, stage, inputs.sp)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))
@@ -164,7 +164,7 @@ def best_shot(inputs: PlanInputs, candidate: Candidate, micro_batch: int) -> Est
 def micro_batch_options(inputs: PlanInputs) -> list[int]:
     """Micro-batches worth trying: divisors of the per-rank share of the global batch, else powers of two."""
     if inputs.global_batch:
-        per_rank = inputs.global_batch // inputs.world_size
+        per_rank = inputs.global_batch // inputs.data_parallel_size
         return [d for d in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % d == 0]
     return [2 ** i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
 
@@ -187,7 +187,7 @@ class Plan:
     def global_batch(self) -> Optional[int]:
         if not self.choice:
             return None
-        return self.choice.micro_batch * self.grad_accum * self.inputs.world_size
+        return self.choice.micro_batch * self.grad_accum * self.inputs.data_parallel_size
 
 
 def inputs_for_resolved(resolved) -> PlanInputs:

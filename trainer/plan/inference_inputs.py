@@ -16,7 +16,8 @@ DTYPES = ("bf16", "fp16", "fp32")
 # Flags of the training plan that mean nothing for inference (and the inference flags, the other way).
 TRAINING_ONLY = {"task": "--task", "seq_len": "--seq-len", "micro_batch": "--micro-batch",
                  "global_batch": "--global-batch", "no_activation_checkpointing": "--no-activation-checkpointing",
-                 "output": "-o", "chart": "--chart", "scenario": "a scenario file"}
+                 "output": "-o", "chart": "--chart", "scenario": "a scenario file",
+                 "sequence_parallel": "--sequence-parallel"}
 INFERENCE_ONLY = {"batch": "--batch", "context": "--context", "tp": "--tp", "dtype": "--dtype"}
 
 

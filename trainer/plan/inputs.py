@@ -37,10 +37,20 @@ class PlanInputs:
     lora: LoraConfig = field(default_factory=LoraConfig)
     nvme_path: str = "/local_nvme"
     padding_mask: bool = False  # batches carry an attention mask (SFT): sdpa then expands k/v (plan.memory)
+    sequence_parallel: Optional[int] = None  # Ulysses SP size; None: the planner picks the smallest that fits
 
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def sp(self) -> int:
+        return self.sequence_parallel or 1
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that consume different samples: an SP group of sp ranks trains one sample together."""
+        return self.world_size // self.sp
 
     @property
     def precision(self) -> str:
@@ -62,7 +72,7 @@ class PlanInputs:
 FLAG_TO_KEY = {"model": "model", "hidden_size": "hidden_size", "num_layers": "num_layers", "gpu": "gpu",
                "gpus_per_node": "gpus_per_node", "nodes": "nodes", "cpu_ram_gb": "cpu_ram_gb", "nvme_gb": "nvme_gb",
                "nvme_path": "nvme_path", "task": "task", "seq_len": "seq_len", "micro_batch": "micro_batch",
-               "global_batch": "global_batch"}
+               "global_batch": "global_batch", "sequence_parallel": "sequence_parallel"}
 
 
 def inputs_from_args(args) -> PlanInputs:
@@ -110,7 +120,7 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
     ints = {key: check(positive_int, values.get(key, default), flag(key), optional=default is None,
                        kind=kinds.get(key, numbers.COUNT))
             for key, default in (("gpus_per_node", 1), ("nodes", 1), ("seq_len", 2048), ("micro_batch", None),
-                                 ("global_batch", None))}
+                                 ("global_batch", None), ("sequence_parallel", None))}
     sizes = {key: check(_size_gb, values.get(key), flag(key), allow_zero=key == "nvme_gb")
              for key in ("cpu_ram_gb", "nvme_gb")}
     model = check(model_from_spec, values.get("model"), values.get("hidden_size"), values.get("num_layers"), flag)
@@ -126,19 +136,43 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
                         cpu_ram_gb=sizes["cpu_ram_gb"], nvme_gb=sizes["nvme_gb"], task=task,
                         seq_len=seq_len, micro_batch=ints["micro_batch"], global_batch=ints["global_batch"],
                         allow_checkpointing=bool(values.get("activation_checkpointing", True)), lora=lora,
-                        nvme_path=str(values.get("nvme_path") or "/local_nvme"))
-    problems += batch_problems(inputs, flag)
+                        nvme_path=str(values.get("nvme_path") or "/local_nvme"),
+                        sequence_parallel=ints["sequence_parallel"])
+    problems += sequence_parallel_problems(inputs, flag) + batch_problems(inputs, flag)
     if problems:
         raise ConfigError(problems, "the command line" if source == "flags" else source)
     return inputs
 
 
+def sequence_parallel_sizes(inputs: PlanInputs) -> list[int]:
+    """Ulysses sizes that can work: each divides the world (whole SP groups), the query heads (the all-to-all hands
+    each rank whole heads) and the sequence (equal shards), and divides the key/value heads or is a multiple of
+    them (DeepSpeed then replicates a kv head on several ranks: ulysses_sp.py)."""
+    m = inputs.model.config
+    kv_heads = m.num_kv_heads or m.num_heads
+    return [n for n in range(1, inputs.world_size + 1)
+            if inputs.world_size % n == 0 and m.num_heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
+            and inputs.seq_len % n == 0]
+
+
+def sequence_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
+    sp = inputs.sequence_parallel
+    if sp is None or sp in sequence_parallel_sizes(inputs):
+        return []
+    m = inputs.model.config
+    return [f"{flag('sequence_parallel')} {sp} must divide the {inputs.world_size} GPUs, the {m.num_heads} attention "
+            f"heads and --seq-len {inputs.seq_len}, and divide the {m.num_kv_heads or m.num_heads} key/value heads or be "
+            f"a multiple of them: sizes that work here: "
+            f"{', '.join(map(str, sequence_parallel_sizes(inputs)))}"]
+
+
 def batch_problems(inputs: PlanInputs, flag) -> list[str]:
     """The target global batch must split into whole micro-batches on every data-parallel rank."""
-    world, micro, total = inputs.world_size, inputs.micro_batch, inputs.global_batch
+    world, micro, total = inputs.data_parallel_size, inputs.micro_batch, inputs.global_batch
     if total is not None and total % world:
+        sp = f" / sequence parallel {inputs.sp}" if inputs.sp > 1 else ""
         return [f"{flag('global_batch')} {total} is not a multiple of the {world} data-parallel ranks "
-                f"({inputs.nodes} node(s) x {inputs.gpus_per_node} GPUs): use e.g. {world * max(1, total // world)}"]
+                f"({inputs.nodes} node(s) x {inputs.gpus_per_node} GPUs{sp}): use e.g. {world * max(1, total // world)}"]
     if total is not None and micro is not None and dsc.accumulation(total, micro, world) is None:
         return [f"{flag('micro_batch')} {micro} does not divide the {total // world} sequences each rank gets "
                 f"per step ({flag('global_batch')} {total} / {world} ranks): pick a divisor, or drop one of them"]

@@ -296,21 +296,29 @@ def expands_kv(m: ModelConfig, attention: str, padding_mask: bool) -> bool:
 
 
 def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16",
-                           attention: str = "sdpa", padding_mask: bool = False) -> int:
-    """Bytes one decoder layer saves for backward (module docstring has the derivation)."""
+                           attention: str = "sdpa", padding_mask: bool = False, sequence_parallel: int = 1) -> int:
+    """Bytes one decoder layer saves for backward on one rank (module docstring has the derivation). Under
+    Ulysses sequence parallelism (size sp) a rank holds s/sp tokens of every tensor outside attention, and inside
+    it, after the all-to-all, the whole sequence for a/sp heads: the same bytes, so every per-token term is
+    divided by sp; eager's score matrix (a/sp heads x s x s) too, while a padding mask stays whole per rank."""
     e = bytes_per_element(precision)
     h, kv, inter, a = m.hidden_size, kv_width(m), m.intermediate_size, m.num_heads
     saved_kv = h if expands_kv(m, attention, padding_mask) else kv
     per_token = (2 * rms_norm_bytes_per_token(h, e, m.liger)  # two RMSNorms
-                 + e * (h + 2 * saved_kv)          # q, k, v (k, v repeated to all heads under a padding mask)
+                 + e * h                           # q (k, v below)
                  + e * h                           # attention output (o_proj's input is a view of it)
                  + 4 * a                           # logsumexp
                  + (3 if m.liger else 4) * e * inter)  # SwiGLU
     if attention == "eager":
         per_token += a * seq_len * (4 + e)         # the score matrix flash/sdpa never store
-    elif attention in ("sdpa", "auto") and padding_mask:
-        per_token += e * seq_len                   # the mask in the model's dtype, (b, 1, s, s), per layer
-    return seq_len * micro_batch * per_token
+    # k, v (repeated to all heads under a padding mask) over the whole sequence for this rank's kv heads: with fewer
+    # kv heads than ranks DeepSpeed's Ulysses hands every rank one head, replicated (ulysses_sp.py)
+    kv_per_rank = saved_kv // sequence_parallel if saved_kv % (sequence_parallel * head_dim(m)) == 0 else head_dim(m)
+    kv = 2 * e * kv_per_rank * seq_len * micro_batch
+    mask = 0
+    if attention in ("sdpa", "auto") and padding_mask:
+        mask = e * seq_len * seq_len * micro_batch  # the mask in the model's dtype, (b, 1, s, s), per layer
+    return seq_len * micro_batch // sequence_parallel * per_token + kv + mask
 
 
 def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
@@ -335,18 +343,31 @@ def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str 
 
 def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
                      precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False,
-                     stage: int = 0) -> Activations:
-    """Peak activation memory of one micro-batch, with or without full activation checkpointing."""
+                     stage: int = 0, sequence_parallel: int = 1) -> Activations:
+    """Peak activation memory of one micro-batch on one rank, with or without full activation checkpointing;
+    under sequence parallelism the rank holds seq_len / sp tokens of it (logits included)."""
     e = bytes_per_element(precision)
-    tokens = seq_len * micro_batch
-    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention, padding_mask)
+    tokens = seq_len * micro_batch // sequence_parallel
+    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention, padding_mask, sequence_parallel)
     ends = tokens * (rms_norm_bytes_per_token(m.hidden_size, e, m.liger) + 8)  # final norm + int64 token ids
     if checkpointing:
         layers = m.num_layers * e * tokens * m.hidden_size + one_layer
     else:
         layers = m.num_layers * one_layer
-    logits = logits_bytes(m, seq_len, micro_batch, precision, stage)
+    logits = logits_bytes(m, seq_len // sequence_parallel, micro_batch, precision, stage)
     return Activations(layers + ends, logits, layers + ends + logits)
+
+
+def ulysses_all_to_all_bytes(m: ModelConfig, seq_len: int, micro_batch: int, sequence_parallel: int,
+                             precision: str = "bf16") -> int:
+    """Bytes one rank sends per layer per micro-batch in Ulysses' all-to-alls, forward and backward: q, k, v
+    before attention and its output after it, each (sp-1)/sp of the rank's s/sp tokens leaving the rank; backward
+    moves the same gradients the other way. Activation checkpointing recomputes the forward: counted once more."""
+    if sequence_parallel == 1:
+        return 0
+    e, tokens = bytes_per_element(precision), seq_len * micro_batch // sequence_parallel
+    forward = e * tokens * (2 * m.hidden_size + 2 * kv_width(m)) * (sequence_parallel - 1) // sequence_parallel
+    return 2 * forward
 
 
 # --- working buffers ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ def plan_to_json(plan: Plan) -> dict:
                      "gpus_per_node": inputs.gpus_per_node, "nodes": inputs.nodes, "cpu_ram_gb": inputs.cpu_ram_gb,
                      "nvme_gb": inputs.nvme_gb},
         "task": inputs.task, "seq_len": inputs.seq_len, "precision": inputs.precision,
+        "sequence_parallel_size": inputs.sp, "data_parallel_size": inputs.data_parallel_size,
         "gpu_budget_bytes": budgets(inputs)[0],
         "candidates": [_estimate_json(e) for e in plan.rows],
         "walk": plan.walk,
@@ -48,7 +49,7 @@ def _choice_json(plan: Plan) -> Optional[dict]:
         return None
     e = plan.choice
     return {**_estimate_json(e), "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
-            "hpz_partition_size": e.hpz_partition_size}
+            "hpz_partition_size": e.hpz_partition_size, "sequence_parallel_size": plan.inputs.sp}
 
 
 def print_plan(plan: Plan) -> None:
@@ -57,7 +58,8 @@ def print_plan(plan: Plan) -> None:
     lora = f", LoRA r={inputs.lora.r} ({inputs.lora_params / 1e6:.1f}M adapter params)" if inputs.lora_params else ""
     print(f"Plan: {inputs.model.label}: {inputs.params:,} params (largest layer {inputs.largest_layer:,}){lora}")
     print(f"      {inputs.nodes} node(s) x {inputs.gpus_per_node} {inputs.gpu.description}, {inputs.task}, "
-          f"seq {inputs.seq_len}, {inputs.precision}")
+          f"seq {inputs.seq_len}, {inputs.precision}"
+          + (f", sequence parallel {inputs.sp} ({inputs.seq_len // inputs.sp} tokens per GPU)" if inputs.sp > 1 else ""))
     print(f"Budget per GPU {gb(gpu_budget)} GB ({int(GPU_HEADROOM * 100)}% of {gb(inputs.gpu.memory_bytes)} GB kept for "
           f"CUDA context, NCCL, fragmentation); host RAM per node "
           f"{gb(cpu_budget) + ' GB' if cpu_budget else 'unknown (not checked)'}; NVMe "
@@ -97,8 +99,9 @@ def print_table(rows: list[Estimate]) -> None:
 def print_choice(plan: Plan) -> None:
     e, inputs = plan.choice, plan.inputs
     hpz = f" + ZeRO++ hpZ {e.hpz_partition_size}" if e.hpz_partition_size > 1 else ""
+    hpz += f" + sequence parallel {inputs.sp}" if inputs.sp > 1 else ""
     print(f"Chosen: {e.candidate.name} ({e.candidate.label}{hpz}), micro-batch {e.micro_batch}, grad accumulation "
-          f"{plan.grad_accum} -> {e.micro_batch} x {plan.grad_accum} x {inputs.world_size} = {plan.global_batch} "
+          f"{plan.grad_accum} -> {e.micro_batch} x {plan.grad_accum} x {inputs.data_parallel_size} = {plan.global_batch} "
           f"sequences ({plan.global_batch * inputs.seq_len:,} tokens) per step, activation checkpointing "
           f"{'on' if e.checkpointing else 'off'}, {inputs.precision}")
     b = e.gpu_bytes()

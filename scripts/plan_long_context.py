@@ -1,0 +1,76 @@
+"""The planner's longest trainable sequence for a model on 1, 8 and 32 GPUs, beside the ALST paper's.
+
+    .venv/bin/python scripts/plan_long_context.py [--model 8b] [--gpu h100-80g]
+
+For each GPU count the planner (trainer.plan, DeepSpeed Ulysses sequence parallelism up to every GPU) is asked for the
+longest sequence (a multiple of 1,024 tokens, bisected) that some candidate fits at micro-batch 1, once without
+and once with sequence parallelism. The published figures are Llama-3.1-8B on H100 80GB from Bekman et al., "Arctic
+Long Sequence Training" (arXiv:2506.13996, 2025): 32K for plain Hugging Face + DeepSpeed, 500K on 1 GPU, 3.7M on 8,
+15M on 32 - with tiled MLP and logits+loss and the activation checkpoints offloaded to the CPU, which this planner
+does not count (the trainer does not run them yet): the gap between the columns is what those add.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.errors import ConfigError  # noqa: E402
+from trainer.plan.decide import make_plan  # noqa: E402
+from trainer.plan.inputs import build_inputs  # noqa: E402
+
+ALST = {1: 500_000, 8: 3_700_000, 32: 15_000_000}  # Llama-8B on H100 80GB, the paper's figure 1
+STEP = 1024
+
+
+def fits(model: str, gpu: str, gpus: int, seq_len: int, sequence_parallel: bool) -> bool:
+    per_node = min(gpus, 8)
+    values = {"model": model, "gpu": gpu, "gpus_per_node": per_node, "nodes": gpus // per_node, "seq_len": seq_len}
+    if not sequence_parallel:
+        values["sequence_parallel"] = 1
+    try:
+        return make_plan(build_inputs(values)).choice is not None
+    except ConfigError:  # e.g. beyond the model's positions: raised to the longest it has, below
+        return False
+
+
+def longest(model: str, gpu: str, gpus: int, sequence_parallel: bool, positions: int) -> int:
+    low, high = 0, positions // STEP  # in units of STEP tokens
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(model, gpu, gpus, mid * STEP, sequence_parallel):
+            low = mid
+        else:
+            high = mid - 1
+    return low * STEP
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="8b")
+    parser.add_argument("--gpu", default="h100-80g")
+    args = parser.parse_args()
+    inputs = build_inputs({"model": args.model, "gpu": args.gpu, "seq_len": 1024})
+    m = inputs.model.config
+    # a longer context than the model was built for is a config change (rope scaling), not a memory question
+    stretched = {"model": {**_architecture(m), "max_position_embeddings": 1 << 25}}
+    print(f"{inputs.model.label} on {args.gpu}, micro-batch 1, bf16, the planner's longest sequence vs ALST's")
+    print(f"{'GPUs':>5} {'planner, no SP':>15} {'planner + Ulysses':>18} {'ALST (paper)':>13} {'ratio':>6}")
+    for gpus in (1, 8, 32):
+        plain = longest(stretched["model"], args.gpu, gpus, False, 1 << 25)
+        sp = longest(stretched["model"], args.gpu, gpus, True, 1 << 25)
+        paper = ALST.get(gpus)
+        print(f"{gpus:>5} {plain:>15,} {sp:>18,} {paper:>13,} {sp / paper:>6.2f}")
+    return 0
+
+
+def _architecture(m) -> dict:
+    return {"hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
+            "num_kv_heads": m.num_kv_heads, "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
+            "tie_word_embeddings": m.tie_word_embeddings}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
