@@ -3,7 +3,8 @@ progress bar.
 
 `metrics.jsonl` has one JSON object per logged step: step, loss, lr, grad_norm, tokens_per_s,
 step_time_s, tflops_per_gpu, mfu, peak_mem_gb (+ loss_scale under fp16); eval lines carry
-eval_loss and eval_ppl. Tools may rely on these names.
+eval_loss and eval_ppl; MoE models add router_aux_loss, expert_share_max_over_mean and expert_share_min_over_mean
+(trainer/train/router.py). Tools may rely on these names.
 
 A resume from the checkpoint of step S rewinds it first: lines past S (steps the crash lost; the resumed run trains
 them again) move to `metrics.rewound.jsonl`, each with `rewound_by` naming that resume, metrics.jsonl is rewritten
