@@ -184,3 +184,13 @@ def test_expert_shares_say_which_expert_is_dead_or_hot():
     health = watch.window("cpu")
     assert health["expert_share_max_over_mean"] == pytest.approx(6 / 2)
     assert health["expert_share_min_over_mean"] == 0.0
+
+
+def test_mfu_counts_the_experts_a_token_passes_through():
+    from trainer.model import count_parameters
+    from trainer.plan import memory as mem
+    model = built(*moe_overrides("mixtral"))
+    total, _ = count_parameters(model)
+    cfg = config(*moe_overrides("mixtral")).model
+    assert total == mem.count_params(cfg)  # the planner counts what the builder builds
+    assert moe.active_parameters(model, total) == mem.active_params(cfg) == total - 2 * 2 * 3 * 64 * 32

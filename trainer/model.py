@@ -118,8 +118,7 @@ def mark_zero3_leaves(model: torch.nn.Module, cfg: Config) -> None:
         return
     classes = moe.zero3_leaf_classes(model, cfg.model.zero3_leaf_modules)
     if dsc.zero_stage(cfg.deepspeed) == 3 and classes:
-        count = moe.mark_zero3_leaves(model, classes)
-        log.info("ZeRO-3 leaf modules: %d of %s", count, ", ".join(c.rsplit(".", 1)[-1] for c in classes))
+        moe.mark_zero3_leaves(model, classes)
 
 
 def zero3_leaf_config(model: torch.nn.Module, ds: dict) -> dict:
@@ -238,6 +237,15 @@ def kernels_in_use(model: torch.nn.Module) -> str:
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     liger = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Liger")})
     return f"attention {attention}, liger {', '.join(liger) if liger else 'off'}"
+
+
+def zero3_leaves_in_use(model: torch.nn.Module) -> str:
+    """The ZeRO-3 leaf modules the model carries, for the start-up log ('' when none)."""
+    from deepspeed.utils import get_z3_leaf_modules
+    counts: dict[str, int] = {}
+    for module in get_z3_leaf_modules(model):
+        counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    return ", ".join(f"{count} x {name}" for name, count in counts.items())
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -101,6 +101,20 @@ def experts_per_token(model: torch.nn.Module) -> int:
     return 1
 
 
+def active_parameters(model: torch.nn.Module, total: int) -> int:
+    """Of `total`, the parameters one token passes through: each fused expert weight (a 3D parameter whose first
+    dimension is the experts) counts top-k of its experts. Correct under ZeRO-3 (ds_shape is the full shape)."""
+    if not routers(model):
+        return total
+    top_k, idle = experts_per_token(model), 0
+    for name, param in model.named_parameters():
+        shape = tuple(getattr(param, "ds_shape", param.shape))
+        if len(shape) == 3 and ".experts." in f".{name}.":
+            numel = shape[0] * shape[1] * shape[2]
+            idle += numel - numel * min(top_k, shape[0]) // shape[0]
+    return total - idle
+
+
 def moe_block_classes(model: torch.nn.Module) -> list[type]:
     """The classes of the modules that own a router: the sparse MoE blocks (MixtralSparseMoeBlock, ...)."""
     router_names = {name for name, _, _ in routers(model)}

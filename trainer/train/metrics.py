@@ -18,8 +18,9 @@ them all the same way, with no event: the new history starts empty, nothing is d
 and the resume says so: it never stops a run. The file is read by trainer.metrics_file, line by line.
 
 MFU counts model FLOPs only (no recomputation): FLOPs per token = 6·N + 12·L·h·s (PaLM appendix B),
-N = all parameters, L layers, h hidden size, s sequence length; the peak is the GPU table's
-dense 16-bit figure (trainer.hardware) times the number of GPUs.
+N = the parameters a token passes through (all of them; MoE: its top-k experts, not the idle ones), L layers,
+h hidden size, s sequence length; the peak is the GPU table's dense 16-bit figure (trainer.hardware) times the
+number of GPUs.
 """
 from __future__ import annotations
 

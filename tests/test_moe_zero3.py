@@ -1,0 +1,79 @@
+"""A tiny Mixtral under ZeRO-3 on 2 real CPU ranks (issue 27): the ranks train on different rows, so their routers
+send tokens to different experts; with the MoE blocks as ZeRO-3 leaf modules (found from the model) the run
+finishes, its loss falls, every log line carries the router health, and the HF export loads in plain transformers
+with every expert. The same run with model.zero3_leaf_modules=[] (no leaf modules at all) is run too: see
+test_without_leaf_modules for what it does with transformers' fused experts."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import TINY
+from distributed import launch, read_metrics
+
+STEPS = 12
+MIXTRAL = TINY + [
+    "model.family=mixtral", "model.num_experts=4", "model.num_experts_per_tok=2", "model.intermediate_size=64",
+    "deepspeed.zero_optimization.stage=3", f"train.max_steps={STEPS}", "train.grad_accum=1", "train.lr=3e-3",
+    "train.eval_every=0", "train.save_every=0", "train.export_hf=true", "logging.progress_bar=false",
+    "model.output_router_logits=true", "model.router_aux_loss_coef=0.01", "train.dist_timeout_s=120",
+]
+ROUTER_FIELDS = ("router_aux_loss", "expert_share_max_over_mean", "expert_share_min_over_mean")
+
+
+def train(run_dir, *extra: str) -> str:
+    args = ["tests/workers/train_recording_batches.py", "--preset", "tiny_cpu"]
+    for item in MIXTRAL + [f"train.output_dir={run_dir}", *extra]:
+        args += ["--set", item]
+    return launch(args, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def leaf_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("moe_zero3") / "leaf"
+    return run_dir, train(run_dir)
+
+
+def rows_per_rank(run_dir) -> dict[int, set]:
+    seen: dict[int, set] = {}
+    for rank in (0, 1):
+        for line in (run_dir / f"batches_rank{rank}.jsonl").read_text().splitlines():
+            seen.setdefault(rank, set()).update(json.loads(line)["rows"])
+    return seen
+
+
+def test_mixtral_under_zero3_with_leaf_blocks_trains_every_step_on_different_rows_per_rank(leaf_run):
+    run_dir, output = leaf_run
+    assert "ZeRO-3 leaf modules (gathered whole" in output and "2 x MixtralSparseMoeBlock" in output
+    rows = rows_per_rank(run_dir)
+    assert rows[0] and rows[1] and not rows[0] & rows[1]  # the ranks route different tokens
+    train_rows, _ = read_metrics(run_dir)
+    assert [r["step"] for r in train_rows] == list(range(1, STEPS + 1))
+    losses = [r["loss"] for r in train_rows]
+    assert all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3  # it learns
+
+
+def test_every_log_line_of_an_moe_run_carries_router_health(leaf_run):
+    run_dir, _ = leaf_run
+    train_rows, _ = read_metrics(run_dir)
+    for row in train_rows:
+        assert all(math.isfinite(row[field]) for field in ROUTER_FIELDS), row
+        assert row["router_aux_loss"] > 0
+        assert row["expert_share_max_over_mean"] >= 1.0 >= row["expert_share_min_over_mean"] >= 0.0
+
+
+def test_the_moe_export_loads_in_plain_transformers_with_every_expert(leaf_run):
+    from transformers import AutoModelForCausalLM
+    run_dir, _ = leaf_run
+    model, info = AutoModelForCausalLM.from_pretrained(str(run_dir / "hf"), output_loading_info=True)
+    assert type(model).__name__ == "MixtralForCausalLM" and model.config.num_local_experts == 4
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (4, 2 * 64, 64) and experts.down_proj.shape == (4, 64, 64)
+    assert all(float(experts.gate_up_proj[e].abs().sum()) > 0 for e in range(4))  # no expert left empty
+    ids = torch.arange(32).reshape(1, 32)
+    assert torch.isfinite(model(input_ids=ids).logits).all()
