@@ -194,3 +194,24 @@ def test_mfu_counts_the_experts_a_token_passes_through():
     cfg = config(*moe_overrides("mixtral")).model
     assert total == mem.count_params(cfg)  # the planner counts what the builder builds
     assert moe.active_parameters(model, total) == mem.active_params(cfg) == total - 2 * 2 * 3 * 64 * 32
+
+
+@pytest.mark.parametrize("family,fields,block", [
+    ("qwen2_moe", {"num_experts": 4, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16},
+     "Qwen2MoeSparseMoeBlock"),
+    ("olmoe", {"num_experts": 4}, "OlmoeSparseMoeBlock"),
+    ("granitemoe", {"num_local_experts": 4}, "GraniteMoeMoE"),
+])
+def test_the_leaf_blocks_and_routers_of_moe_families_without_a_preset_are_found_too(family, fields, block):
+    """A pretrained MoE model of a family the trainer has no inline config for (model.name_or_path): its blocks are
+    found the same way (DeepSpeed's own default list names Mixtral and the Qwen MoE blocks only)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.for_model(family, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=32, vocab_size=128, num_experts_per_tok=2,
+                                  **fields)
+    model = AutoModelForCausalLM.from_config(config)
+    assert [name.rsplit(".", 1)[-1] for name in moe.zero3_leaf_classes(model, None)] == [block]
+    watch = RouterWatch.attach(model)
+    model.train()
+    model(input_ids=torch.arange(32).reshape(2, 16))
+    assert float(watch.counts.sum()) == 2 * 16 * 2 * 2  # tokens x top-k x layers
