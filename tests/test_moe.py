@@ -215,3 +215,26 @@ def test_the_leaf_blocks_and_routers_of_moe_families_without_a_preset_are_found_
     model.train()
     model(input_ids=torch.arange(32).reshape(2, 16))
     assert float(watch.counts.sum()) == 2 * 16 * 2 * 2  # tokens x top-k x layers
+
+
+def test_a_lora_adapter_on_the_experts_merges_into_a_plain_model_with_the_same_logits(pretrained, tmp_path):
+    """What export_merged does with a LoRA run's adapter: the merged model (no PEFT) gives the adapted logits."""
+    from trainer.model import load_lora_merged
+    family, path = pretrained
+    model = built(*moe_overrides(family), f"model.name_or_path={path}", "model.lora.enabled=true",
+                  "model.lora.dropout=0", "model.lora.target_parameters=[experts.gate_up_proj, experts.down_proj]")
+    with torch.no_grad():  # an adapter that changes something (lora_B starts at zero)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    model.eval()
+    ids = batch()["input_ids"]
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+    model.save_pretrained(str(tmp_path))
+    merged = load_lora_merged(str(tmp_path), torch.float32).eval()
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    assert torch.allclose(merged(input_ids=ids).logits, adapted, atol=1e-5)
+    with model.disable_adapter():
+        base = model(input_ids=ids).logits
+    assert (adapted - base).abs().max() > 1e-3  # the expert adapters took part in the logits
