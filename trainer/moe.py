@@ -6,9 +6,10 @@ declares the module whose output is its router logits (`_can_record_outputs["rou
 the module that owns each router (it holds the router and the experts). Under ZeRO-3 that block is a leaf module
 (DeepSpeed's `set_z3_leaf_modules`): its parameters are gathered whole when it is entered, so ranks that route their
 tokens to different experts still issue the same gathers in the same order. In transformers 5.x the experts are fused
-3D parameters (`experts.gate_up_proj`, `experts.down_proj`) of one module, so a single gather covers all experts;
-older versions had one nn.Module per expert, where a rank that routed no token to an expert skipped its gather and
-the ranks hung.
+3D parameters (`experts.gate_up_proj`, `experts.down_proj`) of one module that every rank enters, so one gather covers
+all experts even without the leaf flag (tests/test_moe_zero3.py runs both); with one nn.Module per expert (older
+transformers, remote code) a rank that routes no token to an expert skips that expert's hooks, and DeepSpeed's
+set_z3_leaf_modules docstring names this as the MoE case leaf modules exist for.
 """
 from __future__ import annotations
 
