@@ -37,7 +37,8 @@ class HardwareConfig:
 
 
 # What LoRA can target in the Llama-style decoders (llama, mistral, qwen2): their linear layers, the two ends, and
-# PEFT's "all-linear". Other architectures (a pretrained model of another model_type) are not checked.
+# PEFT's "all-linear". Other architectures (MoE families, a pretrained model of another model_type) are checked against
+# the built model, before PEFT sees them (trainer.moe.lora_target_problems).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
                 "embed_tokens", "all-linear")
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
