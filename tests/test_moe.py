@@ -238,3 +238,17 @@ def test_a_lora_adapter_on_the_experts_merges_into_a_plain_model_with_the_same_l
     with model.disable_adapter():
         base = model(input_ids=ids).logits
     assert (adapted - base).abs().max() > 1e-3  # the expert adapters took part in the logits
+
+
+def test_the_engine_config_names_exactly_the_leaf_modules_the_model_carries():
+    """DeepSpeed applies its own default leaf list (Mixtral, Qwen MoE blocks) at engine start unless the config names
+    one: the engine config lists what the model carries, so model.zero3_leaf_modules=[] really means none."""
+    from trainer.model import zero3_leaf_config
+    ds = {"zero_optimization": {"stage": 3}}
+    model = built(*moe_overrides("mixtral"))  # stage 2 here: nothing flagged yet
+    assert zero3_leaf_config(model, ds)["zero_optimization"]["leaf_module"]["classes"] == []
+    moe.mark_zero3_leaves(model, moe.zero3_leaf_classes(model, None))
+    assert zero3_leaf_config(model, ds)["zero_optimization"]["leaf_module"]["classes"] == [
+        "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock"]
+    assert zero3_leaf_config(model, {"zero_optimization": {"stage": 2}}) == {"zero_optimization": {"stage": 2}}
+    assert zero3_leaf_config(built(*TINY), ds) == ds  # a dense model: DeepSpeed's config untouched

