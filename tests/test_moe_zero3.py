@@ -92,3 +92,26 @@ def test_without_leaf_modules_transformers_fused_experts_still_train_the_same_st
     assert "ZeRO-3 leaf modules (gathered whole" not in output
     leaf, no_leaf = ([r["loss"] for r in read_metrics(d)[0]] for d in (run_dir, tmp_path / "no_leaf"))
     assert no_leaf == pytest.approx(leaf, rel=1e-5)
+
+
+def test_qwen3_moe_lora_on_the_experts_under_zero3_with_deepspeed_activation_checkpointing(tmp_path):
+    """The other family, the other paths: pretrained weights (saved by the builder), LoRA on the fused expert
+    weights, DeepSpeed's activation checkpointing, ZeRO-3 on 2 ranks: it trains every step, logs router health and
+    exports the adapter (counting once per forward, not again in the recompute, is tests/test_moe.py's). 126 s here."""
+    from distributed import last_wins
+    from trainer.model import build_model
+    from trainer.presets import load_preset
+    from trainer.resolve import resolve
+    qwen = ["model.family=qwen3_moe", "model.intermediate_size=32"]
+    scratch = last_wins(MIXTRAL + qwen + ["deepspeed.zero_optimization.stage=2", "hardware.gpus_per_node=1"])
+    build_model(resolve(load_preset("tiny_cpu", scratch), 1).config, 0)[0].save_pretrained(str(tmp_path / "base"))
+    run_dir = tmp_path / "lora"
+    output = train(run_dir, *qwen, f"model.name_or_path={tmp_path / 'base'}", "model.lora.enabled=true",
+                   "model.lora.dropout=0",
+                   "model.lora.target_parameters=[experts.gate_up_proj, experts.down_proj]",
+                   "model.gradient_checkpointing=true", "deepspeed.activation_checkpointing={partition_activations: false}")
+    assert "2 x Qwen3MoeSparseMoeBlock" in output
+    rows, _ = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["router_aux_loss"]) for r in rows)
+    assert (run_dir / "hf" / "adapter_model.safetensors").is_file()
