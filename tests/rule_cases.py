@@ -96,6 +96,15 @@ CASES = {
         ["model.lora.enabled=true", "model.name_or_path=/models/llama", "model.lora.target_modules=[q_proj, qproj]"],
         ["model.lora.target_modules: 'qproj' names no module", "did you mean 'q_proj'?"],
         ["model.lora.target_modules=[q_proj, v_proj]"]),
+    "model_family_buildable": Case(
+        ["model.family=mixtrall", "model.num_experts=4"],
+        ["model.family 'mixtrall' is not a family", "did you mean 'mixtral'?", "supported: llama, mistral, qwen2, "
+         "mixtral, qwen3_moe"],
+        ["model.family=mixtral"]),
+    "zero3_leaf_modules_need_stage3": Case(
+        ["model.zero3_leaf_modules=[LlamaMLP]"],
+        ["model.zero3_leaf_modules only matters at ZeRO stage 3", "stage is 2", "zero_optimization.stage=3"],
+        [f"{ZERO}.stage=3"]),
     "legacy_cpu_offload_key": Case(
         [f"{ZERO}.cpu_offload=true"],
         [f"{ZERO}.cpu_offload: deprecated", "honours it", "offload_optimizer: {device: cpu}"],

@@ -314,3 +314,53 @@ def test_the_launch_line_keeps_the_presets_global_batch_unless_asked(global_batc
     assert bool(said) == (global_batch is None)
     if said:
         assert f"keeps 70b_8xa100's 256 sequences per step ({micro} x {accum} x 8 ranks)" in said[0]
+
+
+def test_mixtral_counts_every_expert_for_memory_and_top_k_for_flops_as_transformers_builds_it():
+    """The planner's Mixtral-8x7B is transformers' MixtralForCausalLM (built on the meta device, no weights): the
+    same total, the same largest module (the fused experts, DeepSpeed's prefetch unit), and the ZeRO-3 model states
+    are DeepSpeed's estimator's for those two numbers."""
+    import torch
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trainer.plan.models import NAMED_MODELS
+    m = NAMED_MODELS["mixtral-8x7b"][1]
+    config = AutoConfig.for_model("mixtral", hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                                  num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+                                  intermediate_size=m.intermediate_size, vocab_size=m.vocab_size,
+                                  num_local_experts=m.num_experts, num_experts_per_tok=m.num_experts_per_tok)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in model.modules())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    raw = plan_to_json(make_plan(build_inputs({"model": "mixtral-8x7b", "gpu": "a100-80g", "gpus_per_node": 8,
+                                               "task": "full"})))
+    assert (raw["params"], raw["largest_layer_params"]) == (total, largest) == (46_702_792_704, 1_409_286_144)
+    assert raw["active_params"] == total - experts * 6 // 8 == 12_879_925_248  # 2 of 8 experts per token
+    for c in raw["candidates"]:
+        if c["stage"] == 3 and c["offload_optimizer"] != "nvme":
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+                total, largest, 8, 1, cpu_offload=c["offload_optimizer"] == "cpu",
+                cpu_offload_params=c["offload_param"] == "cpu", zero_init=True)
+            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+
+
+def test_plan_reads_a_mixtral_config_json_and_names_the_moe_families_it_cannot_count(tmp_path):
+    config = tmp_path / "config.json"
+    fields = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768,
+              "num_local_experts": 8, "num_experts_per_tok": 2}
+    config.write_text(json.dumps({"model_type": "mixtral", **fields}))
+    raw = plan_to_json(make_plan(build_inputs({"model": str(config), "gpu": "a100-80g", "gpus_per_node": 8})))
+    assert (raw["params"], raw["active_params"]) == (46_702_792_704, 12_879_925_248)
+    config.write_text(json.dumps({"model_type": "qwen3_moe", **fields}))
+    with pytest.raises(UserError, match="model_type 'qwen3_moe'; the planner counts"):
+        build_inputs({"model": str(config), "gpu": "a100-80g", "gpus_per_node": 8})
+
+
+def test_the_plan_cli_plans_mixtral_8x7b():
+    proc = run_cli("plan", "--model", "mixtral-8x7b", "--gpu", "a100-80g", "--gpus-per-node", "8", "--task", "full")
+    assert proc.returncode == 0, proc.stderr
+    assert "46,702,792,704 params, 12,879,925,248 active per token (largest layer 1,409,286,144)" in proc.stdout
+    assert "Chosen: zero3" in proc.stdout

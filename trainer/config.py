@@ -37,7 +37,8 @@ class HardwareConfig:
 
 
 # What LoRA can target in the Llama-style decoders (llama, mistral, qwen2): their linear layers, the two ends, and
-# PEFT's "all-linear". Other architectures (a pretrained model of another model_type) are not checked.
+# PEFT's "all-linear". Other architectures (MoE families, a pretrained model of another model_type) are checked against
+# the built model, before PEFT sees them (trainer.moe.lora_target_problems).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
                 "embed_tokens", "all-linear")
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
@@ -51,18 +52,38 @@ class LoraConfig:
     dropout: float = doc("Dropout on the LoRA input.", 0.05, kind=FRACTION)
     target_modules: list[str] = doc(
         "Module names that get adapters.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_parameters: list[str] = doc(
+        "Parameters that get adapters (PEFT target_parameters): the fused 3D expert weights of MoE models, which are "
+        "no nn.Linear in transformers 5.x, e.g. [experts.gate_up_proj, experts.down_proj].", factory=list)
 
 
 @dataclass
 class ModelConfig:
     name_or_path: Optional[str] = doc(
         "Local directory or hub id with pretrained weights; None trains the inline architecture from scratch.", None)
-    family: str = doc("Architecture family of the inline config (a transformers model_type: llama, mistral, qwen2).", "llama")
+    family: str = doc("Architecture family of the inline config (a transformers model_type: llama, mistral, qwen2, "
+                      "mixtral, qwen3_moe).", "llama")
     hidden_size: int = doc("Model width h.", 4096, kind=COUNT)
     num_layers: int = doc("Transformer blocks L.", 32, kind=COUNT)
     num_heads: int = doc("Attention (query) heads.", 32, kind=COUNT)
     num_kv_heads: Optional[int] = doc("Key/value heads (GQA); None means num_heads (MHA).", None, kind=COUNT)
-    intermediate_size: int = doc("SwiGLU MLP width.", 11008, kind=COUNT)
+    intermediate_size: int = doc("SwiGLU MLP width (MoE families: each expert's).", 11008, kind=COUNT)
+    num_experts: Optional[int] = doc("MoE families (mixtral, qwen3_moe): experts per layer; None for dense families.",
+                                     None, kind=COUNT)
+    num_experts_per_tok: Optional[int] = doc("MoE: experts each token is routed to (top-k); None = 2.", None,
+                                             kind=COUNT)
+    router_aux_loss_coef: Optional[float] = doc(
+        "MoE: weight of the router load-balancing loss added to the LM loss when output_router_logits is on "
+        "(transformers' router_aux_loss_coef); None = the model's own (0.001 in transformers' defaults).", None,
+        kind=NONNEGATIVE)
+    output_router_logits: Optional[bool] = doc(
+        "MoE: add router_aux_loss_coef x the load-balancing loss to the training loss (transformers' "
+        "output_router_logits); None = the model's own (off in transformers' defaults). Router health "
+        "(router_aux_loss, expert_share_max_over_mean) is logged either way.", None)
+    zero3_leaf_modules: Optional[list[str]] = doc(
+        "ZeRO-3 leaf modules (DeepSpeed set_z3_leaf_modules): class names whose parameters are gathered whole on "
+        "entry, so ranks that route tokens to different experts gather alike; None = the MoE blocks found in the "
+        "model (the modules that own a router), [] = none. A name matching no module is an error.", None)
     vocab_size: int = doc("Vocabulary size (the tokenizer must not exceed it).", 32000, kind=COUNT)
     max_position_embeddings: int = doc("Longest sequence the model supports.", 4096, kind=COUNT)
     tie_word_embeddings: bool = doc("Share input embedding and LM head weights.", False)

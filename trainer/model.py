@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from . import ds as dsc
+from . import moe
 from .config import Config, ModelConfig
+from .errors import UserError
 from .remote_code import load_kwargs, refused
 
 
@@ -42,6 +44,7 @@ def hf_config(model_cfg: ModelConfig, attn_implementation: str):
         initializer_range=model_cfg.init_std,
         attn_implementation=attn_implementation,
         use_cache=False,
+        **moe.moe_config_fields(model_cfg),
     )
 
 
@@ -75,6 +78,7 @@ def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
         model = AutoModelForCausalLM.from_config(hf_config(model_cfg, attention))
         init_weights_by_name(model, cfg.train.seed, model_cfg.init_std, rank)
     model.config.use_cache = False  # a KV cache is useless in training and costs time every forward
+    mark_zero3_leaves(model, cfg)
     if model_cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model, ds)
     if model_cfg.lora.enabled:
@@ -88,7 +92,7 @@ def pretrained(model_cfg: ModelConfig, attention: str, dtype: torch.dtype):
     path = model_cfg.name_or_path
     try:
         return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention, dtype=dtype,
-                                                    **load_kwargs(model_cfg.trust_remote_code, path, "model"))
+                                                    **moe.router_settings(model_cfg), **load_kwargs(model_cfg.trust_remote_code, path, "model"))
     except ValueError as err:
         code = refused(err, path, "set model.trust_remote_code=true in the preset (or --set "
                                   "model.trust_remote_code=true)")
@@ -104,6 +108,28 @@ def _zero3_integration(ds: dict):
         return None
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
     return HfDeepSpeedConfig(dsc.without_tensor_parallel(ds))
+
+
+def mark_zero3_leaves(model: torch.nn.Module, cfg: Config) -> None:
+    """Under ZeRO-3, the MoE blocks (or model.zero3_leaf_modules) become ZeRO-3 leaf modules; names that match no
+    module are an error at every stage, before any step. A config with its own DeepSpeed leaf_module block is left
+    to DeepSpeed (the rules refuse it together with model.zero3_leaf_modules)."""
+    if dsc.zero3_leaf_block(cfg.deepspeed) is not None:
+        return
+    classes = moe.zero3_leaf_classes(model, cfg.model.zero3_leaf_modules)
+    if dsc.zero_stage(cfg.deepspeed) == 3 and classes:
+        moe.mark_zero3_leaves(model, classes)
+
+
+def zero3_leaf_config(model: torch.nn.Module, ds: dict) -> dict:
+    """The engine's DeepSpeed config naming exactly the leaf modules the model carries (mark_zero3_leaves), so
+    DeepSpeed's default leaf list adds none the run did not ask for (model.zero3_leaf_modules=[] really means none);
+    unchanged below stage 3, for a model without leaf modules, or with the config's own leaf_module block."""
+    if dsc.zero_stage(ds) != 3 or dsc.zero3_leaf_block(ds) is not None:
+        return ds
+    from deepspeed.utils import get_z3_leaf_modules
+    flagged = sorted({moe.qualified(type(m)) for m in get_z3_leaf_modules(model)})
+    return dsc.with_zero3_leaf_classes(ds, flagged) if flagged or moe.routers(model) else ds
 
 
 def name_seed(seed: int, name: str) -> int:
@@ -173,8 +199,13 @@ def maybe_apply_liger(model_cfg: ModelConfig, zero_stage: int = 0) -> None:
 def apply_lora(model, model_cfg: ModelConfig):
     from peft import LoraConfig, get_peft_model
     lora = model_cfg.lora
+    problems = moe.lora_target_problems(model, list(lora.target_modules), list(lora.target_parameters),
+                                        lora.dropout)
+    if problems:
+        raise UserError("; ".join(problems))
     peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+                             target_modules=list(lora.target_modules),
+                             target_parameters=list(lora.target_parameters) or None, task_type="CAUSAL_LM")
     return get_peft_model(model, peft_config)
 
 
@@ -188,7 +219,6 @@ def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdp
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from .errors import UserError
     base = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base:
         raise UserError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path: cannot merge the adapter")
@@ -207,6 +237,15 @@ def kernels_in_use(model: torch.nn.Module) -> str:
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     liger = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Liger")})
     return f"attention {attention}, liger {', '.join(liger) if liger else 'off'}"
+
+
+def zero3_leaves_in_use(model: torch.nn.Module) -> str:
+    """The ZeRO-3 leaf modules the model carries, for the start-up log ('' when none)."""
+    from deepspeed.utils import get_z3_leaf_modules
+    counts: dict[str, int] = {}
+    for module in get_z3_leaf_modules(model):
+        counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    return ", ".join(f"{count} x {name}" for name, count in counts.items())
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -26,6 +26,8 @@ says what it would do, which is why each is an error here.
 | AutoTP size divides the attention and KV heads | shards unevenly or fails at engine start |
 | LoRA target_modules name modules of the model | PEFT fails at model build, after data preparation |
 | legacy zero_optimization.cpu_offload / cpu_offload_param | honoured with a warning (checked in ds.check_keys) |
+| model.family is one the trainer builds (dense or MoE), MoE keys only on MoE families | transformers fails at build |
+| model.zero3_leaf_modules needs stage 3, not with zero_optimization.leaf_module | only stage 3 reads leaf flags |
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from . import ds as dsc
 from . import hardware
 from .config import LLAMA_LIKE, LORA_TARGETS, Config
 from .errors import closest
+from .moe import family_problems
 
 
 Rule = Callable[[Config, dict, int], list[str]]
@@ -170,6 +173,23 @@ def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
             f"targets are {', '.join(LORA_TARGETS)}" for name in lora.target_modules if name not in LORA_TARGETS]
 
 
+def model_family_buildable(cfg: Config, ds: dict, world: int) -> list[str]:
+    return family_problems(cfg.model)
+
+
+def zero3_leaf_modules_need_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
+    asked = cfg.model.zero3_leaf_modules
+    if asked is None:
+        return []
+    if dsc.zero3_leaf_block(ds) is not None:
+        return ["model.zero3_leaf_modules and deepspeed.zero_optimization.leaf_module both name ZeRO-3 leaf modules: "
+                "keep one (model.zero3_leaf_modules is checked against the model before any step)"]
+    if asked and dsc.zero_stage(ds) != 3:
+        return [f"model.zero3_leaf_modules only matters at ZeRO stage 3 (stage is {dsc.zero_stage(ds)}; DeepSpeed "
+                f"would ignore it): set zero_optimization.stage=3 or remove model.zero3_leaf_modules"]
+    return []
+
+
 def _model_type(cfg: Config) -> str:
     """The pretrained model's model_type when its config.json is on disk, else model.family (a hub id is assumed
     to be what the preset says)."""
@@ -190,7 +210,8 @@ RULES: list[Rule] = [
     cpu_ranks_precision, round_robin_needs_stage_1_2,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
-    min_lr_needs_cosine, autotp_shards_heads, lora_targets_exist,
+    min_lr_needs_cosine, autotp_shards_heads, lora_targets_exist, model_family_buildable,
+    zero3_leaf_modules_need_stage3,
 ]
 
 

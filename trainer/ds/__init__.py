@@ -24,7 +24,8 @@ from .build import (
     CHECKPOINT_WRITERS, activation_checkpointing_overrides, aio_defaults, base_config, client_optimizer_on_cpu_override,
     gather_on_save_override, global_batch_overrides, min_loss_scale_override, precision_overrides, rehearsal_changes,
     set_override, smaller_stage3_buffers, torch_adam_on_cpu_overrides, unpinned_offload_overrides,
-    with_checkpoint_writer, with_sequence_parallel, with_universal_load, with_zeropp, zero_block, zero_overrides,
+    with_checkpoint_writer, with_sequence_parallel, with_universal_load, with_zero3_leaf_classes, with_zeropp,
+    zero_block, zero_overrides,
 )
 from .check import REMOVED_OPTIMIZERS, check_keys
 from .inference import (
@@ -35,7 +36,7 @@ from .keys import (
     fp16_min_loss_scale, gather_16bit_on_save, has_activation_checkpointing, hpz_partition_size, leaf_paths,
     micro_batch_size, nvme_offloads, nvme_pipelined, offload_block, offload_optimizer_device, offload_param_device,
     offload_pin_memory, overlap_comm, precision, quantized_gradients, quantized_weights, scheduler_type,
-    without_tensor_parallel, zero, zero_key, zero_setting, zero_stage,
+    without_tensor_parallel, zero, zero3_leaf_block, zero_key, zero_setting, zero_stage,
 )
 from .ops import jit_ops, optimizer_ops
 
@@ -51,7 +52,8 @@ __all__ = [
     "offload_pin_memory", "optimizer_ops", "overlap_comm", "precision", "precision_overrides", "preset_section",
     "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "set_override",
     "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config",
-    "unpinned_offload_overrides", "with_checkpoint_writer", "with_sequence_parallel", "with_universal_load", "with_zeropp",
-    "without_autotuning", "without_tensor_parallel", "zero", "zero_block", "zero_inference_config", "zero_key",
+    "unpinned_offload_overrides", "with_checkpoint_writer", "with_sequence_parallel", "with_universal_load",
+    "with_zeropp", "with_zero3_leaf_classes", "without_autotuning", "without_tensor_parallel", "zero",
+    "zero3_leaf_block", "zero_block", "zero_inference_config", "zero_key",
     "zero_overrides", "zero_setting", "zero_stage",
 ]

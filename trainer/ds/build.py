@@ -266,3 +266,10 @@ def with_checkpoint_writer(ds: dict, writer: str) -> dict:
     if block is None:
         return ds
     return {**ds, "checkpoint": {**(ds.get("checkpoint") or {}), "writer": dict(block)}}
+
+
+def with_zero3_leaf_classes(ds: dict, classes: list[str]) -> dict:
+    """A copy of `ds` whose zero_optimization.leaf_module lists exactly `classes` (the ones the trainer flagged), so
+    DeepSpeed's own default list adds nothing the run did not ask for ([]: no leaf modules at all)."""
+    block = {"classes": list(classes), "names": [], "name_suffixes": []}
+    return {**ds, "zero_optimization": {**zero(ds), "leaf_module": block}}

@@ -170,3 +170,9 @@ def fp16_min_loss_scale(ds: dict) -> float:
 def forces_ds_cpu_optimizer(ds: dict) -> bool:
     """DeepSpeed insists on DeepSpeedCPUAdam for CPU offload unless this is turned off."""
     return bool(ds.get("zero_force_ds_cpu_optimizer", True))
+
+
+def zero3_leaf_block(ds: dict) -> dict | None:
+    """The config's own zero_optimization.leaf_module block (DeepSpeed applies it at engine start; its default lists
+    transformers' Mixtral / Qwen2-MoE / Qwen3-MoE blocks), None when the config has none."""
+    return zero(ds).get("leaf_module")

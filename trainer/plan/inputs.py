@@ -61,6 +61,11 @@ class PlanInputs:
         return self.model.params_override or mem.count_params(self.model.config)
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: its top-k experts); what FLOPs per token count."""
+        return self.params if self.model.params_override else mem.active_params(self.model.config)
+
+    @property
     def largest_layer(self) -> int:
         return mem.largest_layer_params(self.model.config)
 

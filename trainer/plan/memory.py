@@ -95,7 +95,9 @@ def has_qkv_bias(m: ModelConfig) -> bool:
 
 
 def module_params(m: ModelConfig) -> dict[str, int]:
-    """Parameters owned directly by each distinct module of one decoder layer and of the model ends."""
+    """Parameters owned directly by each distinct module of one decoder layer and of the model ends. MoE families
+    (mixtral): the router (`gate`, experts x h) and the experts, which transformers 5.x fuses into one module holding
+    every expert's gate/up/down weights (3D parameters) -- DeepSpeed's largest layer then."""
     h, kv, inter = m.hidden_size, kv_width(m), m.intermediate_size
     bias = has_qkv_bias(m)
     modules = {
@@ -104,32 +106,41 @@ def module_params(m: ModelConfig) -> dict[str, int]:
         "k_proj": h * kv + (kv if bias else 0),
         "v_proj": h * kv + (kv if bias else 0),
         "o_proj": h * h,
-        "gate_proj": h * inter,
-        "up_proj": h * inter,
-        "down_proj": inter * h,
         "input_layernorm": h,
         "post_attention_layernorm": h,
         "norm": h,
     }
+    if m.num_experts:
+        modules.update({"gate": h * m.num_experts, "experts": m.num_experts * 3 * h * inter})
+    else:
+        modules.update({"gate_proj": h * inter, "up_proj": h * inter, "down_proj": inter * h})
     if not m.tie_word_embeddings:
         modules["lm_head"] = m.vocab_size * h
     return modules
 
 
-LAYER_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                 "input_layernorm", "post_attention_layernorm")
+MODEL_ENDS = ("embed_tokens", "norm", "lm_head")
 
 
 def params_per_layer(m: ModelConfig) -> int:
-    modules = module_params(m)
-    return sum(modules[name] for name in LAYER_MODULES)
+    return sum(count for name, count in module_params(m).items() if name not in MODEL_ENDS)
 
 
 def count_params(m: ModelConfig) -> int:
-    """Exact trainable parameter count of the full model (a tied LM head counted once)."""
+    """Exact trainable parameter count of the full model (a tied LM head counted once); every expert counts: the
+    memory of model states holds them all."""
     modules = module_params(m)
     ends = modules["embed_tokens"] + modules["norm"] + modules.get("lm_head", 0)
     return ends + m.num_layers * params_per_layer(m)
+
+
+def active_params(m: ModelConfig) -> int:
+    """Parameters one token passes through: an MoE layer runs num_experts_per_tok of its experts (what the FLOPs per
+    token, MFU and tokens/s count); the total for dense models."""
+    if not m.num_experts:
+        return count_params(m)
+    idle = m.num_experts - (m.num_experts_per_tok or 2)
+    return count_params(m) - m.num_layers * idle * 3 * m.hidden_size * m.intermediate_size
 
 
 def largest_layer_params(m: ModelConfig) -> int:
@@ -143,6 +154,8 @@ def lora_params(m: ModelConfig, lora: LoraConfig) -> int:
     shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
               "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
     unknown = [t for t in lora.target_modules if t not in shapes]
+    if m.num_experts:  # the MLP of an MoE layer is fused experts, no projections of these shapes
+        unknown += [t for t in lora.target_modules if t in ("gate_proj", "up_proj", "down_proj")]
     if unknown:
         raise ValueError(f"LoRA target modules {unknown} are not Llama projections ({', '.join(shapes)})")
     per_layer = sum(lora.r * (shapes[t][0] + shapes[t][1]) for t in lora.target_modules)

@@ -34,6 +34,10 @@ NAMED_MODELS: dict[str, tuple[str, ModelConfig]] = {
     "70b": ("Llama-2-70B", ModelConfig(name_or_path="meta-llama/Llama-2-70b-hf", hidden_size=8192, num_layers=80,
                                        num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=32000,
                                        max_position_embeddings=4096)),
+    "mixtral-8x7b": ("Mixtral-8x7B", ModelConfig(
+        name_or_path="mistralai/Mixtral-8x7B-v0.1", family="mixtral", hidden_size=4096, num_layers=32, num_heads=32,
+        num_kv_heads=8, intermediate_size=14336, vocab_size=32000, max_position_embeddings=32768,
+        rope_theta=1e6, num_experts=8, num_experts_per_tok=2)),
 }
 
 
@@ -88,6 +92,8 @@ def _parse_count(text: str) -> Optional[float]:
 def _checked_model(m: ModelConfig, where: str) -> ModelConfig:
     if min(m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.vocab_size) <= 0:
         raise UserError(f"{where}: hidden_size, num_layers, num_heads, intermediate_size and vocab_size must be > 0")
+    if m.num_experts and m.family != "mixtral":  # Qwen3-MoE's q/k norms and free head_dim are not counted yet
+        raise UserError(f"{where}: the planner counts MoE models of family mixtral; {m.family!r} is not counted yet")
     if m.hidden_size % m.num_heads or (m.num_kv_heads and m.num_heads % m.num_kv_heads):
         raise UserError(f"{where}: hidden_size must divide by num_heads and num_heads by num_kv_heads")
     return m
@@ -96,19 +102,20 @@ def _checked_model(m: ModelConfig, where: str) -> ModelConfig:
 HF_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
              "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
              "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
-             "tie_word_embeddings": "tie_word_embeddings", "model_type": "family"}
+             "tie_word_embeddings": "tie_word_embeddings", "model_type": "family",
+             "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok"}
 
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2")
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "mixtral")
 
 
 def model_from_hf_config(path: Path, where: str) -> ModelConfig:
-    """A transformers config.json of a Llama-style decoder (llama, mistral, qwen2)."""
+    """A transformers config.json of a Llama-style decoder (llama, mistral, qwen2) or of Mixtral (its experts)."""
     raw = read_json_object(path, f"{where} config.json")
     family = raw.get("model_type")
     if family not in SUPPORTED_FAMILIES:
         raise UserError(f"{where}: {path} has model_type {short(family)}; the planner counts Llama-style decoders "
-                        f"({', '.join(SUPPORTED_FAMILIES)}); give a parameter count with --hidden-size and --num-layers")
+                        f"and Mixtral ({', '.join(SUPPORTED_FAMILIES)}); give a parameter count with --hidden-size and --num-layers")
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                            "vocab_size") if k not in raw]
     if missing:

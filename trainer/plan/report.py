@@ -13,6 +13,7 @@ def plan_to_json(plan: Plan) -> dict:
         "model": {"label": inputs.model.label, "hidden_size": inputs.model.config.hidden_size,
                   "num_layers": inputs.model.config.num_layers, "vocab_size": inputs.model.config.vocab_size},
         "params": inputs.params,
+        "active_params": inputs.active_params,
         "largest_layer_params": inputs.largest_layer,
         "lora_params": inputs.lora_params or None,
         "hardware": {"gpu": inputs.gpu.name, "gpu_memory_bytes": inputs.gpu.memory_bytes,
@@ -56,7 +57,8 @@ def print_plan(plan: Plan) -> None:
     inputs = plan.inputs
     gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
     lora = f", LoRA r={inputs.lora.r} ({inputs.lora_params / 1e6:.1f}M adapter params)" if inputs.lora_params else ""
-    print(f"Plan: {inputs.model.label}: {inputs.params:,} params (largest layer {inputs.largest_layer:,}){lora}")
+    active = f", {inputs.active_params:,} active per token" if inputs.active_params != inputs.params else ""
+    print(f"Plan: {inputs.model.label}: {inputs.params:,} params{active} (largest layer {inputs.largest_layer:,}){lora}")
     print(f"      {inputs.nodes} node(s) x {inputs.gpus_per_node} {inputs.gpu.description}, {inputs.task}, "
           f"seq {inputs.seq_len}, {inputs.precision}"
           + (f", sequence parallel {inputs.sp} ({inputs.seq_len // inputs.sp} tokens per GPU)" if inputs.sp > 1 else ""))

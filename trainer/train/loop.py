@@ -19,6 +19,7 @@ from .evaluation import EvalSet, evaluate_engine, first_evaluation
 from .guards import LossScaleWatch, StepGuard, StopSignal, any_rank
 from .hooks import Hooks
 from .metrics import MetricsLogger, peak_memory_gb, print0
+from .router import RouterWatch, router_metrics
 
 
 class Outcome(enum.Enum):
@@ -39,7 +40,8 @@ class Outcome(enum.Enum):
 
 
 def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
-        ckpt_dir: Path, resumed_from: str | None, hooks: Hooks | None = None, sampler=None) -> Outcome:
+        ckpt_dir: Path, resumed_from: str | None, hooks: Hooks | None = None, sampler=None,
+        router: RouterWatch | None = None) -> Outcome:
     """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended."""
     cfg = resolved.config
     train, accum = cfg.train, cfg.train.grad_accum
@@ -112,6 +114,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
                          "grad_norm": grad_norm(engine),
                          **loss_scale(engine),
                          **metrics.throughput(tokens_per_step * window_steps, elapsed, window_steps),
+                         **router_metrics(router, engine.device),  # MoE: aux loss, expert shares; collective
                          "peak_mem_gb": peak_memory_gb()})
             if scheduled_log:  # an unscheduled last line leaves the window open for the resumed run
                 window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0

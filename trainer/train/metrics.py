@@ -3,7 +3,8 @@ progress bar.
 
 `metrics.jsonl` has one JSON object per logged step: step, loss, lr, grad_norm, tokens_per_s,
 step_time_s, tflops_per_gpu, mfu, peak_mem_gb (+ loss_scale under fp16); eval lines carry
-eval_loss and eval_ppl. Tools may rely on these names.
+eval_loss and eval_ppl; MoE models add router_aux_loss, expert_share_max_over_mean and expert_share_min_over_mean
+(trainer/train/router.py). Tools may rely on these names.
 
 A resume from the checkpoint of step S rewinds it first: lines past S (steps the crash lost; the resumed run trains
 them again) move to `metrics.rewound.jsonl`, each with `rewound_by` naming that resume, metrics.jsonl is rewritten
@@ -17,8 +18,9 @@ them all the same way, with no event: the new history starts empty, nothing is d
 and the resume says so: it never stops a run. The file is read by trainer.metrics_file, line by line.
 
 MFU counts model FLOPs only (no recomputation): FLOPs per token = 6·N + 12·L·h·s (PaLM appendix B),
-N = all parameters, L layers, h hidden size, s sequence length; the peak is the GPU table's
-dense 16-bit figure (trainer.hardware) times the number of GPUs.
+N = the parameters a token passes through (all of them; MoE: its top-k experts, not the idle ones), L layers,
+h hidden size, s sequence length; the peak is the GPU table's dense 16-bit figure (trainer.hardware) times the
+number of GPUs.
 """
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from .evaluation import EvalSet
 from .hooks import Hooks
 from .loop import Outcome, fit
 from .metrics import MetricsLogger, Resumed, print0
+from .router import RouterWatch
 from .samples import make_sampler
 
 
@@ -40,8 +41,9 @@ class Job:
     tokenizer: Any
     train_batches: Any
     eval_set: EvalSet
-    total_params: int
+    active_params: int   # parameters a token passes through (all of them, unless MoE): what MFU counts
     sampler: Any = None  # train.sample_prompts' generator, or None
+    router: Any = None   # an MoE model's RouterWatch (router health in metrics.jsonl), or None
 
 
 def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None,
@@ -67,13 +69,13 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None)
     state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank, universal_dir)
 
-    metrics = MetricsLogger(cfg, run_dir, rank, job.total_params, resolved.world_size, record,
+    metrics = MetricsLogger(cfg, run_dir, rank, job.active_params, resolved.world_size, record,
                             resumed_metrics(state, resume_path, ckpt_dir))
     if metrics.wandb_run_id:
         state.wandb_run_id = metrics.wandb_run_id  # every checkpoint names the wandb run its history logs to
     try:
         ended = fit(job.engine, job.train_batches, job.eval_set, state, resolved, metrics, ckpt_dir,
-                    resumed_from, hooks, job.sampler)
+                    resumed_from, hooks, job.sampler, job.router)
         if cfg.train.export_hf and ended is Outcome.FINISHED:
             merged = run_dir / "hf_merged" if cfg.train.export_merged and cfg.model.lora.enabled else None
             out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf", state.step, merged)
@@ -135,7 +137,8 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     import deepspeed
 
     from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
-    from ..model import build_model, count_parameters, kernels_in_use
+    from ..moe import active_parameters
+    from ..model import build_model, count_parameters, kernels_in_use, zero3_leaf_config, zero3_leaves_in_use
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
     check_vocab(tokenizer, cfg)
@@ -147,10 +150,16 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     model, hf_ds_config = build_model(cfg, rank)
     hooks.on_model(model)
     total_params, trainable_params = count_parameters(model)
-    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable); {kernels_in_use(model)}", rank=rank)
+    active = active_parameters(model, total_params)
+    per_token = f", {active:,} active per token" if active != total_params else ""
+    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable{per_token}); {kernels_in_use(model)}",
+           rank=rank)
+    if zero3_leaves_in_use(model):
+        print0(f"ZeRO-3 leaf modules (gathered whole, MoE routing cannot desynchronise the ranks): "
+               f"{zero3_leaves_in_use(model)}", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=engine_config(cfg, universal))
+        config=zero3_leaf_config(model, engine_config(cfg, universal)))
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
@@ -159,7 +168,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     eval_set = EvalSet({stream.sources[0].name: stream for stream in data.eval}, cfg.train.eval_sequences, micro,
                        dp_rank, dp_size)
     sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
-    return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler)
+    return Job(engine, tokenizer, train_batches, eval_set, active, sampler, RouterWatch.attach(model))
 
 
 def engine_config(cfg: Config, universal: bool) -> dict:

@@ -1,0 +1,189 @@
+"""Mixture-of-Experts models (mixtral, qwen3_moe): their inline config fields, their routers, and the MoE blocks
+ZeRO-3 must treat as leaf modules.
+
+The routers and blocks are found from the model itself, not from a table of class names: a transformers MoE model
+declares the module whose output is its router logits (`_can_record_outputs["router_logits"]`), and the MoE block is
+the module that owns each router (it holds the router and the experts). Under ZeRO-3 that block is a leaf module
+(DeepSpeed's `set_z3_leaf_modules`): its parameters are gathered whole when it is entered, so ranks that route their
+tokens to different experts still issue the same gathers in the same order. In transformers 5.x the experts are fused
+3D parameters (`experts.gate_up_proj`, `experts.down_proj`) of one module that every rank enters, so one gather covers
+all experts even without the leaf flag (tests/test_moe_zero3.py runs both); with one nn.Module per expert (older
+transformers, remote code) a rank that routes no token to an expert skips that expert's hooks, and DeepSpeed's
+set_z3_leaf_modules docstring names this as the MoE case leaf modules exist for.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from .config import LLAMA_LIKE, ModelConfig
+from .errors import UserError, closest
+
+if TYPE_CHECKING:  # torch is imported by the functions that get a model, so the rules can read this module light
+    import torch
+
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
+FAMILIES = LLAMA_LIKE + MOE_FAMILIES   # what the trainer builds from an inline architecture (model.family)
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits")
+
+
+def is_moe(model_cfg: ModelConfig) -> bool:
+    return model_cfg.family in MOE_FAMILIES
+
+
+def family_problems(model_cfg: ModelConfig) -> list[str]:
+    """An inline architecture the trainer cannot build (unknown family, MoE settings on a dense family, an MoE family
+    without its experts), one message each naming the key."""
+    m = model_cfg
+    if m.name_or_path:  # a pretrained model's own config.json decides its architecture
+        return []
+    if m.family not in FAMILIES:
+        return [f"model.family {m.family!r} is not a family the trainer builds from an inline architecture"
+                f"{closest(m.family, FAMILIES)}; supported: {', '.join(FAMILIES)} (or give model.name_or_path)"]
+    if not is_moe(m):
+        set_here = [f"model.{name}" for name in MOE_FIELDS if getattr(m, name) is not None]
+        return [f"{', '.join(set_here)}: MoE settings, but model.family={m.family} is a dense family; remove them or "
+                f"use an MoE family ({', '.join(MOE_FAMILIES)})"] if set_here else []
+    if m.num_experts is None:
+        return [f"model.num_experts is required for the MoE family {m.family} (experts per layer, e.g. 8)"]
+    top_k = m.num_experts_per_tok or 2
+    if top_k > m.num_experts:
+        return [f"model.num_experts_per_tok={top_k} exceeds model.num_experts={m.num_experts}: a token cannot be "
+                f"routed to more experts than there are"]
+    return []
+
+
+def router_settings(model_cfg: ModelConfig) -> dict[str, Any]:
+    """router_aux_loss_coef / output_router_logits the preset sets (transformers' config names), for the inline
+    config and for from_pretrained (which passes them to the loaded config); unset keeps the model's own."""
+    return {name: getattr(model_cfg, name) for name in ("router_aux_loss_coef", "output_router_logits")
+            if getattr(model_cfg, name) is not None}
+
+
+def moe_config_fields(model_cfg: ModelConfig) -> dict[str, Any]:
+    """The transformers config fields of an inline MoE architecture. `num_experts` is the attribute-mapped name both
+    MixtralConfig and Qwen3MoeConfig accept; `intermediate_size` is each expert's width (Mixtral's own meaning, and
+    Qwen3-MoE's moe_intermediate_size: its dense intermediate_size only serves mlp_only_layers, none here)."""
+    if not is_moe(model_cfg):
+        return {}
+    m = model_cfg
+    fields = {"num_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok or 2,
+              "head_dim": m.hidden_size // m.num_heads, **router_settings(m)}
+    if m.family == "qwen3_moe":
+        fields["moe_intermediate_size"] = m.intermediate_size
+    return fields
+
+
+# --- routers and MoE blocks, found in the built model ---------------------------------------------------------
+
+def _router_recorder(model: torch.nn.Module):
+    """transformers' OutputRecorder for router logits of the model class (None: not a transformers MoE model)."""
+    for module in model.modules():  # the causal LM may sit inside a PEFT wrapper
+        recorders = getattr(type(module), "_can_record_outputs", None) or {}
+        if "router_logits" in recorders:
+            return recorders["router_logits"]
+    return None
+
+
+def routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, int]]:
+    """(name, router module, index of the logits in its output) for every router of the model."""
+    recorder = _router_recorder(model)
+    if recorder is None or getattr(recorder, "target_class", None) is None:
+        return []
+    index = recorder.index or 0
+    return [(name, module, index) for name, module in model.named_modules() if isinstance(module, recorder.target_class)]
+
+
+def experts_per_token(model: torch.nn.Module) -> int:
+    """The model config's top-k (num_experts_per_tok), through any wrapper; 1 when it has none."""
+    for module in model.modules():
+        top_k = getattr(getattr(module, "config", None), "num_experts_per_tok", None)
+        if top_k:
+            return int(top_k)
+    return 1
+
+
+def active_parameters(model: torch.nn.Module, total: int) -> int:
+    """Of `total`, the parameters one token passes through: each fused expert weight (a 3D parameter whose first
+    dimension is the experts) counts top-k of its experts. Correct under ZeRO-3 (ds_shape is the full shape)."""
+    if not routers(model):
+        return total
+    top_k, idle = experts_per_token(model), 0
+    for name, param in model.named_parameters():
+        shape = tuple(getattr(param, "ds_shape", param.shape))
+        if len(shape) == 3 and ".experts." in f".{name}.":
+            numel = shape[0] * shape[1] * shape[2]
+            idle += numel - numel * min(top_k, shape[0]) // shape[0]
+    return total - idle
+
+
+def moe_block_classes(model: torch.nn.Module) -> list[type]:
+    """The classes of the modules that own a router: the sparse MoE blocks (MixtralSparseMoeBlock, ...)."""
+    router_names = {name for name, _, _ in routers(model)}
+    classes: dict[type, None] = {}
+    for name, module in model.named_modules():
+        if any(child and f"{name}.{child}" in router_names for child, _ in module.named_children()):
+            classes[type(module)] = None
+    return list(classes)
+
+
+def qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def zero3_leaf_classes(model: torch.nn.Module, asked: Optional[list[str]]) -> list[str]:
+    """The fully qualified class names to make ZeRO-3 leaf modules: `asked` (model.zero3_leaf_modules: class names or
+    module.QualNames, each must match a module of the model) or, when None, the model's MoE blocks."""
+    if asked is None:
+        return [qualified(cls) for cls in moe_block_classes(model)]
+    present = {}
+    for module in model.modules():
+        present.setdefault(type(module).__name__, qualified(type(module)))
+        present.setdefault(qualified(type(module)), qualified(type(module)))
+    missing = [name for name in asked if name not in present]
+    if missing:
+        blocks = [cls.__name__ for cls in moe_block_classes(model)]
+        hint = f"; this model's MoE blocks are {', '.join(blocks)}" if blocks else ""
+        raise UserError(f"model.zero3_leaf_modules: {', '.join(map(repr, missing))} match no module class of the model"
+                        f"{closest(missing[0], [n for n in present if '.' not in n])}{hint}; give class names of "
+                        f"modules in the model, or remove the key to use the MoE blocks found automatically")
+    return list(dict.fromkeys(present[name] for name in asked))
+
+
+def mark_zero3_leaves(model: torch.nn.Module, classes: list[str]) -> int:
+    """Flag every module of `classes` as a ZeRO-3 leaf (DeepSpeed's set_z3_leaf_modules); returns how many."""
+    if not classes:
+        return 0
+    from deepspeed.utils import set_z3_leaf_modules
+    return len(set_z3_leaf_modules(model, classes))
+
+
+# --- LoRA targets -----------------------------------------------------------------------------------------------
+
+def lora_target_problems(model: torch.nn.Module, target_modules: list[str], target_parameters: list[str],
+                         dropout: float = 0.0) -> list[str]:
+    """LoRA targets that name nothing PEFT can adapt in this model, with what it has: nn.Linear modules for
+    target_modules, parameters (e.g. the fused 3D expert weights of transformers 5.x MoE) for target_parameters."""
+    from torch import nn
+    modules = [name for name, _ in model.named_modules() if name]
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    params = {name for name, _ in model.named_parameters()}
+    expert_params = sorted({".".join(name.split(".")[-2:]) for name, p in model.named_parameters() if p.dim() == 3})
+    problems = []
+    for name in target_modules:  # PEFT matches a module whose name is the target or ends with "." + target
+        if name == "all-linear" or any(m == name or m.endswith("." + name) for m in modules):
+            continue
+        fused = [p for p in expert_params if p.split(".")[-1] == name]
+        hint = (f" ({name!r} is a fused expert weight here, a 3D parameter and no nn.Linear: list {fused[0]!r} in "
+                f"model.lora.target_parameters instead)") if fused else ""
+        problems.append(f"model.lora.target_modules: {name!r} names no module of this model{hint}; its linear "
+                        f"layers are {', '.join(linear)}")
+    if target_parameters and dropout:  # PEFT's ParamWrapper (LoRA on a parameter) refuses dropout at build
+        problems.append(f"model.lora.dropout={dropout}: PEFT adapts model.lora.target_parameters without dropout; "
+                        f"set model.lora.dropout=0")
+    for name in target_parameters:
+        if not any(p == name or p.endswith("." + name) for p in params):
+            problems.append(f"model.lora.target_parameters: {name!r} names no parameter of this model"
+                            f"{closest(name, expert_params)}; "
+                            + (f"its expert weights are {', '.join(expert_params)}" if expert_params
+                               else "it has no fused expert weights"))
+    return problems
