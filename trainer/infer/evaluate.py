@@ -54,7 +54,7 @@ def evaluate(args) -> int:
         runner = session.runner
         eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
                            batch_size(args, cfg), runner.replica, runner.replicas)
-        result = evaluate_set(lambda batch: runner.module(**batch).loss, eval_set, runner.device)
+        result = evaluate_set(lambda batch, counts: runner.module(**batch).loss, eval_set, runner.device)
         sequences = sum(eval_set.size(s) for s in data.eval)
         report = {"eval_loss": result["eval_loss"], "eval_ppl": result["eval_ppl"], "tokens": result["eval_tokens"],
                   "sequences": sequences, **{k: v for k, v in result.items() if k.startswith("eval_loss/")},

@@ -42,6 +42,7 @@ class Job:
     eval_set: EvalSet
     total_params: int
     sampler: Any = None  # train.sample_prompts' generator, or None
+    objective: Any = None  # the loss of a micro-batch (train/preference.py); None: the model's own
 
 
 def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None,
@@ -73,7 +74,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         state.wandb_run_id = metrics.wandb_run_id  # every checkpoint names the wandb run its history logs to
     try:
         ended = fit(job.engine, job.train_batches, job.eval_set, state, resolved, metrics, ckpt_dir,
-                    resumed_from, hooks, job.sampler)
+                    resumed_from, hooks, job.sampler, job.objective)
         if cfg.train.export_hf and ended is Outcome.FINISHED:
             merged = run_dir / "hf_merged" if cfg.train.export_merged and cfg.model.lora.enabled else None
             out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf", state.step, merged)
@@ -159,7 +160,19 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     eval_set = EvalSet({stream.sources[0].name: stream for stream in data.eval}, cfg.train.eval_sequences, micro,
                        dp_rank, dp_size)
     sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
-    return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler)
+    return Job(engine, tokenizer, train_batches, eval_set, total_params, sampler, objective_of(engine, cfg, rank))
+
+
+def objective_of(engine, cfg: Config, rank: int):
+    """The loss the loop trains on: the model's own, or preference tuning's against its reference model."""
+    from .preference import make_objective, reference_engine, reference_kind
+    if cfg.data.task != "preference":
+        return make_objective(engine, cfg)
+    kind = reference_kind(cfg)
+    print0(f"preference: {cfg.preference.loss} loss, beta {cfg.preference.beta}, reference = "
+           + ("the base model with the LoRA adapter disabled" if kind == "adapter" else "a frozen DeepSpeed engine"),
+           rank=rank)
+    return make_objective(engine, cfg, reference_engine(cfg, rank) if kind == "engine" else None)
 
 
 def engine_config(cfg: Config, universal: bool) -> dict:
