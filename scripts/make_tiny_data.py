@@ -169,18 +169,15 @@ def write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
 
 
 def preference_record(rng: random.Random) -> dict:
-    """A question with its right answer (chosen) and a wrong one of the same kind (rejected): the rule a preference
-    run learns is the facts. Drawn from their own random.Random, after the tokenizer's texts (which they leave as
-    they were)."""
-    fact = rng.choice(FACTS)
+    """A question with its answer (chosen) and the same answer with its words in reverse order (rejected): a rule a
+    tiny model learns within a few dozen steps (well-formed answers are preferred), so a preference run's
+    rewards/accuracy shows whether it learns at all. Drawn from their own random.Random, after the tokenizer's texts
+    (which they leave as they were)."""
     while True:
-        state = rng.getstate()
-        question, answer, _ = fact(rng)
-        rng.setstate(state)
-        rng.random()  # a different draw of the same kind next time
-        wrong = fact(rng)
-        if wrong[1] != answer and wrong[0] != question:
-            return {"prompt": f"Q: {question}\nA:", "chosen": f" {answer}", "rejected": f" {wrong[1]}"}
+        question, answer, _ = rng.choice(FACTS)(rng)
+        words = answer.split()
+        if len(set(words)) > 1:
+            return {"prompt": f"Q: {question}\nA:", "chosen": f" {answer}", "rejected": " " + " ".join(words[::-1])}
 
 
 def texts_for_tokenizer(pretrain: list[dict], sft: list[dict], chat: list[dict]) -> list[str]:
