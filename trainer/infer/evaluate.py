@@ -89,6 +89,11 @@ def data_config(args, saved: Config | None, context: int) -> Config:
         data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
                                    task=args.task or cfg.data.task, seq_len=seq_len)
         cfg = dataclasses.replace(cfg, data=data)
+    if cfg.data.task == "preference":
+        raise UserError("evaluate scores the language-model loss of sequences; preference pairs (data.task="
+                        "preference) are not scored by it yet: a preference run reports eval_loss and eval_rewards/* "
+                        "(accuracy, margin) on its held-out pairs in metrics.jsonl; to score text here, pass --data "
+                        "SOURCE --task sft or pretrain")
     if cfg.data.seq_len > context:
         raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than the model's context ({context}); pass "
                         f"--seq-len {context} or less")
