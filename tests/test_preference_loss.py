@@ -132,8 +132,8 @@ def test_objective_on_a_real_model_equals_the_formula_on_separate_forwards():
             p.add_(0.05 * torch.randn_like(p))
     settings = PreferenceConfig(beta=0.3, label_smoothing=0.1)
     batch = pair_batch()
-    objective = PreferenceObjective(Engine(policy), lambda ids, mask: reference(input_ids=ids, attention_mask=mask).logits,
-                                    settings)
+    objective = PreferenceObjective(Engine(policy),
+                                    lambda ids, mask: reference(input_ids=ids, attention_mask=mask).logits, settings)
     loss = objective(batch)
     per_pair = []
     with torch.no_grad():

@@ -127,8 +127,9 @@ def _turns(value: Any, name: str) -> list[dict]:
         return [{"role": "assistant", "content": value}]
     turns = [value] if isinstance(value, dict) else value
     if not isinstance(turns, list) or not turns or not _are_messages(turns):
-        raise DataError(f"field '{name}' is {'missing' if value is None else type(value).__name__ + ' ' + repr(value)[:60]}"
-                        f", expected a string, an assistant message {{\"role\", \"content\"}} or a list of them")
+        found = "missing" if value is None else f"{type(value).__name__} {repr(value)[:60]}"
+        raise DataError(f"field '{name}' is {found}, expected a string, an assistant message {{\"role\", \"content\"}} "
+                        f"or a list of them")
     return turns
 
 

@@ -164,7 +164,8 @@ def _prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_sha
             totals = {TRAIN: count - len(eval_ids), EVAL: len(eval_ids)}
             passes = [(train, eval_ids, None)]
         shards.write_atomic(out / ".identity.json", json.dumps(wanted, sort_keys=True).encode())
-        writers = {split: SplitWriter(out / shards.SPLITS[split], totals[split], records_per_shard, cfg.task != "pretrain")
+        labelled = cfg.task != "pretrain"  # SFT and preference samples carry a loss mask
+        writers = {split: SplitWriter(out / shards.SPLITS[split], totals[split], records_per_shard, labelled)
                    for split in (TRAIN, EVAL)}
         try:
             _write_splits(workers, passes, writers, settings, Progress(progress, sum(totals.values())))

@@ -166,8 +166,8 @@ def check_manifest(manifest: dict, path: Path, cfg: DataConfig, tokenizer) -> No
     if chat and manifest.get("chat_template") != tokenizer.chat_template:
         problems.append("its chat samples were rendered with another chat template than this run's tokenizer has")
     if cfg.task != "pretrain" and manifest.get("seq_len") not in (None, cfg.seq_len):
-        problems.append(f"its {cfg.task} samples were fitted to seq_len {manifest['seq_len']}, this run's data.seq_len is "
-                        f"{cfg.seq_len}")
+        problems.append(f"its {cfg.task} samples were fitted to seq_len {manifest['seq_len']}, this run's data.seq_len "
+                        f"is {cfg.seq_len}")
     if problems:
         raise DataError(f"{path}: " + "; ".join(problems) + ": prepare the data again for this run "
                         "(`python -m trainer prepare-data`) or point data.source at data prepared for it")
