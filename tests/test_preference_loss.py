@@ -55,22 +55,6 @@ def test_losses_equal_the_papers_formulas(settings):
                                                      abs=1e-12)
 
 
-@pytest.mark.parametrize("settings", SETTINGS[:2], ids=["sigmoid", "sigmoid-smoothed"])
-def test_losses_equal_trls_when_it_is_installed(settings):
-    trl = pytest.importorskip("trl")
-    dpo_loss = getattr(trl.DPOTrainer, "dpo_loss", None)
-    if dpo_loss is None:  # TRL >= 1.0 computes the loss inside DPOTrainer._compute_loss, from a model's outputs
-        pytest.skip(f"trl {trl.__version__} has no standalone DPOTrainer.dpo_loss to call with log-probs")
-    trainer = types.SimpleNamespace(beta=settings.beta, label_smoothing=settings.label_smoothing, loss_type="sigmoid",
-                                    f_divergence_type="reverse_kl", reference_free=False, use_weighting=False,
-                                    accelerator=types.SimpleNamespace(device="cpu"), device="cpu")
-    losses, chosen, rejected = dpo_loss(trainer, *LOGPS.T)[:3]
-    out = preference_losses(*LOGPS.T, settings, LENGTHS)
-    assert out["losses"].tolist() == pytest.approx(losses.tolist(), abs=1e-6, rel=0)
-    assert out["chosen"].tolist() == pytest.approx(chosen.tolist(), abs=1e-6, rel=0)
-    assert out["rejected"].tolist() == pytest.approx(rejected.tolist(), abs=1e-6, rel=0)
-
-
 def test_sequence_logps_sum_only_labelled_tokens():
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 11, dtype=torch.float64)
@@ -161,7 +145,7 @@ def test_at_the_start_the_policy_is_its_reference_for_both_kinds_of_reference():
     for reference in (adapter_disabled(engine),
                       lambda ids, mask: copy_reference(input_ids=ids, attention_mask=mask).logits):
         objective = PreferenceObjective(engine, reference, settings)
-        assert float(objective(pair_batch())) == pytest.approx(math.log(2), abs=1e-6)
+        assert objective(pair_batch()).item() == pytest.approx(math.log(2), abs=1e-6)
         rewards = objective.metrics("cpu")
         assert rewards["rewards/chosen"] == pytest.approx(0, abs=1e-6) and rewards["rewards/accuracy"] == 0
     # once the adapter has moved, the adapter-disabled reference still is the base model
@@ -174,6 +158,49 @@ def test_at_the_start_the_policy_is_its_reference_for_both_kinds_of_reference():
     expected = copy_reference(input_ids=ids, attention_mask=mask).logits
     assert torch.allclose(adapter_disabled(engine)(ids, mask), expected, atol=1e-6)
     assert not torch.allclose(lora(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("settings", [PreferenceConfig(beta=0.3), PreferenceConfig(loss="ipo", beta=0.4)],
+                         ids=["sigmoid", "ipo"])
+def test_the_loss_and_rewards_equal_trls_dpo_trainer_on_the_same_batch(settings):
+    """TRL (a test-only dependency; skipped where it is not installed) computes its DPO loss inside
+    DPOTrainer._compute_loss from the policy's outputs and precomputed reference log-probs: it is called here on the
+    same tiny model and batch (TRL's layout: every chosen row, then every rejected row). TRL 1.x has no label
+    smoothing in its sigmoid loss (it moved to its 'robust' loss), so that is compared with the formula above."""
+    trl = pytest.importorskip("trl")
+    from collections import defaultdict
+    from trl import DPOTrainer
+    policy, reference = tiny_model(), tiny_model()
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = pair_batch()
+    objective = PreferenceObjective(Engine(policy),
+                                    lambda ids, mask: reference(input_ids=ids, attention_mask=mask).logits, settings)
+    ours = objective(batch).item()
+    rewards = objective.metrics("cpu")
+
+    trl_order = {key: torch.cat([batch[key][:, 0], batch[key][:, 1]]) for key in batch}  # chosen rows, rejected rows
+    with torch.no_grad():
+        ref = sequence_logps(reference(input_ids=trl_order["input_ids"],
+                                       attention_mask=trl_order["attention_mask"]).logits, trl_order["labels"])[0]
+    identity = types.SimpleNamespace(device="cpu", gather_for_metrics=lambda t: t, gather=lambda t: t)
+    trainer = types.SimpleNamespace(
+        model=policy, accelerator=identity, aux_loss_enabled=False, ld_alpha=None, precompute_ref_logps=True,
+        f_divergence_type="reverse_kl", loss_types=[settings.loss], loss_weights=[1.0], beta=settings.beta,
+        label_smoothing=0.0, use_weighting=False, _metrics=defaultdict(lambda: defaultdict(list)),
+        _total_train_tokens=0, _tp_size=1)
+    inputs = {"input_ids": trl_order["input_ids"], "attention_mask": trl_order["attention_mask"],
+              "completion_mask": (trl_order["labels"] != -100).long(),
+              "ref_chosen_logps": ref[:3], "ref_rejected_logps": ref[3:]}
+    with torch.no_grad():
+        theirs = DPOTrainer._compute_loss(trainer, policy, inputs, return_outputs=False)
+    assert ours == pytest.approx(float(theirs), abs=1e-6, rel=0), trl.__version__
+    at_start = {"sigmoid": math.log(2), "ipo": 1 / (2 * settings.beta) ** 2}[settings.loss]
+    assert abs(ours - at_start) > 1e-3  # the policy has moved away from its reference
+    logged = trainer._metrics["eval"]
+    for name in ("rewards/chosen", "rewards/rejected"):
+        assert rewards[name] == pytest.approx(logged[name][-1], abs=1e-6)
 
 
 def test_eval_metrics_are_kept_apart_from_the_training_window():
