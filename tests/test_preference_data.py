@@ -191,3 +191,20 @@ def test_prepared_pairs_are_checked_against_the_run_like_sft(tmp_path, tokenizer
     manifest_path.write_text(json.dumps(changed))
     assert "each record is two" in error(build_datasets, cfg(str(out)), tokenizer, 0)
     assert entry["records"] == 3
+
+
+def test_precomputed_reference_log_probs_travel_with_their_pairs_through_a_mixture(tmp_path, tokenizer):
+    from trainer.data import Source, Stream
+    samples = []
+    for name in ("a", "b"):
+        source = write_jsonl(tmp_path / f"{name}.jsonl", [{**GOOD, "chosen": f" {name}{i}."} for i in range(6)])
+        found = build_datasets(cfg(source), tokenizer, 0).train.sources[0].samples
+        found.reference = np.arange(12, dtype=np.float64).reshape(6, 2) + (0.5 if name == "b" else 0.0)
+        samples.append(found)
+    stream = Stream([Source("a", samples[0]), Source("b", samples[1])], seed=3)
+    rows = stream.rows(np.arange(12))
+    which, within = stream.sample_ids(np.arange(12))
+    assert rows["reference_logps"].dtype == np.float64 and set(which.tolist()) == {0, 1}
+    for row, (d, i) in enumerate(zip(which.tolist(), within.tolist())):
+        assert rows["reference_logps"][row].tolist() == samples[d].reference[i].tolist()
+        assert rows["input_ids"][row].tolist() == samples[d].rows(np.array([i]))["input_ids"][0].tolist()

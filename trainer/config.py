@@ -215,10 +215,12 @@ class PreferenceConfig:
     beta: float = doc("Strength of the pull towards the reference (DPO beta, IPO tau).", 0.1, kind=POSITIVE)
     label_smoothing: float = doc("sigmoid: assumed share of pairs whose preference is flipped (cDPO); below 0.5.",
                                  0.0, kind=FRACTION)
-    reference: Literal["auto", "adapter", "engine"] = doc(
+    reference: Literal["auto", "adapter", "engine", "precomputed"] = doc(
         "The frozen reference model: 'adapter' = the LoRA base with the adapter disabled (no second copy; needs "
         "model.lora.enabled), 'engine' = a second DeepSpeed engine without optimizer (ZeRO-3 when training is), "
-        "'auto' = adapter for LoRA runs, else engine.", "auto")
+        "'precomputed' = its log-probs computed once before training (by the adapter-disabled base for LoRA, else a "
+        "temporary engine) and kept in data.cache_dir/reference-logps, keyed by the data and the reference's "
+        "fingerprint; 'auto' = adapter for LoRA runs, else engine.", "auto")
     reference_offload: bool = doc("reference=engine under ZeRO-3: keep the reference's parameters in CPU memory.",
                                   False)
 

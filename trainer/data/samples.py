@@ -73,6 +73,7 @@ class PreferenceSamples:
 
     def __init__(self, split: Split, seq_len: int, pad_id: int):
         self.split, self.seq_len, self.pad_id = split, seq_len, pad_id
+        self.reference = None  # (pairs, 2) precomputed reference log-probs (train/reference_logps.py), if any
 
     def __len__(self) -> int:
         return self.split.documents // 2
@@ -92,7 +93,10 @@ class PreferenceSamples:
                 input_ids[row, side, :length] = tokens
                 labels[row, side, :length] = np.where(learnt, tokens, IGNORE_INDEX)
                 mask[row, side, :length] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+        rows = {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+        if self.reference is not None:
+            rows["reference_logps"] = self.reference[np.asarray(ids, dtype=np.int64)]
+        return rows
 
     def stats(self) -> dict:
         tokens, capacity = self.split.total_tokens, 2 * len(self) * self.seq_len

@@ -113,8 +113,11 @@ class PreferenceObjective(Objective):
     def __call__(self, batch: dict, record: bool = True) -> torch.Tensor:
         ids, mask, labels = (batch[key].flatten(0, 1) for key in ("input_ids", "attention_mask", "labels"))
         policy, lengths = sequence_logps(self.engine(input_ids=ids, attention_mask=mask).logits, labels)
-        with torch.no_grad():
-            reference, _ = sequence_logps(self.reference(ids, mask), labels)
+        if "reference_logps" in batch:  # precomputed before training (train/reference_logps.py)
+            reference = batch["reference_logps"].to(policy.dtype).flatten()
+        else:
+            with torch.no_grad():
+                reference, _ = sequence_logps(self.reference(ids, mask), labels)
         pairs = [logps.view(-1, 2) for logps in (policy, reference, lengths)]  # rows alternate chosen, rejected
         out = preference_losses(pairs[0][:, 0], pairs[0][:, 1], pairs[1][:, 0], pairs[1][:, 1], self.settings,
                                 (pairs[2][:, 0], pairs[2][:, 1]))
@@ -143,12 +146,15 @@ def make_objective(engine, cfg, reference_engine=None) -> Objective:
                         f"pairs outweigh the rest; use a value below 0.5")
     if reference_kind(cfg) == "adapter":
         return PreferenceObjective(engine, adapter_disabled(engine), cfg.preference)
+    if reference_kind(cfg) == "precomputed":  # the batches carry the reference log-probs
+        return PreferenceObjective(engine, None, cfg.preference)
     return PreferenceObjective(engine, lambda ids, mask: reference_engine(input_ids=ids, attention_mask=mask).logits,
                                cfg.preference)
 
 
 def reference_kind(cfg) -> str:
-    """'adapter' or 'engine' (preference.reference, with 'auto' decided); 'adapter' without LoRA is an error."""
+    """'adapter', 'engine' or 'precomputed' (preference.reference, with 'auto' decided); 'adapter' without LoRA is an
+    error."""
     kind = cfg.preference.reference
     if kind == "auto":
         return "adapter" if cfg.model.lora.enabled else "engine"
