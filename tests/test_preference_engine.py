@@ -1,6 +1,7 @@
 """Preference tuning on the real DeepSpeed engine, 2 CPU ranks: DPO losses equal under ZeRO-0 and ZeRO-3 (reference =
-a frozen engine), the two references agree (LoRA base with the adapter disabled vs a frozen engine of the base), a
-resume is exact (losses and rewards), and on the tiny synthetic preference set (data/tiny/preference.jsonl: the
+a frozen engine), the three references agree (LoRA base with the adapter disabled vs a frozen engine of the base;
+log-probs precomputed once vs a frozen engine), a resume is exact (losses and rewards, with a live and with a
+precomputed reference), and on the tiny synthetic preference set (data/tiny/preference.jsonl: the
 answer's words reversed are rejected) rewards/accuracy passes 0.9.
 
 All runs share one launch (tests/workers/run_many.py).
@@ -41,10 +42,19 @@ def preference_runs(tmp_path_factory, pretrained_dir):
     add("straight", resume)
     add("halves", resume + ["train.stop_after=4"])
     add("halves", resume + ["train.resume=auto"])
+    # (c): reference log-probs precomputed once (by a temporary engine), then read again by the next runs
+    add("engine_z2", ["deepspeed.zero_optimization.stage=2", "train.lr=3e-3"])
+    add("precomputed_z2", ["deepspeed.zero_optimization.stage=2", "train.lr=3e-3", "preference.reference=precomputed"])
+    add("precomputed_z3", ["deepspeed.zero_optimization.stage=3", "train.lr=3e-3", "preference.reference=precomputed"])
+    pc_resume = resume + ["preference.reference=precomputed"]
+    add("pc_straight", pc_resume)
+    add("pc_halves", pc_resume + ["train.stop_after=4"])
+    add("pc_halves", pc_resume + ["train.resume=auto"])
     add("learn", ["deepspeed.zero_optimization.stage=2", "train.micro_batch_size=4", "train.grad_accum=1",
                   f"train.max_steps={LEARN_STEPS}", "train.warmup_steps=4", "train.lr=3e-3", "logging.log_every=5",
                   "train.eval_every=20", "train.eval_sequences=32", "train.save_every=0"])
-    run_many(runs, root)
+    output, _ = run_many(runs, root)
+    dirs["output"] = output
     return dirs
 
 
@@ -74,6 +84,29 @@ def test_a_resumed_preference_run_continues_exactly(preference_runs):
     assert [r["step"] for r in halves] == [r["step"] for r in straight] == list(range(1, 9))
     for name in ("loss",) + REWARDS:
         assert [r[name] for r in halves] == pytest.approx([r[name] for r in straight], abs=1e-6)
+
+
+def test_precomputed_reference_log_probs_give_the_frozen_engines_losses_and_are_computed_once(preference_runs):
+    engine = train_rows(preference_runs["engine_z2"])
+    for name in ("precomputed_z2", "precomputed_z3"):
+        rows = train_rows(preference_runs[name])
+        for key in ("loss",) + REWARDS:
+            assert [r[key] for r in rows] == pytest.approx([r[key] for r in engine], abs=2e-5), (name, key)
+    engine_evals = read_metrics(preference_runs["engine_z2"])[1]
+    evals = read_metrics(preference_runs["precomputed_z2"])[1]
+    assert [r["eval_loss"] for r in evals] == pytest.approx([r["eval_loss"] for r in engine_evals], abs=2e-5)
+    output = preference_runs["output"]
+    assert output.count("reference log-probs computed for") == 1  # precomputed_z2; z3 and the resume runs read it
+    assert output.count("reference log-probs read") == 4
+
+
+def test_a_resumed_run_with_precomputed_reference_continues_exactly(preference_runs):
+    straight, halves = train_rows(preference_runs["pc_straight"]), train_rows(preference_runs["pc_halves"])
+    assert [r["step"] for r in halves] == list(range(1, 9))
+    for name in ("loss",) + REWARDS:
+        assert [r[name] for r in halves] == pytest.approx([r[name] for r in straight], abs=1e-6)
+    live = train_rows(preference_runs["straight"])
+    assert [r["loss"] for r in straight] == pytest.approx([r["loss"] for r in live], abs=2e-5)
 
 
 def test_rewards_accuracy_passes_0_9_on_the_tiny_preference_set(preference_runs):
