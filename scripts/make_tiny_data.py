@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 PRETRAIN_RECORDS = 4000
 SFT_RECORDS = 2000
 CHAT_RECORDS = 600
+PREFERENCE_RECORDS = 800
 VOCAB_SIZE = 1024
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
@@ -167,6 +168,18 @@ def write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
+def preference_record(rng: random.Random) -> dict:
+    """A question with its answer (chosen) and the same answer with its words in reverse order (rejected): a rule a
+    tiny model learns within a few dozen steps (well-formed answers are preferred), so a preference run's
+    rewards/accuracy shows whether it learns at all. Drawn from their own random.Random, after the tokenizer's texts
+    (which they leave as they were)."""
+    while True:
+        question, answer, _ = rng.choice(FACTS)(rng)
+        words = answer.split()
+        if len(set(words)) > 1:
+            return {"prompt": f"Q: {question}\nA:", "chosen": f" {answer}", "rejected": " " + " ".join(words[::-1])}
+
+
 def texts_for_tokenizer(pretrain: list[dict], sft: list[dict], chat: list[dict]) -> list[str]:
     texts = [r["text"] for r in pretrain]
     texts += [r["prompt"] + r["response"] for r in sft]
@@ -184,6 +197,8 @@ def generate(out_dir: Path) -> None:
     write_jsonl(out_dir / "sft.jsonl", sft)
     write_jsonl(out_dir / "chat.jsonl", chat)
     write_tokenizer(train_tokenizer(texts_for_tokenizer(pretrain, sft, chat)), out_dir / "tokenizer")
+    preference_rng = random.Random(1)
+    write_jsonl(out_dir / "preference.jsonl", [preference_record(preference_rng) for _ in range(PREFERENCE_RECORDS)])
 
 
 def main() -> None:

@@ -109,7 +109,9 @@ class SourceConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["pretrain", "sft"] = doc("pretrain: packed causal LM on raw text; sft: loss on responses only.", "pretrain")
+    task: Literal["pretrain", "sft", "preference"] = doc(
+        "pretrain: packed causal LM on raw text; sft: loss on responses only; preference: chosen/rejected pairs "
+        "trained with the `preference` section's loss (DPO, IPO).", "pretrain")
     source: str = doc("A prepared directory, a local .jsonl/.json/.parquet/.txt file or directory, or a hub "
                       "dataset name; training reads prepared token shards (see prepare-data).", "")
     sources: list[SourceConfig] = doc("Several sources blended by weight (instead of data.source); each keeps "
@@ -131,11 +133,17 @@ class DataConfig:
         "Share of records (documents) held out for eval when eval_source is None.", 0.05, kind=FRACTION)
     seq_len: int = doc("Tokens per training sequence.", 2048, kind=SEQUENCE_TOKENS)
     packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
-    truncate: bool = doc("Cut records longer than seq_len; when off such records are an error.", False)
+    truncate: bool = doc("Cut records longer than seq_len; when off such records are an error. Preference pairs: "
+                         "the prompt is cut from the left first (down to half of seq_len), then both responses "
+                         "from the right; a prompt of seq_len tokens or more is always an error.", False)
     text_field: str = doc("Column with raw text (pretrain).", "text")
     prompt_field: str = doc("Column with the prompt (sft, prompt/response records).", "prompt")
     response_field: str = doc("Column with the response (sft, prompt/response records).", "response")
     messages_field: str = doc("Column with chat messages (sft, rendered with the chat template).", "messages")
+    chosen_field: str = doc("Column with the preferred response (preference: a string, an assistant message or a "
+                            "list of final messages).", "chosen")
+    rejected_field: str = doc("Column with the dispreferred response (preference; the same forms as chosen).",
+                              "rejected")
     chat_template: Optional[str] = doc(
         "Chat template for messages: chatml, llama-2, zephyr (trainer/data/templates/) or a Jinja file (absolute or "
         "relative to the repo root); replaces the tokenizer's own and is exported with it; None keeps the tokenizer's.",
@@ -220,6 +228,25 @@ class LoggingConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    loss: Literal["sigmoid", "ipo"] = doc(
+        "data.task=preference: 'sigmoid' is DPO (-log sigmoid(beta x margin), with label_smoothing the conservative "
+        "cDPO mix); 'ipo' is (margin - 1/(2 beta))^2 on per-token mean log-ratios (as TRL and the IPO authors do).",
+        "sigmoid")
+    beta: float = doc("Strength of the pull towards the reference (DPO beta, IPO tau).", 0.1, kind=POSITIVE)
+    label_smoothing: float = doc("sigmoid: assumed share of pairs whose preference is flipped (cDPO); below 0.5.",
+                                 0.0, kind=FRACTION)
+    reference: Literal["auto", "adapter", "engine", "precomputed"] = doc(
+        "The frozen reference model: 'adapter' = the LoRA base with the adapter disabled (no second copy; needs "
+        "model.lora.enabled), 'engine' = a second DeepSpeed engine without optimizer (ZeRO-3 when training is), "
+        "'precomputed' = its log-probs computed once before training (by the adapter-disabled base for LoRA, else a "
+        "temporary engine) and kept in data.cache_dir/reference-logps, keyed by the data and the reference's "
+        "fingerprint; 'auto' = adapter for LoRA runs, else engine.", "auto")
+    reference_offload: bool = doc("reference=engine under ZeRO-3: keep the reference's parameters in CPU memory.",
+                                  False)
+
+
+@dataclass
 class Config:
     name: str = doc("Preset name (the file stem).", "")
     description: str = doc("One line: model, hardware, what it trades off.", "")
@@ -230,4 +257,6 @@ class Config:
     train: TrainConfig = doc("How long, how fast, where results go.", factory=TrainConfig)
     deepspeed: dict = doc("DeepSpeed config as DeepSpeed documents it; 'auto' values are filled from train/model.", factory=dict)
     logging: LoggingConfig = doc("Metrics and experiment tracking.", factory=LoggingConfig)
+    preference: PreferenceConfig = doc("Preference tuning (data.task=preference): the loss and the reference model.",
+                                       factory=PreferenceConfig)
 

@@ -36,7 +36,8 @@ class Resolved:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch.global_batch_size * self.config.data.seq_len
+        sequences = 2 if self.config.data.task == "preference" else 1  # a preference sample is a pair of sequences
+        return self.batch.global_batch_size * self.config.data.seq_len * sequences
 
     def as_dict(self) -> dict:
         """The resolved config as plain YAML/JSON data (tuples become lists)."""

@@ -22,7 +22,7 @@ _EXPORTS = {
     "PreparedData": "build", "build_datasets": "build",
     "MicroBatchLoader": "loader", "Source": "loader", "Stream": "loader",
     "IGNORE_INDEX": "records", "DataError": "records", "load_records": "records", "split_records": "records",
-    "PretrainSamples": "samples", "SftSamples": "samples", "block_starts": "samples",
+    "PreferenceSamples": "samples", "PretrainSamples": "samples", "SftSamples": "samples", "block_starts": "samples",
     "apply_chat_template": "tokenize", "chat_sample": "tokenize", "load_tokenizer": "tokenize",
     "record_format": "tokenize",
 }

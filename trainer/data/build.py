@@ -14,7 +14,7 @@ from . import RECORDS_PER_SHARD, shards
 from .loader import Source, Stream
 from .prepare import cache_dir, cache_key, identity, is_prepared, needs_explicit_preparation, prepare_into_cache
 from .records import DataError
-from .samples import PretrainSamples, SftSamples
+from .samples import PreferenceSamples, PretrainSamples, SftSamples
 from .verify import Checked, Prepared, verify_all
 
 
@@ -90,4 +90,6 @@ def checked_samples(found: Checked, split: str, cfg: DataConfig, tokenizer, sour
 def samples_of(split: shards.Split, cfg: DataConfig, tokenizer):
     if cfg.task == "pretrain":
         return PretrainSamples(split, cfg.seq_len)
+    if cfg.task == "preference":
+        return PreferenceSamples(split, cfg.seq_len, tokenizer.pad_token_id)
     return SftSamples(split, cfg.seq_len, cfg.packing, tokenizer.pad_token_id)

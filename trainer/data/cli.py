@@ -27,9 +27,9 @@ def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a preset value (repeatable)")
     parser.add_argument("--source", help="without --preset: a local file/directory or a hub dataset name")
     parser.add_argument("--tokenizer", help="without --preset: tokenizer directory or hub id")
-    parser.add_argument("--task", choices=("pretrain", "sft"), default="pretrain", help="without --preset")
+    parser.add_argument("--task", choices=("pretrain", "sft", "preference"), default="pretrain", help="without --preset")
     parser.add_argument("--seq-len", type=numbers.SEQUENCE_TOKENS, default=2048,
-                        help="without --preset, sft: samples are fitted to it")
+                        help="without --preset, sft and preference: samples are fitted to it")
     parser.add_argument("--out", type=paths.output_dir("output directory"),
                         help="without --preset: the output directory (new, empty, or an interrupted run)")
     parser.add_argument("--records-per-shard", type=numbers.COUNT, default=RECORDS_PER_SHARD,

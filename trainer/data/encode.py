@@ -20,6 +20,7 @@ import numpy as np
 from ..config import DataConfig
 from .reading import Chunk, chunk_records
 from .records import IGNORE_INDEX, DataError
+from .preference import tokenize_preferences
 from .tokenize import tokenize_chats, tokenize_pairs
 
 AHEAD = 4              # tasks handed out per process: one process may take a while (a busy machine deschedules
@@ -33,14 +34,16 @@ class Settings:
     """What the tokenizer processes tokenize with (they inherit it when they fork)."""
     tokenizer: object
     cfg: DataConfig
-    fmt: str              # "text", "pair" or "chat" (tokenize.record_format)
+    fmt: str              # "text", "pair", "chat", "preference" or "preference_chat" (tokenize.record_format)
     dtype: np.dtype       # of the ids on disk
 
     @property
     def fields(self) -> list[str]:
         cfg = self.cfg
         return {"text": [cfg.text_field], "pair": [cfg.prompt_field, cfg.response_field],
-                "chat": [cfg.messages_field]}[self.fmt]
+                "chat": [cfg.messages_field],
+                "preference": [cfg.prompt_field, cfg.chosen_field, cfg.rejected_field],
+                "preference_chat": [cfg.messages_field, cfg.chosen_field, cfg.rejected_field]}[self.fmt]
 
 
 @dataclass
@@ -53,6 +56,8 @@ class Part:
     ids: np.ndarray                 # the ids of the records back to back, in the shards' dtype
     mask: Optional[np.ndarray]      # SFT: uint8, 1 where the token is learnt
     cut: Optional[np.ndarray]       # SFT: tokens truncated from each record
+    firsts: Optional[np.ndarray] = None  # preference: tokens of each record's first document (chosen; the
+                                         # rest of the record is the rejected one)
 
 
 _SETTINGS: Optional[Settings] = None  # set before the processes fork: what they tokenize with
@@ -66,8 +71,11 @@ def encode_chunk(task: tuple[Chunk, np.ndarray]) -> dict[int, Part]:
     numbers, records = chunk_records(chunk, wanted)
     columns = {field: [record.get(field) for record in records] for field in settings.fields}
     where = Origins(chunk.origin, numbers)
+    firsts = None
     if settings.fmt == "text":
         lengths, ids, mask, cut = _encode_texts(columns[settings.cfg.text_field], where, settings)
+    elif settings.fmt.startswith("preference"):
+        lengths, ids, mask, cut, firsts = _encode_pairs(columns, where, settings)
     else:
         lengths, ids, mask, cut = _encode_samples(columns, where, settings)
     split_of = routes[wanted]
@@ -79,7 +87,7 @@ def encode_chunk(task: tuple[Chunk, np.ndarray]) -> dict[int, Part]:
         tokens = None if every else np.repeat(chosen, lengths)
         parts[split] = Part(int(((routes & 1) == split).sum()), chunk.origin, numbers[chosen], lengths[chosen],
                             ids if every else ids[tokens], mask if mask is None or every else mask[tokens],
-                            None if cut is None else cut[chosen])
+                            None if cut is None else cut[chosen], None if firsts is None else firsts[chosen])
     return parts
 
 
@@ -151,6 +159,26 @@ def _encode_samples(columns: dict, where: Origins, settings: Settings):
     tokens = np.repeat(keep, lengths)
     return (np.where(keep, lengths, 0), ids[tokens].astype(settings.dtype), learnt[tokens].astype(np.uint8),
             np.asarray(samples["_cut"], dtype=np.int64))
+
+
+def _encode_pairs(columns: dict, where: Origins, settings: Settings):
+    """Preference: each record's chosen then rejected sequence (trainer/data/preference.py), back to back; the first
+    record with a problem is an error (a pair is never dropped: its two sequences belong together)."""
+    pairs = tokenize_preferences(columns, settings.tokenizer, settings.cfg, settings.fmt == "preference_chat")["pairs"]
+    bad = [i for i, pair in enumerate(pairs) if pair.problem]
+    if bad:
+        more = f" ({len(bad) - 1} more record(s) of this batch have problems too)" if len(bad) > 1 else ""
+        raise DataError(f"{where[bad[0]]}: {pairs[bad[0]].problem}{more}")
+    ids, labels, firsts, lengths = [], [], [], []
+    for pair in pairs:
+        (chosen_ids, chosen_labels), (rejected_ids, rejected_labels) = pair.sequences()
+        ids += chosen_ids + rejected_ids
+        labels += chosen_labels + rejected_labels
+        firsts.append(len(chosen_ids))
+        lengths.append(len(chosen_ids) + len(rejected_ids))
+    learnt = np.asarray(labels, dtype=np.int64) != IGNORE_INDEX
+    return (np.asarray(lengths, dtype=np.int64), np.asarray(ids, dtype=settings.dtype), learnt.astype(np.uint8),
+            np.asarray([pair.cut for pair in pairs], dtype=np.int64), np.asarray(firsts, dtype=np.int64))
 
 
 # --- the processes ---------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ class Stream:
         parts = {d: self.sources[d].samples.rows(samples[which == d]) for d in np.unique(which).tolist()}
         out, taken = {}, {d: 0 for d in parts}
         for key in next(iter(parts.values())):
-            out[key] = np.empty((len(global_ids),) + parts[next(iter(parts))][key].shape[1:], dtype=np.int64)
+            first = parts[next(iter(parts))][key]
+            out[key] = np.empty((len(global_ids),) + first.shape[1:], dtype=first.dtype)
         for row, d in enumerate(which.tolist()):
             for key in out:
                 out[key][row] = parts[d][key][taken[d]]

@@ -67,8 +67,10 @@ def source_fingerprint(source: str, split: str, subset: str | None = None, cache
 def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
     """Everything that decides the prepared bytes; its hash names the cache directory."""
     eval_source = cfg.eval_source if source == cfg.source else None
-    fields = {"pretrain": [cfg.text_field]}.get(cfg.task, [cfg.prompt_field, cfg.response_field,
-                                                          cfg.messages_field, cfg.seq_len, cfg.truncate])
+    fields = {"pretrain": [cfg.text_field],
+              "preference": [cfg.prompt_field, cfg.messages_field, cfg.chosen_field, cfg.rejected_field, cfg.seq_len,
+                             cfg.truncate]}.get(cfg.task, [cfg.prompt_field, cfg.response_field, cfg.messages_field,
+                                                          cfg.seq_len, cfg.truncate])
     subset = cfg.subset if source == cfg.source else None
     cache = cache_dir(cfg)
     return {"format": shards.FORMAT, "task": cfg.task, "source": source_fingerprint(source, cfg.split, subset, cache),
@@ -76,7 +78,7 @@ def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
                             if eval_source else None),
             "eval_fraction": None if eval_source else cfg.eval_fraction, "split_seed": cfg.split_seed,
             "fields": fields, "tokenizer": shards.tokenizer_fingerprint(tokenizer),
-            "chat_template": getattr(tokenizer, "chat_template", None) if cfg.task == "sft" else None}
+            "chat_template": getattr(tokenizer, "chat_template", None) if cfg.task != "pretrain" else None}
 
 
 def cache_key(wanted: dict) -> str:
@@ -165,7 +167,8 @@ def _prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_sha
             totals = {TRAIN: count - len(eval_ids), EVAL: len(eval_ids)}
             passes = [(train, eval_ids, None)]
         shards.write_atomic(out / ".identity.json", json.dumps(wanted, sort_keys=True).encode())
-        writers = {split: SplitWriter(out / shards.SPLITS[split], totals[split], records_per_shard, cfg.task == "sft")
+        labelled = cfg.task != "pretrain"  # SFT and preference samples carry a loss mask
+        writers = {split: SplitWriter(out / shards.SPLITS[split], totals[split], records_per_shard, labelled)
                    for split in (TRAIN, EVAL)}
         try:
             _write_splits(workers, passes, writers, settings, Progress(progress, sum(totals.values())))
@@ -182,8 +185,8 @@ def _prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_sha
                 "vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "eos_appended": True,
                 "tokenizer": {"name": str(tokenizer.name_or_path),
                               "fingerprint": shards.tokenizer_fingerprint(tokenizer)},
-                "chat_template": getattr(tokenizer, "chat_template", None) if fmt == "chat" else None,
-                "seq_len": cfg.seq_len if cfg.task == "sft" else None, "truncate": cfg.truncate,
+                "chat_template": getattr(tokenizer, "chat_template", None) if fmt.endswith("chat") else None,
+                "seq_len": cfg.seq_len if cfg.task != "pretrain" else None, "truncate": cfg.truncate,
                 "identity": wanted, "splits": splits}
     shards.write_manifest(out, manifest)
     return manifest
@@ -218,7 +221,7 @@ def routes(chunk: Chunk, eval_ids: Optional[np.ndarray], only: Optional[int], wr
 
 class SplitWriter:
     """A split's shards written as its records come, `per_shard` records each; shards an earlier run finished are
-    kept (their records are skipped: `dispatch`)."""
+    kept (their records are skipped: `dispatch`). `sft`: the records are samples with a loss mask (SFT, preference)."""
 
     def __init__(self, split_dir: Path, total: int, per_shard: int, sft: bool):
         self.split_dir, self.total, self.per_shard, self.sft = split_dir, total, per_shard, sft
@@ -252,7 +255,9 @@ class SplitWriter:
             self.truncated = self.dropped = 0
         records, tokens = slice(taken, taken + count), slice(offsets[taken], offsets[taken + count])
         lengths = part.lengths[records]
-        self.shard.add(part.ids[tokens], lengths[lengths > 0], None if part.mask is None else part.mask[tokens])
+        documents = lengths[lengths > 0] if part.firsts is None else \
+            np.stack([part.firsts[records], lengths - part.firsts[records]], axis=1).ravel()  # preference: 2 a record
+        self.shard.add(part.ids[tokens], documents, None if part.mask is None else part.mask[tokens])
         self.stats["records"] += count
         if self.sft:
             self.truncated += int((part.cut[records] > 0).sum())

@@ -6,6 +6,9 @@
   sft       a sample is one document padded to seq_len, or with `packing` whole documents placed greedily in
             order into shared blocks (never split); labels are -100 where the loss mask is 0 and on padding.
 
+  preference  a sample is one pair: its chosen and rejected documents (stored one after the other), each padded
+            to seq_len, as rows of shape (2, seq_len) (the loss, trainer/train/preference.py, runs them as one batch).
+
 Only small per-document arrays (lengths, block starts) live in memory; tokens stay on disk until a batch
 reads them.
 """
@@ -63,6 +66,42 @@ class SftSamples:
         tokens, capacity = self.split.total_tokens, len(self) * self.seq_len
         return {"tokens": tokens, "sequences": len(self), "documents": self.split.documents,
                 "padded_tokens": capacity - tokens, "packing_efficiency": tokens / capacity if capacity else 0.0}
+
+
+class PreferenceSamples:
+    """Pair i is documents 2i (chosen) and 2i + 1 (rejected); never packed: the loss sums each sequence."""
+
+    def __init__(self, split: Split, seq_len: int, pad_id: int):
+        self.split, self.seq_len, self.pad_id = split, seq_len, pad_id
+        self.reference = None  # (pairs, 2) precomputed reference log-probs (train/reference_logps.py), if any
+
+    def __len__(self) -> int:
+        return self.split.documents // 2
+
+    def rows(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        shape = (len(ids), 2, self.seq_len)
+        input_ids = np.full(shape, self.pad_id, dtype=np.int64)
+        labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+        mask = np.zeros(shape, dtype=np.int64)
+        ends = self.split.doc_ends
+        for row, pair in enumerate(ids):
+            for side, document in enumerate((2 * int(pair), 2 * int(pair) + 1)):
+                start = int(ends[document - 1]) if document else 0
+                length = int(ends[document]) - start
+                tokens = self.split.read(start, length).astype(np.int64)
+                learnt = self.split.read(start, length, labels=True).astype(bool)
+                input_ids[row, side, :length] = tokens
+                labels[row, side, :length] = np.where(learnt, tokens, IGNORE_INDEX)
+                mask[row, side, :length] = 1
+        rows = {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+        if self.reference is not None:
+            rows["reference_logps"] = self.reference[np.asarray(ids, dtype=np.int64)]
+        return rows
+
+    def stats(self) -> dict:
+        tokens, capacity = self.split.total_tokens, 2 * len(self) * self.seq_len
+        return {"tokens": tokens, "pairs": len(self), "documents": self.split.documents,
+                "padded_tokens": capacity - tokens}
 
 
 def block_starts(lengths: np.ndarray, seq_len: int, packing: bool) -> np.ndarray:

@@ -92,7 +92,7 @@ def has_chat_template_on_disk(path: str | None) -> bool:
 
 
 def record_format(records: datasets.Dataset, data_cfg: DataConfig, tokenizer, source: str) -> str:
-    """'text' (pretrain), 'pair' (sft prompt/response) or 'chat' (sft messages)."""
+    """'text' (pretrain), 'pair' (sft prompt/response), 'chat' (sft messages), 'preference' or 'preference_chat'."""
     return format_of(visible_columns(records), records[0][ORIGIN], data_cfg, tokenizer, source)
 
 
@@ -102,6 +102,16 @@ def format_of(columns: list[str], first: str, data_cfg: DataConfig, tokenizer, s
         if data_cfg.text_field in columns:
             return "text"
         expected = f"'{data_cfg.text_field}' (data.text_field)"
+    elif data_cfg.task == "preference":
+        responses = data_cfg.chosen_field in columns and data_cfg.rejected_field in columns
+        if responses and data_cfg.prompt_field in columns:
+            return "preference"
+        if responses and data_cfg.messages_field in columns:
+            _check_chat_tokenizer(tokenizer, first, source)
+            return "preference_chat"
+        expected = (f"'{data_cfg.prompt_field}' (or chat '{data_cfg.messages_field}') + '{data_cfg.chosen_field}' + "
+                    f"'{data_cfg.rejected_field}' (data.prompt_field or data.messages_field, data.chosen_field, "
+                    f"data.rejected_field)")
     elif data_cfg.prompt_field in columns and data_cfg.response_field in columns:
         return "pair"
     elif data_cfg.messages_field in columns:
@@ -152,7 +162,7 @@ def tokenize_chats(batch: dict, tokenizer, cfg: DataConfig) -> dict:
 def chat_sample(tokenizer, messages: Any) -> tuple[list[int], list[int]]:
     """Rendered conversation ids; labels are real only on the tokens each assistant message adds."""
     _check_messages(messages)
-    text = _render(tokenizer, messages)
+    text = render_chat(tokenizer, messages)
     spans = _assistant_spans(tokenizer, messages, text)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     ids = encoding["input_ids"]
@@ -169,7 +179,7 @@ def _check_messages(messages: Any) -> None:
         raise DataError("no assistant message, so nothing to train on; add one or drop the record")
 
 
-def _render(tokenizer, messages: list[dict], generation_prompt: bool = False) -> str:
+def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = False) -> str:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as e:  # template errors (e.g. "roles must alternate") are the record's problem
@@ -183,8 +193,8 @@ def _assistant_spans(tokenizer, messages: list[dict], text: str) -> list[tuple[i
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], generation_prompt=True)
-        through = _render(tokenizer, messages[:i + 1])
+        before = render_chat(tokenizer, messages[:i], generation_prompt=True)
+        through = render_chat(tokenizer, messages[:i + 1])
         if not (text.startswith(before) and text.startswith(through)):
             raise DataError("the chat template renders a conversation prefix that is not a prefix of the "
                             "whole conversation, so assistant tokens cannot be located; use prompt/response "

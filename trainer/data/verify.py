@@ -162,11 +162,12 @@ def check_manifest(manifest: dict, path: Path, cfg: DataConfig, tokenizer) -> No
     elif manifest["tokenizer"]["fingerprint"] != shards.tokenizer_fingerprint(tokenizer):
         problems.append(f"it was tokenized with another tokenizer ({manifest['tokenizer']['name']}, fingerprint "
                         f"{manifest['tokenizer']['fingerprint']}) than this run's ({tokenizer.name_or_path})")
-    if manifest.get("format_of_records") == "chat" and manifest.get("chat_template") != tokenizer.chat_template:
+    chat = str(manifest.get("format_of_records")).endswith("chat")
+    if chat and manifest.get("chat_template") != tokenizer.chat_template:
         problems.append("its chat samples were rendered with another chat template than this run's tokenizer has")
-    if cfg.task == "sft" and manifest.get("seq_len") not in (None, cfg.seq_len):
-        problems.append(f"its SFT samples were fitted to seq_len {manifest['seq_len']}, this run's data.seq_len is "
-                        f"{cfg.seq_len}")
+    if cfg.task != "pretrain" and manifest.get("seq_len") not in (None, cfg.seq_len):
+        problems.append(f"its {cfg.task} samples were fitted to seq_len {manifest['seq_len']}, this run's data.seq_len "
+                        f"is {cfg.seq_len}")
     if problems:
         raise DataError(f"{path}: " + "; ".join(problems) + ": prepare the data again for this run "
                         "(`python -m trainer prepare-data`) or point data.source at data prepared for it")
@@ -262,7 +263,7 @@ def listed_files(root: Path, manifest: dict, problems: list[str]) -> list[Listed
         problems.append(f"{root / shards.MANIFEST}: dtype {dtype.name} is not the one prepare writes for a vocabulary "
                         f"of {manifest['vocab_size']:,} tokens")
         return []
-    wanted = {"tokens", "docs"} | ({"labels"} if manifest["task"] == "sft" else set())
+    wanted = {"tokens", "docs"} | ({"labels"} if manifest["task"] != "pretrain" else set())
     listed = []
     for split in shards.SPLITS:
         info = manifest["splits"][split]
@@ -272,6 +273,9 @@ def listed_files(root: Path, manifest: dict, problems: list[str]) -> list[Listed
             stem = root / split / f"{index:05d}"
             tokens, documents = int(entry["tokens"]), int(entry["documents"])
             sizes = {"tokens": tokens * dtype.itemsize, "docs": documents * 8, "labels": tokens}
+            if manifest["task"] == "preference" and documents != 2 * int(entry.get("records", -1)):
+                problems.append(f"{where} shard {index}) holds {documents:,} documents for {entry.get('records')} "
+                                f"preference records; each record is two (chosen, rejected)")
             if set(entry["files"]) != wanted:
                 problems.append(f"{where} shard {index}) lists {sorted(entry['files'])}, a {manifest['task']} shard "
                                 f"has {sorted(wanted)}")

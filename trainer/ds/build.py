@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..config import AUTO
 from .keys import (
     has_activation_checkpointing, offload_block, offload_pin_memory, precision, quantized_weights, zero, zero_key,
-    zero_setting,
+    zero_setting, zero_stage,
 )
 
 
@@ -235,6 +235,22 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
         if key in ds:
             ds[key] = AUTO  # solved again from the rehearsal's batch
     return ds, notices
+
+
+def frozen_reference_config(ds: dict, offload_param: bool) -> dict:
+    """The config of a frozen reference model's engine (preference tuning), as DeepSpeed-Chat builds its reference:
+    the training run's batch and precision, no optimizer or scheduler, ZeRO-3 (parameters sharded, optionally on the
+    CPU) when training is ZeRO-3, else a whole copy on every rank (stage 0: nothing of a frozen model to shard)."""
+    kept = {key: ds[key] for key in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                     "gradient_accumulation_steps", "bf16", "fp16", "steps_per_print",
+                                     "wall_clock_breakdown") if key in ds}
+    stage3 = zero_stage(ds) == 3
+    zero_block_ = {"stage": 3 if stage3 else 0}
+    if stage3:
+        zero_block_["stage3_param_persistence_threshold"] = zero_setting(ds, "param_persistence_threshold") or int(1e4)
+        if offload_param:
+            zero_block_["offload_param"] = {"device": "cpu", "pin_memory": offload_pin_memory(ds, "offload_param")}
+    return {**kept, "zero_optimization": zero_block_}
 
 
 def with_universal_load(ds: dict) -> dict:

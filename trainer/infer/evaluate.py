@@ -54,7 +54,7 @@ def evaluate(args) -> int:
         runner = session.runner
         eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
                            batch_size(args, cfg), runner.replica, runner.replicas)
-        result = evaluate_set(lambda batch: runner.module(**batch).loss, eval_set, runner.device)
+        result = evaluate_set(lambda batch, counts: runner.module(**batch).loss, eval_set, runner.device)
         sequences = sum(eval_set.size(s) for s in data.eval)
         report = {"eval_loss": result["eval_loss"], "eval_ppl": result["eval_ppl"], "tokens": result["eval_tokens"],
                   "sequences": sequences, **{k: v for k, v in result.items() if k.startswith("eval_loss/")},
@@ -89,6 +89,11 @@ def data_config(args, saved: Config | None, context: int) -> Config:
         data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
                                    task=args.task or cfg.data.task, seq_len=seq_len)
         cfg = dataclasses.replace(cfg, data=data)
+    if cfg.data.task == "preference":
+        raise UserError("evaluate scores the language-model loss of sequences; preference pairs (data.task="
+                        "preference) are not scored by it yet: a preference run reports eval_loss and eval_rewards/* "
+                        "(accuracy, margin) on its held-out pairs in metrics.jsonl; to score text here, pass --data "
+                        "SOURCE --task sft or pretrain")
     if cfg.data.seq_len > context:
         raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than the model's context ({context}); pass "
                         f"--seq-len {context} or less")

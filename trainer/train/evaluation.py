@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import waits
 from ..data import Stream
+from .preference import Objective
 
 
 @dataclass
@@ -50,17 +51,18 @@ class EvalSet:
 
 
 @torch.no_grad()
-def evaluate(forward: Callable[[dict], torch.Tensor], eval_set: EvalSet, device) -> dict:
+def evaluate(forward: Callable[[dict, bool], torch.Tensor], eval_set: EvalSet, device) -> dict:
     """`eval_loss` (and `eval_ppl`) over every source's eval sequences, `eval_loss/<name>` per source when there
     are several, and `eval_tokens` (the predicted tokens the loss averages). `forward(batch)` returns the
-    model's mean loss over the batch's predicted tokens; it is called on every rank the same number of times."""
+    model's mean loss over the batch's predicted tokens; it is called on every rank the same number of times, with
+    `counts` False for a filler batch (whose loss, and metrics, must not count)."""
     sums = []
     for stream in eval_set.streams.values():
         total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
         for batch, counts in eval_set.batches(stream):
-            loss = forward({k: v.to(device) for k, v in batch.items()}).double().cpu()
+            loss = forward({k: v.to(device) for k, v in batch.items()}, counts).double().cpu()
             if counts:
-                tokens = (batch["labels"][:, 1:] != -100).sum()  # the model shifts labels by one
+                tokens = (batch["labels"][..., 1:] != -100).sum()  # the model shifts labels by one
                 total += loss * tokens
                 count += tokens
         sums += [total, count]
@@ -78,16 +80,21 @@ def evaluate(forward: Callable[[dict], torch.Tensor], eval_set: EvalSet, device)
     return out
 
 
-def evaluate_engine(engine, eval_set: EvalSet) -> dict:
-    """`evaluate` on a DeepSpeed training engine, back in train mode afterwards."""
+def evaluate_engine(engine, eval_set: EvalSet, objective=None) -> dict:
+    """`evaluate` on a DeepSpeed training engine, back in train mode afterwards. `objective`: the training loss
+    (train/preference.py; default the model's own), whose metrics of the eval batches are reported as `eval_*`."""
+    objective = objective or Objective(engine)
     engine.eval()
     try:
-        return evaluate(lambda batch: engine(**batch).loss, eval_set, engine.device)
+        with objective.apart():  # the eval batches' metrics are not the training window's
+            out = evaluate(lambda batch, counts: objective(batch, record=counts), eval_set, engine.device)
+            return {**out, **objective.metrics(engine.device, prefix="eval_")}
     finally:
         engine.train()
 
 
-def first_evaluation(engine, eval_set: EvalSet, step: int, seconds_per_micro: float, rank: int) -> dict:
+def first_evaluation(engine, eval_set: EvalSet, step: int, seconds_per_micro: float, rank: int,
+                     objective=None) -> dict:
     """`evaluate_engine`, said out loud: the first eval of a run names what it runs and how long it should take (a
     forward is about a third of a training micro-step), and rank 0 reports it every 30 s while it runs."""
     forwards = eval_set.forwards()
@@ -100,4 +107,4 @@ def first_evaluation(engine, eval_set: EvalSet, step: int, seconds_per_micro: fl
         still = waits.during(lambda seconds: f"eval at step {step}: still running - {waits.duration(seconds)} so far, "
                                              f"~{waits.duration(expected)} expected")
     with still:
-        return evaluate_engine(engine, eval_set)
+        return evaluate_engine(engine, eval_set, objective)

@@ -20,6 +20,7 @@ from .guards import LossScaleWatch, StepGuard, StopSignal, any_rank
 from .hooks import Hooks
 from .metrics import MetricsLogger, peak_memory_gb, print0
 from .router import RouterWatch, router_metrics
+from .preference import Objective
 
 
 class Outcome(enum.Enum):
@@ -41,14 +42,16 @@ class Outcome(enum.Enum):
 
 def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: Resolved, metrics: MetricsLogger,
         ckpt_dir: Path, resumed_from: str | None, hooks: Hooks | None = None, sampler=None,
-        router: RouterWatch | None = None) -> Outcome:
-    """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended."""
+        router: RouterWatch | None = None, objective: Objective | None = None) -> Outcome:
+    """Train until max_steps (or stop_after, a stop signal, or too many bad steps); returns why it ended.
+    `objective(batch)` is the loss of a micro-batch (the model's own, or preference tuning's: train/preference.py)."""
     cfg = resolved.config
     train, accum = cfg.train, cfg.train.grad_accum
     rank = ranks.rank()
     tokens_per_step = resolved.tokens_per_step
     batches = iter(train_batches)
     hooks = hooks or Hooks()
+    objective = objective or Objective(engine)
     stop, guard = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window)
     scale_watch = LossScaleWatch(dsc.fp16_min_loss_scale(cfg.deepspeed), train.min_loss_scale_hits)
     metrics.start_progress(state.step, train.max_steps)
@@ -66,7 +69,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
             batch = next(batches)
             hooks.on_batch(batch, state.step + 1)
             batch = to_device(batch, engine.device)
-            loss = hooks.on_loss(engine(**batch).loss, state.step + 1)
+            loss = hooks.on_loss(objective(batch), state.step + 1)
             engine.backward(loss)
             engine.step()
             step_loss += loss.detach().float()
@@ -115,7 +118,8 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
                          **loss_scale(engine),
                          **metrics.throughput(tokens_per_step * window_steps, elapsed, window_steps),
                          **router_metrics(router, engine.device),  # MoE: aux loss, expert shares; collective
-                         "peak_mem_gb": peak_memory_gb()})
+                         "peak_mem_gb": peak_memory_gb(),
+                         **objective.metrics(engine.device)})
             if scheduled_log:  # an unscheduled last line leaves the window open for the resumed run
                 window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
 
@@ -123,10 +127,11 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
             ended = Outcome.SIGNALLED
         if (train.eval_every and state.step % train.eval_every == 0) or state.step == train.max_steps:
             if evaluated:
-                metrics.log({"step": state.step, **evaluate_engine(engine, eval_set)})
+                metrics.log({"step": state.step, **evaluate_engine(engine, eval_set, objective)})
             else:
                 per_micro = (time.perf_counter() - loop_start) / ((state.step - first_step) * accum)
-                metrics.log({"step": state.step, **first_evaluation(engine, eval_set, state.step, per_micro, rank)})
+                metrics.log({"step": state.step, **first_evaluation(engine, eval_set, state.step, per_micro, rank,
+                                                                     objective)})
                 evaluated = True
             if sampler is not None:  # train.sample_prompts: every rank generates (ZeRO-3 gathers in forward)
                 metrics.log_samples(state.step, sampler(engine))

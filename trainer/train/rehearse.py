@@ -30,7 +30,8 @@ TINY = REPO_ROOT / "data" / "tiny"
 # SFT rehearses chat messages: the shipped SFT presets read them, and they are the format that needs
 # the most of the tokenizer (a chat template, prefix-stable, a fast tokenizer). A preset with local
 # prompt/response data keeps its own (tiny_data).
-TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "chat.jsonl"}
+TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "chat.jsonl",
+             "preference": TINY / "preference.jsonl"}  # right answers chosen over wrong ones of the same kind
 
 
 def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozenset()) -> tuple[Config, list[str]]:
@@ -92,7 +93,7 @@ def tiny_data(cfg: Config, notices: list[str]):
     d = cfg.data
     if Path(d.source).exists():
         return dataclasses.replace(d, seq_len=min(d.seq_len, 64))
-    kind = "chat messages" if d.task == "sft" else "text"
+    kind = {"sft": "chat messages", "preference": "prompt/chosen/rejected pairs"}.get(d.task, "text")
     notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data: {kind})")
     return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=64, num_workers=1,
                                eval_fraction=0.05)

@@ -44,6 +44,7 @@ class Job:
     active_params: int   # parameters a token passes through (all of them, unless MoE): what MFU counts
     sampler: Any = None  # train.sample_prompts' generator, or None
     router: Any = None   # an MoE model's RouterWatch (router health in metrics.jsonl), or None
+    objective: Any = None  # the loss of a micro-batch (train/preference.py); None: the model's own
 
 
 def run_training(preset: str, overrides: list[str], rehearse: bool = False, world_size: int | None = None,
@@ -75,7 +76,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
         state.wandb_run_id = metrics.wandb_run_id  # every checkpoint names the wandb run its history logs to
     try:
         ended = fit(job.engine, job.train_batches, job.eval_set, state, resolved, metrics, ckpt_dir,
-                    resumed_from, hooks, job.sampler, job.router)
+                    resumed_from, hooks, job.sampler, job.router, job.objective)
         if cfg.train.export_hf and ended is Outcome.FINISHED:
             merged = run_dir / "hf_merged" if cfg.train.export_merged and cfg.model.lora.enabled else None
             out = checkpoint.export_hf(job.engine, job.tokenizer, run_dir / "hf", state.step, merged)
@@ -168,7 +169,49 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     eval_set = EvalSet({stream.sources[0].name: stream for stream in data.eval}, cfg.train.eval_sequences, micro,
                        dp_rank, dp_size)
     sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
-    return Job(engine, tokenizer, train_batches, eval_set, active, sampler, RouterWatch.attach(model))
+    return Job(engine, tokenizer, train_batches, eval_set, active, sampler, RouterWatch.attach(model),
+               objective_of(engine, cfg, rank, data))
+
+
+def objective_of(engine, cfg: Config, rank: int, data):
+    """The loss the loop trains on: the model's own, or preference tuning's against its reference model (with
+    preference.reference=precomputed, its log-probs are attached to `data`'s samples first)."""
+    from .preference import make_objective, reference_engine, reference_kind
+    if cfg.data.task != "preference":
+        return make_objective(engine, cfg)
+    kind = reference_kind(cfg)
+    described = {"adapter": "the base model with the LoRA adapter disabled", "engine": "a frozen DeepSpeed engine",
+                 "precomputed": "log-probs computed once before training"}[kind]
+    print0(f"preference: {cfg.preference.loss} loss, beta {cfg.preference.beta}, reference = {described}", rank=rank)
+    if kind == "precomputed":
+        precompute_reference(engine, cfg, rank, data)
+    return make_objective(engine, cfg, reference_engine(cfg, rank) if kind == "engine" else None)
+
+
+def precompute_reference(engine, cfg: Config, rank: int, data) -> None:
+    """The reference's log-probs of every pair (train and eval), read from data.cache_dir or computed now by the
+    adapter-disabled base (LoRA) or a temporary frozen engine, freed before training."""
+    from ..data import shards
+    from . import reference_logps
+    from .preference import adapter_disabled, reference_engine
+    streams = {f"{name}-train": source.samples for name, source in
+               ((s.name, s) for s in data.train.sources)}
+    streams.update({f"{stream.sources[0].name}-eval": stream.sources[0].samples for stream in data.eval})
+    manifests = [shards.read_manifest(s.samples.split.stems[0].parent.parent) for s in data.train.sources]
+    directory = reference_logps.store_dir(cfg, manifests)
+    if cfg.model.lora.enabled:
+        reference, frozen = adapter_disabled(engine), None
+    else:
+        frozen = reference_engine(cfg, rank)
+        reference = lambda ids, mask: frozen(input_ids=ids, attention_mask=mask).logits  # noqa: E731
+    engine.eval()
+    try:
+        computed = reference_logps.attach(streams, directory, reference, cfg.train.micro_batch_size, engine.device)
+    finally:
+        engine.train()
+        del frozen
+    print0(f"preference: reference log-probs {'computed for ' + ', '.join(computed) if computed else 'read'} "
+           f"({directory})", rank=rank)
 
 
 def engine_config(cfg: Config, universal: bool) -> dict:

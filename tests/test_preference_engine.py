@@ -1,0 +1,119 @@
+"""Preference tuning on the real DeepSpeed engine, 2 CPU ranks: DPO losses equal under ZeRO-0 and ZeRO-3 (reference =
+a frozen engine), the three references agree (LoRA base with the adapter disabled vs a frozen engine of the base;
+log-probs precomputed once vs a frozen engine), a resume is exact (losses and rewards, with a live and with a
+precomputed reference), and on the tiny synthetic preference set (data/tiny/preference.jsonl: the
+answer's words reversed are rejected) rewards/accuracy passes 0.9.
+
+All runs share one launch (tests/workers/run_many.py).
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY
+from distributed import read_metrics, run_many
+
+pytestmark = pytest.mark.multirank
+
+PREFERENCE = ["data.task=preference", "data.source=data/tiny/preference.jsonl", "data.eval_source=null",
+              "data.eval_fraction=0.05"]
+LEARN_STEPS = 40
+REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")
+
+
+@pytest.fixture(scope="module")
+def preference_runs(tmp_path_factory, pretrained_dir):
+    root = tmp_path_factory.mktemp("preference")
+    runs, dirs = [], {}
+
+    def add(name, overrides):
+        dirs[name] = root / name
+        runs.append({"name": name, "preset": "tiny_cpu", "overrides": TINY + PREFERENCE + overrides + [
+            f"train.output_dir={root / name}", f"data.cache_dir={root / 'cache'}"]})
+
+    add("z0", ["deepspeed.zero_optimization.stage=0", "train.lr=3e-3"])
+    add("z3", ["deepspeed.zero_optimization.stage=3", "train.lr=3e-3"])
+    lora = ["deepspeed.zero_optimization.stage=2", f"model.name_or_path={pretrained_dir}", "model.lora.enabled=true",
+            "train.lr=1e-2"]
+    add("lora_adapter", lora + ["preference.reference=adapter"])
+    add("lora_engine", lora + ["preference.reference=engine"])
+    resume = ["deepspeed.zero_optimization.stage=2", "train.max_steps=8", "train.save_every=4", "train.lr=3e-3",
+              "preference.beta=0.5", "preference.label_smoothing=0.1"]
+    add("straight", resume)
+    add("halves", resume + ["train.stop_after=4"])
+    add("halves", resume + ["train.resume=auto"])
+    # (c): reference log-probs precomputed once (by a temporary engine), then read again by the next runs
+    add("engine_z2", ["deepspeed.zero_optimization.stage=2", "train.lr=3e-3"])
+    add("precomputed_z2", ["deepspeed.zero_optimization.stage=2", "train.lr=3e-3", "preference.reference=precomputed"])
+    add("precomputed_z3", ["deepspeed.zero_optimization.stage=3", "train.lr=3e-3", "preference.reference=precomputed"])
+    pc_resume = resume + ["preference.reference=precomputed"]
+    add("pc_straight", pc_resume)
+    add("pc_halves", pc_resume + ["train.stop_after=4"])
+    add("pc_halves", pc_resume + ["train.resume=auto"])
+    add("learn", ["deepspeed.zero_optimization.stage=2", "train.micro_batch_size=4", "train.grad_accum=1",
+                  f"train.max_steps={LEARN_STEPS}", "train.warmup_steps=4", "train.lr=3e-3", "logging.log_every=5",
+                  "train.eval_every=20", "train.eval_sequences=32", "train.save_every=0"])
+    output, _ = run_many(runs, root)
+    dirs["output"] = output
+    return dirs
+
+
+def train_rows(run_dir) -> list[dict]:
+    return read_metrics(run_dir)[0]
+
+
+def test_dpo_losses_and_rewards_equal_under_zero0_and_zero3(preference_runs):
+    z0, z3 = train_rows(preference_runs["z0"]), train_rows(preference_runs["z3"])
+    assert len(z0) == len(z3) > 0
+    assert z0[0]["loss"] == pytest.approx(0.693147, abs=1e-5)  # the policy starts as its reference
+    assert [r["loss"] for r in z3] == pytest.approx([r["loss"] for r in z0], abs=2e-5)
+    for name in REWARDS:
+        assert [r[name] for r in z3] == pytest.approx([r[name] for r in z0], abs=2e-5)
+    assert z0[-1]["loss"] != pytest.approx(z0[0]["loss"], abs=1e-4)  # it trains
+
+
+def test_the_lora_base_and_a_frozen_engine_are_the_same_reference(preference_runs):
+    adapter, engine = train_rows(preference_runs["lora_adapter"]), train_rows(preference_runs["lora_engine"])
+    assert [r["loss"] for r in adapter] == pytest.approx([r["loss"] for r in engine], abs=2e-5)
+    assert [r["rewards/margin"] for r in adapter] == pytest.approx([r["rewards/margin"] for r in engine], abs=2e-5)
+    assert adapter[-1]["loss"] != pytest.approx(adapter[0]["loss"], abs=1e-4)
+
+
+def test_a_resumed_preference_run_continues_exactly(preference_runs):
+    straight, halves = train_rows(preference_runs["straight"]), train_rows(preference_runs["halves"])
+    assert [r["step"] for r in halves] == [r["step"] for r in straight] == list(range(1, 9))
+    for name in ("loss",) + REWARDS:
+        assert [r[name] for r in halves] == pytest.approx([r[name] for r in straight], abs=1e-6)
+
+
+def test_precomputed_reference_log_probs_give_the_frozen_engines_losses_and_are_computed_once(preference_runs):
+    engine = train_rows(preference_runs["engine_z2"])
+    for name in ("precomputed_z2", "precomputed_z3"):
+        rows = train_rows(preference_runs[name])
+        for key in ("loss",) + REWARDS:
+            assert [r[key] for r in rows] == pytest.approx([r[key] for r in engine], abs=2e-5), (name, key)
+    engine_evals = read_metrics(preference_runs["engine_z2"])[1]
+    evals = read_metrics(preference_runs["precomputed_z2"])[1]
+    assert [r["eval_loss"] for r in evals] == pytest.approx([r["eval_loss"] for r in engine_evals], abs=2e-5)
+    output = preference_runs["output"]
+    assert output.count("reference log-probs computed for") == 1  # precomputed_z2; z3 and the resume runs read it
+    assert output.count("reference log-probs read") == 4
+
+
+def test_a_resumed_run_with_precomputed_reference_continues_exactly(preference_runs):
+    straight, halves = train_rows(preference_runs["pc_straight"]), train_rows(preference_runs["pc_halves"])
+    assert [r["step"] for r in halves] == list(range(1, 9))
+    for name in ("loss",) + REWARDS:
+        assert [r[name] for r in halves] == pytest.approx([r[name] for r in straight], abs=1e-6)
+    live = train_rows(preference_runs["straight"])
+    assert [r["loss"] for r in straight] == pytest.approx([r["loss"] for r in live], abs=2e-5)
+
+
+def test_rewards_accuracy_passes_0_9_on_the_tiny_preference_set(preference_runs):
+    rows, evals = read_metrics(preference_runs["learn"])
+    print("learn:", [(r["step"], round(r["loss"], 4), r["rewards/accuracy"], round(r["rewards/margin"], 3))
+                     for r in rows], [(r["step"], r["eval_rewards/accuracy"]) for r in evals])
+    assert rows[-1]["step"] == LEARN_STEPS
+    assert rows[-1]["rewards/accuracy"] > 0.9 and rows[-1]["rewards/margin"] > 0
+    assert evals[-1]["eval_rewards/accuracy"] > 0.9  # on held-out pairs
+    assert rows[0]["rewards/accuracy"] < 0.9  # it was learnt, not there from the start
