@@ -59,6 +59,15 @@ def autotp_size(ds: dict) -> int:
     return int((ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 1)
 
 
+def sequence_parallel_size(ds: dict) -> int:
+    """Ulysses sequence parallelism (DeepSpeed's top-level key; 1 = off): the ranks that share one sequence."""
+    return int(ds.get("sequence_parallel_size", 1) or 1)
+
+
+def has_pipeline(ds: dict) -> bool:
+    return bool(ds.get("pipeline"))
+
+
 def bf16_enabled(ds: dict) -> bool:
     return bool((ds.get("bf16") or {}).get("enabled", False))
 

@@ -14,6 +14,7 @@ another user could have written, is ignored and learned again: it only ever spee
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-SCHEMA = 1  # bump when what is learned, or how, changes
+SCHEMA = 2  # bump when what is learned, or how, changes
 
 # Top-level blocks DeepSpeed parses with pydantic models (which also check types and ranges): block -> class
 BLOCK_MODELS = {
@@ -242,7 +243,31 @@ def probe_dict_keys() -> tuple[set, dict]:
     # micro x accum without train_batch_size: valid at any world size, also inside a running job
     probe = RecordingDict({**{b: {} for b in DICT_BLOCKS}, "train_micro_batch_size_per_gpu": 1,
                            "gradient_accumulation_steps": 1}, seen=seen)
-    DeepSpeedConfig(probe)
+    with one_rank_process_group():
+        DeepSpeedConfig(probe)
     top = {k[0] for k in seen if len(k) == 1}
     blocks = {b: {k[1] for k in seen if len(k) == 2 and k[0] == b} for b in DICT_BLOCKS}
     return top, blocks
+
+
+@contextlib.contextmanager
+def one_rank_process_group():
+    """DeepSpeed's config parser reads some keys (sequence_parallel_size) only once it has asked the process group
+    for its rank; outside a job that question raises and the keys are never looked up. For the probe the parser
+    sees a one-rank group."""
+    from deepspeed.runtime import config
+
+    class OneRank:
+        @staticmethod
+        def get_rank(group=None):
+            return 0
+
+        @staticmethod
+        def get_world_size(group=None):
+            return 1
+
+    real, config.dist = config.dist, OneRank
+    try:
+        yield
+    finally:
+        config.dist = real
