@@ -30,7 +30,7 @@ says what it would do, which is why each is an error here.
 | sequence_parallel_size divides the attention heads; KV heads divide by it or it by them | raises at model setup |
 | sequence_parallel_size divides data.seq_len | raises at the first batch |
 | sequence parallelism needs sdpa or flash attention | raises at model setup ('eager' needs a 4D mask) |
-| sequence parallelism: no pipeline block, no sample_prompts | the pipeline engine has no Ulysses groups; generation is not sharded |
+| sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import waits
 from ..data import Stream
+from .sequence_parallel import loss_of
 
 
 @dataclass
@@ -82,7 +83,7 @@ def evaluate_engine(engine, eval_set: EvalSet) -> dict:
     """`evaluate` on a DeepSpeed training engine, back in train mode afterwards."""
     engine.eval()
     try:
-        return evaluate(lambda batch: engine(**batch).loss, eval_set, engine.device)
+        return evaluate(lambda batch: loss_of(engine, batch), eval_set, engine.device)
     finally:
         engine.train()
 

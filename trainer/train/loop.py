@@ -19,6 +19,7 @@ from .evaluation import EvalSet, evaluate_engine, first_evaluation
 from .guards import LossScaleWatch, StepGuard, StopSignal, any_rank
 from .hooks import Hooks
 from .metrics import MetricsLogger, peak_memory_gb, print0
+from .sequence_parallel import loss_of
 
 
 class Outcome(enum.Enum):
@@ -64,7 +65,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
             batch = next(batches)
             hooks.on_batch(batch, state.step + 1)
             batch = to_device(batch, engine.device)
-            loss = hooks.on_loss(engine(**batch).loss, state.step + 1)
+            loss = hooks.on_loss(loss_of(engine, batch), state.step + 1)  # sequence-parallel aware
             engine.backward(loss)
             engine.step()
             step_loss += loss.detach().float()
