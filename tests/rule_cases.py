@@ -92,6 +92,39 @@ CASES = {
         ["deepspeed.tensor_parallel.autotp_size=2 cannot shard model.num_heads=4 and num_kv_heads=1",
          "use one of [1]"],
         ["model.num_kv_heads=2"]),
+    "sequence_parallel_size_divides_the_world": Case(
+        ["deepspeed.sequence_parallel_size=3"],
+        ["deepspeed.sequence_parallel_size=3 must divide the world size 2", "use one of [1, 2]"],
+        ["deepspeed.sequence_parallel_size=2"], where="ds.batch"),
+    "sequence_parallel_size_is_a_count": Case(
+        ["deepspeed.sequence_parallel_size=two"],
+        ["deepspeed.sequence_parallel_size: 'two' must be a whole number of ranks"],
+        ["deepspeed.sequence_parallel_size=1"], where="ds.batch"),
+    "sequence_parallel_not_with_autotp": Case(
+        ["deepspeed.sequence_parallel_size=2", "deepspeed.tensor_parallel={autotp_size: 2}"],
+        ["deepspeed.sequence_parallel_size=2 with deepspeed.tensor_parallel.autotp_size=2", "drop one",
+         "deepspeed.tensor_parallel=null"],
+        ["deepspeed.tensor_parallel=null"], where="ds.batch"),
+    "sequence_parallel_shards_heads": Case(
+        ["hardware.gpus_per_node=6", "deepspeed.sequence_parallel_size=3"],
+        ["deepspeed.sequence_parallel_size=3 cannot split model.num_heads=4 and num_kv_heads=2", "use one of [1, 2]"],
+        ["deepspeed.sequence_parallel_size=2"]),
+    "sequence_parallel_divides_seq_len": Case(
+        ["deepspeed.sequence_parallel_size=2", "data.seq_len=127"],
+        ["data.seq_len=127 is not divisible by deepspeed.sequence_parallel_size=2", "use data.seq_len=126"],
+        ["data.seq_len=128"]),
+    "sequence_parallel_supported": Case(
+        ["deepspeed.sequence_parallel_size=2", "model.attn_implementation=eager"],
+        ["deepspeed.sequence_parallel_size=2 needs model.attn_implementation sdpa", "refuses 'eager'"],
+        ["model.attn_implementation=sdpa"]),
+    "sequence_parallel_without_pipeline": Case(
+        ["deepspeed.sequence_parallel_size=2", "deepspeed.pipeline={stages: 2}"],
+        ["deepspeed.sequence_parallel_size=2 with a deepspeed.pipeline block", "remove deepspeed.pipeline"],
+        ["deepspeed.pipeline=null"], where="rules.sequence_parallel_supported"),
+    "sequence_parallel_without_sample_prompts": Case(
+        ["deepspeed.sequence_parallel_size=2", "train.sample_prompts=[hello]"],
+        ["deepspeed.sequence_parallel_size=2 with train.sample_prompts", "train.sample_prompts=[]"],
+        ["train.sample_prompts=[]"], where="rules.sequence_parallel_supported"),
     "lora_targets_exist": Case(
         ["model.lora.enabled=true", "model.name_or_path=/models/llama", "model.lora.target_modules=[q_proj, qproj]"],
         ["model.lora.target_modules: 'qproj' names no module", "did you mean 'q_proj'?"],

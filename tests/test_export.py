@@ -198,3 +198,23 @@ def test_autotp_export_is_accepted_with_the_global_world_size(world, tmp_path, D
     assert config.train_batch_size == 2 * 4 * world
     with pytest.raises(AssertionError, match="Check batch related parameters"):
         DeepSpeedConfig(ds, mpu=Mpu(world // 2))
+
+
+@pytest.mark.parametrize("world,sp", [(2, 2), (8, 4)])
+def test_sequence_parallel_export_is_accepted_with_world_over_sp(world, sp, tmp_path, DeepSpeedConfig):
+    """An SP group consumes one sample: the data-parallel size, the global batch and tokens/step count groups, and
+    DeepSpeed (whose mpu reports world / sequence_parallel_size) accepts the exported triad."""
+    path = write_preset(tmp_path, "zero2.json", world=world, extra=f"deepspeed:\n  sequence_parallel_size: {sp}\n")
+    resolved = resolve(load_preset(str(path)))
+    dp = world // sp
+    assert resolved.batch.data_parallel_size == dp
+    assert resolved.batch.global_batch_size == 2 * 4 * dp
+    assert resolved.tokens_per_step == 2 * 4 * dp * 256
+    assert resolved.summary()["sequence_parallel_size"] == sp
+    out = tmp_path / "sp.json"
+    assert main(["export", str(path), "-o", str(out)]) == 0
+    ds = json.loads(out.read_text())
+    assert ds["sequence_parallel_size"] == sp and ds["train_batch_size"] == 2 * 4 * dp
+    assert parse(DeepSpeedConfig, ds, dp).train_batch_size == 2 * 4 * dp
+    with pytest.raises(AssertionError, match="Check batch related parameters"):
+        DeepSpeedConfig(ds, mpu=Mpu(world))

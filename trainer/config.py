@@ -93,6 +93,9 @@ class ModelConfig:
         "Attention kernel; 'auto' = flash_attention_2 when flash-attn and CUDA are present, else sdpa.", "auto")
     liger: bool = doc("Apply Liger kernels (CUDA + liger-kernel only; a one-line warning elsewhere).", False)
     gradient_checkpointing: bool = doc("Recompute activations in backward (transformers gradient checkpointing).", False)
+    tiled_mlp: int = doc("Run each MLP in this many tiles along the sequence (DeepSpeed ALST's TiledMLP: a long "
+                         "sequence never holds the whole MLP activation; each tile is recomputed in backward); "
+                         "0 = off.", 0, kind=COUNT_OR_ZERO)
     trust_remote_code: bool = doc("Allow model/tokenizer code from the hub repo to run (off unless asked).", False)
     init_std: float = doc(
         "Std of the normal init for from-scratch weights (transformers' initializer_range).", 0.02, kind=POSITIVE)

@@ -28,6 +28,11 @@ says what it would do, which is why each is an error here.
 | legacy zero_optimization.cpu_offload / cpu_offload_param | honoured with a warning (checked in ds.check_keys) |
 | model.family is one the trainer builds (dense or MoE), MoE keys only on MoE families | transformers fails at build |
 | model.zero3_leaf_modules needs stage 3, not with zero_optimization.leaf_module | only stage 3 reads leaf flags |
+| sequence_parallel_size divides the world size, not with AutoTP | asserts in its group setup (checked in ds.solve_batch) |
+| sequence_parallel_size divides the attention heads; KV heads divide by it or it by them | raises at model setup |
+| sequence_parallel_size divides data.seq_len | raises at the first batch |
+| sequence parallelism needs sdpa or flash attention | raises at model setup ('eager' needs a 4D mask) |
+| sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
 """
 from __future__ import annotations
 
@@ -163,6 +168,50 @@ def autotp_shards_heads(cfg: Config, ds: dict, world: int) -> list[str]:
     return []
 
 
+def sequence_parallel_shards_heads(cfg: Config, ds: dict, world: int) -> list[str]:
+    """DeepSpeed's own rule (UlyssesSPAttentionHF): every rank gets whole query heads; KV heads are split the same
+    way, or replicated when there are fewer KV heads than ranks (sp a multiple of them)."""
+    sp, m = dsc.sequence_parallel_size(ds), cfg.model
+    kv = m.num_kv_heads or m.num_heads
+
+    def shards(d: int) -> bool:
+        return m.num_heads % d == 0 and (kv % d == 0 or d % kv == 0)
+
+    if sp > 1 and not shards(sp):
+        fits = [d for d in range(1, world + 1) if world % d == 0 and shards(d)]
+        return [f"deepspeed.sequence_parallel_size={sp} cannot split model.num_heads={m.num_heads} and num_kv_heads="
+                f"{kv} (Ulysses gives every rank whole query heads, and KV heads must divide by it or it by them): "
+                f"use one of {fits}"]
+    return []
+
+
+def sequence_parallel_divides_seq_len(cfg: Config, ds: dict, world: int) -> list[str]:
+    sp, seq_len = dsc.sequence_parallel_size(ds), cfg.data.seq_len
+    if sp > 1 and seq_len % sp:
+        return [f"data.seq_len={seq_len} is not divisible by deepspeed.sequence_parallel_size={sp} (each rank of the "
+                f"group holds seq_len / {sp} tokens): use data.seq_len={seq_len // sp * sp or sp}"]
+    return []
+
+
+def sequence_parallel_supported(cfg: Config, ds: dict, world: int) -> list[str]:
+    """What DeepSpeed 0.19.8's Ulysses path (or this trainer's use of it) does not do."""
+    sp = dsc.sequence_parallel_size(ds)
+    if sp == 1:
+        return []
+    key = f"deepspeed.sequence_parallel_size={sp}"
+    problems = []
+    if cfg.model.attn_implementation == "eager":
+        problems.append(f"{key} needs model.attn_implementation sdpa, flash_attention_2 or auto: DeepSpeed's "
+                        f"Ulysses attention refuses 'eager' (it needs a 4D attention mask, O(seq_len^2) memory)")
+    if dsc.has_pipeline(ds):
+        problems.append(f"{key} with a deepspeed.pipeline block: the pipeline engine has no Ulysses groups; remove "
+                        f"deepspeed.pipeline or set deepspeed.sequence_parallel_size=1")
+    if cfg.train.sample_prompts:
+        problems.append(f"{key} with train.sample_prompts: generation is not sharded along the sequence; set "
+                        f"train.sample_prompts=[] (run `python -m trainer generate` on the export instead)")
+    return problems
+
+
 def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
     lora = cfg.model.lora
     if not lora.enabled or _model_type(cfg) not in LLAMA_LIKE:
@@ -210,8 +259,8 @@ RULES: list[Rule] = [
     cpu_ranks_precision, round_robin_needs_stage_1_2,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
-    min_lr_needs_cosine, autotp_shards_heads, lora_targets_exist, model_family_buildable,
-    zero3_leaf_modules_need_stage3,
+    min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
+    sequence_parallel_supported, lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3,
 ]
 
 

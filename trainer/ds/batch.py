@@ -10,7 +10,7 @@ from typing import Optional
 
 from .. import numbers
 from ..config import AUTO, Config
-from .keys import autotp_size
+from .keys import autotp_size, sequence_parallel_size
 
 
 @dataclass(frozen=True)
@@ -19,12 +19,14 @@ class Batch:
     grad_accum: int
     global_batch_size: int   # sequences per optimizer step = micro x accum x data-parallel size
     world_size: int
-    data_parallel_size: int  # world / autotp_size
+    data_parallel_size: int  # world / autotp_size / sequence_parallel_size
+    sequence_parallel_size: int = 1  # ranks sharing one sequence (Ulysses): they consume one sample together
 
     @property
     def deepspeed_train_batch_size(self) -> int:
-        """DeepSpeed 0.19.8 checks its triad against the *global* world size, even under AutoTP."""
-        return self.micro_batch_size * self.grad_accum * self.world_size
+        """DeepSpeed 0.19.8 checks its triad against the *global* world size under AutoTP, and against world /
+        sequence_parallel_size under Ulysses (the mpu's data-parallel size)."""
+        return self.micro_batch_size * self.grad_accum * self.world_size // self.sequence_parallel_size
 
 
 def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[Batch]:
@@ -40,7 +42,10 @@ def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[B
         problems.append(f"deepspeed.tensor_parallel.autotp_size={tp} must divide the world size {world_size}: "
                         f"choose a divisor of {world_size} (normally the GPUs per node)")
         return None
-    dp = world_size // tp
+    sp = _sequence_parallel_size(ds, world_size, tp, problems)
+    if sp is None:
+        return None
+    dp = world_size // tp // sp
     micro = _merge_batch_value(train.micro_batch_size, ds.get("train_micro_batch_size_per_gpu"),
                                "train.micro_batch_size", "train_micro_batch_size_per_gpu", problems)
     accum = _merge_batch_value(train.grad_accum, ds.get("gradient_accumulation_steps"),
@@ -69,7 +74,7 @@ def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[B
         if total % per_step:  # the solved value would be a fraction (or 0): say so rather than show it
             problems.append(
                 f"batch triad: global_batch_size {total} is not a multiple of {given_key} {given} x data-parallel "
-                f"size {dp} = {per_step} (world size {world_size}, autotp_size {tp}), so "
+                f"size {dp} = {per_step} ({_layout(world_size, tp, sp)}), so "
                 f"{'micro_batch_size' if micro is None else 'grad_accum'} cannot be solved: use a global_batch_size "
                 f"of {max(per_step, total // per_step * per_step)}, or another {given_key}")
             return None
@@ -77,10 +82,36 @@ def solve_batch(cfg: Config, world_size: int, problems: list[str]) -> Optional[B
     if min(micro, accum, total) < 1 or micro * accum * dp != total:
         problems.append(
             f"batch triad inconsistent: global_batch_size {total} != micro_batch_size {micro} x grad_accum {accum} "
-            f"x data-parallel size {dp} (world size {world_size}, autotp_size {tp}); "
+            f"x data-parallel size {dp} ({_layout(world_size, tp, sp)}); "
             f"give two of the three and the third is solved, or make them agree")
         return None
-    return Batch(micro, accum, total, world_size, dp)
+    return Batch(micro, accum, total, world_size, dp, sp)
+
+
+def _sequence_parallel_size(ds: dict, world_size: int, tp: int, problems: list[str]) -> Optional[int]:
+    """deepspeed.sequence_parallel_size checked for the layout: a whole number dividing the world, not with AutoTP
+    (None, with the problem said, when it does not fit)."""
+    value = ds.get("sequence_parallel_size", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(f"deepspeed.sequence_parallel_size: {value!r} must be a whole number of ranks >= 1 "
+                        f"(1 = no sequence parallelism; 'auto' has no rule to fill it)")
+        return None
+    sp = sequence_parallel_size(ds)
+    if sp > 1 and tp > 1:
+        problems.append(f"deepspeed.sequence_parallel_size={sp} with deepspeed.tensor_parallel.autotp_size={tp}: "
+                        f"DeepSpeed 0.19.8 builds either the Ulysses groups or the AutoTP mesh, not both; drop one "
+                        f"(--set deepspeed.tensor_parallel=null, or deepspeed.sequence_parallel_size=1)")
+        return None
+    if world_size % sp:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        problems.append(f"deepspeed.sequence_parallel_size={sp} must divide the world size {world_size} (each "
+                        f"group of {sp} ranks shares one sequence): use one of {fits}")
+        return None
+    return sp
+
+
+def _layout(world_size: int, tp: int, sp: int) -> str:
+    return f"world size {world_size}, autotp_size {tp}" + (f", sequence_parallel_size {sp}" if sp > 1 else "")
 
 
 def _merge_batch_value(train_value, ds_value, train_key: str, ds_key: str, problems: list[str]) -> Optional[int]:

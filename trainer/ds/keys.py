@@ -60,8 +60,12 @@ def autotp_size(ds: dict) -> int:
 
 
 def sequence_parallel_size(ds: dict) -> int:
-    """DeepSpeed Ulysses' group size (a top-level key); 1 = no sequence parallelism."""
+    """Ulysses sequence parallelism (DeepSpeed's top-level key; 1 = off): the ranks that share one sequence."""
     return int(ds.get("sequence_parallel_size", 1) or 1)
+
+
+def has_pipeline(ds: dict) -> bool:
+    return bool(ds.get("pipeline"))
 
 
 def bf16_enabled(ds: dict) -> bool:

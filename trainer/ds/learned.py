@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-SCHEMA = 2  # bump when what is learned, or how, changes (2: the probe walks a running job's world-size branch)
+SCHEMA = 2  # bump when what is learned, or how, changes
 
 # Top-level blocks DeepSpeed parses with pydantic models (which also check types and ranges): block -> class
 BLOCK_MODELS = {
@@ -234,21 +234,6 @@ def learn() -> dict:
     }
 
 
-@contextlib.contextmanager
-def _as_one_rank_of_a_job():
-    """DeepSpeedConfig reads some keys only inside a job: its world size comes from `dist.get_rank()` /
-    `get_world_size()`, and without a process group it skips that branch, and with it the keys read there
-    (`sequence_parallel_size`, DeepSpeed Ulysses' size, in 0.19.8). The probe answers as rank 0 of one."""
-    from deepspeed.runtime import config as ds_config
-    comm = ds_config.dist
-    saved = comm.get_rank, comm.get_world_size
-    comm.get_rank, comm.get_world_size = (lambda *a, **k: 0), (lambda *a, **k: 1)
-    try:
-        yield
-    finally:
-        comm.get_rank, comm.get_world_size = saved
-
-
 def probe_dict_keys() -> tuple[set, dict]:
     """Parse a config with DeepSpeedConfig and record which keys it looks up: (top-level keys, block -> keys)."""
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -258,8 +243,31 @@ def probe_dict_keys() -> tuple[set, dict]:
     # micro x accum without train_batch_size: valid at any world size, also inside a running job
     probe = RecordingDict({**{b: {} for b in DICT_BLOCKS}, "train_micro_batch_size_per_gpu": 1,
                            "gradient_accumulation_steps": 1}, seen=seen)
-    with _as_one_rank_of_a_job():
+    with one_rank_process_group():
         DeepSpeedConfig(probe)
     top = {k[0] for k in seen if len(k) == 1}
     blocks = {b: {k[1] for k in seen if len(k) == 2 and k[0] == b} for b in DICT_BLOCKS}
     return top, blocks
+
+
+@contextlib.contextmanager
+def one_rank_process_group():
+    """DeepSpeed's config parser reads some keys (sequence_parallel_size) only once it has asked the process group
+    for its rank; outside a job that question raises and the keys are never looked up. For the probe the parser
+    sees a one-rank group."""
+    from deepspeed.runtime import config
+
+    class OneRank:
+        @staticmethod
+        def get_rank(group=None):
+            return 0
+
+        @staticmethod
+        def get_world_size(group=None):
+            return 1
+
+    real, config.dist = config.dist, OneRank
+    try:
+        yield
+    finally:
+        config.dist = real

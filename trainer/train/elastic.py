@@ -46,10 +46,12 @@ class Layout:
     data_parallel_size: int
     autotp_size: int
     zero_stage: int
+    sequence_parallel_size: int = 1  # a checkpoint from before sequence parallelism recorded none: 1
 
     def describe(self) -> str:
         tp = f", AutoTP {self.autotp_size}" if self.autotp_size > 1 else ""
-        return f"{self.world_size} rank(s) (data-parallel {self.data_parallel_size}{tp}), ZeRO-{self.zero_stage}"
+        sp = f", sequence-parallel {self.sequence_parallel_size}" if self.sequence_parallel_size > 1 else ""
+        return f"{self.world_size} rank(s) (data-parallel {self.data_parallel_size}{tp}{sp}), ZeRO-{self.zero_stage}"
 
 
 def saved_layout(saved_config: dict) -> Optional[Layout]:
@@ -57,7 +59,8 @@ def saved_layout(saved_config: dict) -> Optional[Layout]:
     derived = saved_config.get("derived") or {}
     try:
         return Layout(int(derived["world_size"]), int(derived["data_parallel_size"]),
-                      max(int(derived.get("autotp_size", 1)), 1), int(derived["zero_stage"]))
+                      max(int(derived.get("autotp_size", 1)), 1), int(derived["zero_stage"]),
+                      max(int(derived.get("sequence_parallel_size", 1)), 1))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -65,7 +68,7 @@ def saved_layout(saved_config: dict) -> Optional[Layout]:
 def current_layout(resolved) -> Layout:
     summary = resolved.summary()
     return Layout(resolved.world_size, summary["data_parallel_size"], max(summary["autotp_size"], 1),
-                  summary["zero_stage"])
+                  summary["zero_stage"], summary["sequence_parallel_size"])
 
 
 def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from .. import ds as dsc
 from ..config import PreferenceConfig
 from ..errors import UserError
+from .sequence_parallel import loss_of
 
 IGNORE_INDEX = -100  # trainer.data.records.IGNORE_INDEX (not imported: the data package pulls in datasets)
 REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")
@@ -92,7 +93,7 @@ class Objective:
         self.engine = engine
 
     def __call__(self, batch: dict, record: bool = True) -> torch.Tensor:
-        return self.engine(**batch).loss
+        return loss_of(self.engine, batch)  # the model's own; under sequence parallelism, the group's
 
     def metrics(self, device, prefix: str = "") -> dict:
         return {}

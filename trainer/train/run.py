@@ -24,7 +24,7 @@ from ..launch.fabric import report_network_env
 from ..presets import blamed, load_preset, preset_path, set_keys, with_overrides
 from ..redact import redact
 from ..resolve import Resolved, resolve
-from . import checkpoint, elastic
+from . import checkpoint, elastic, sequence_parallel
 from .checkpoint import TrainState
 from .evaluation import EvalSet
 from .hooks import Hooks
@@ -148,7 +148,9 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     check_enough_batches(data, resolved)
     prepare_run_dir(run_dir, record or resolved.record(), rank)
 
+    sequence_parallel.release()  # what an earlier run in this process registered (tests train several per launch)
     model, hf_ds_config = build_model(cfg, rank)
+    sequence_parallel.tile_mlps(model, cfg.model.tiled_mlp)
     hooks.on_model(model)
     total_params, trainable_params = count_parameters(model)
     active = active_parameters(model, total_params)
@@ -160,7 +162,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
                f"{zero3_leaves_in_use(model)}", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=zero3_leaf_config(model, engine_config(cfg, universal)))
+        config=zero3_leaf_config(model, engine_config(cfg, universal)), mpu=sequence_parallel.register(model, cfg))
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
@@ -331,7 +333,10 @@ def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, ra
 
 
 def data_parallel_rank(engine) -> int:
-    """Ranks of one AutoTP group share a data-parallel rank (and so see the same batch, as DeepSpeed demands)."""
+    """Ranks of one AutoTP or sequence-parallel group share a data-parallel rank (and so see the same batch, as
+    DeepSpeed demands)."""
     if engine.autotp_size() > 1:
         return engine.get_data_parallel_rank()  # DeepSpeed's (dp, tp) mesh
+    if sequence_parallel.sequence_parallel_size(engine) > 1:
+        return sequence_parallel.data_parallel_rank(engine)
     return dist.get_rank()

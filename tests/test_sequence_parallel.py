@@ -1,0 +1,168 @@
+"""Ulysses sequence parallelism (deepspeed.sequence_parallel_size) on 2 real CPU ranks: a run at SP=2 trains the
+same global batch as one rank does, step by step (per-step loss within 1e-5 relative over 10 steps, and the same
+eval_loss), for pretraining windows and for masked SFT (packed, and padded: shards predict unequal token counts,
+some none), under ZeRO-2 and ZeRO-3; an SP run resumes exactly, and its checkpoint continues on one rank without SP.
+Three launches: the one-rank references, every SP run in one 2-rank job, the one-rank continuation."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from conftest import STAGES, TINY
+from distributed import eval_losses, losses, read_metrics, run_many
+from trainer.errors import UserError
+from trainer.train import checkpoint
+from trainer.train.sequence_parallel import check_right_padded, full_rows
+
+STEPS = 10
+SAVE_AT = 5
+COMMON = TINY + [f"train.max_steps={STEPS}", "train.eval_every=5", "train.save_every=0"]
+SFT = ["data.task=sft", "data.source=data/tiny/sft.jsonl"]
+RUNS = {
+    "pretrain_z2": STAGES["z2"],
+    "pretrain_z3": STAGES["z3"],
+    "sft_packed_z2": STAGES["z2"] + SFT,
+    "sft_padded_z3": STAGES["z3"] + SFT + ["data.packing=false"],
+}
+
+
+@pytest.fixture(scope="module")
+def sp_runs(tmp_path_factory):
+    """(root, {name: (one-rank run dir, SP=2 run dir)}): the same micro-batch (2) and accumulation (2) on one rank
+    and on one SP group of 2 ranks, so both consume the same 4 samples per step in the same order. The SP launch
+    also trains root/straight and root/halves (stopped at SAVE_AT, resumed) for the resume tests."""
+    root = tmp_path_factory.mktemp("sp")
+    (root / "one").mkdir()
+    (root / "sp2").mkdir()
+    one = [{"name": name, "preset": "tiny_cpu", "overrides": COMMON + extra + [
+        "hardware.gpus_per_node=1", f"train.output_dir={root / 'one' / name}"]} for name, extra in RUNS.items()]
+    sp2 = [{"name": name, "preset": "tiny_cpu", "overrides": COMMON + extra + [
+        "deepspeed.sequence_parallel_size=2", f"train.output_dir={root / 'sp2' / name}"]}
+        for name, extra in RUNS.items()]
+    resume = ["deepspeed.sequence_parallel_size=2", f"train.save_every={SAVE_AT}", "train.keep_last=5",
+              "deepspeed.optimizer.params.torch_adam=true"] + STAGES["z2"]
+    sp2 += [{"name": "straight", "preset": "tiny_cpu", "overrides": COMMON + resume + [
+                f"train.output_dir={root / 'straight'}"]},
+            {"name": "halves", "preset": "tiny_cpu", "overrides": COMMON + resume + [
+                f"train.stop_after={SAVE_AT}", f"train.output_dir={root / 'halves'}"]},
+            {"name": "halves resumed", "preset": "tiny_cpu", "overrides": COMMON + resume + [
+                "train.resume=auto", f"train.output_dir={root / 'halves'}"]}]
+    run_many(one, root / "one", ranks=1)
+    run_many(sp2, root / "sp2")
+    return root, {name: (root / "one" / name, root / "sp2" / name) for name in RUNS}
+
+
+@pytest.fixture(scope="module")
+def at_one_rank(sp_runs):
+    """The SP=2 run's step-SAVE_AT checkpoint continued on one rank without SP (DeepSpeed's universal conversion)."""
+    root, _ = sp_runs
+    shutil.copytree(root / "straight", root / "to_one")
+    for path in checkpoint.complete_checkpoints(root / "to_one" / "checkpoints"):
+        if path.name > checkpoint.tag_for(SAVE_AT):
+            shutil.rmtree(path)
+    (root / "to_one" / "metrics.jsonl").unlink()
+    (root / "to_one_launch").mkdir()  # the launch's spec and report, outside the run directory
+    output, _ = run_many([{"name": "to_one", "preset": "tiny_cpu", "overrides": COMMON + [
+        f"train.save_every={SAVE_AT}", "train.keep_last=5", "deepspeed.optimizer.params.torch_adam=true",
+        "hardware.gpus_per_node=1", "train.resume=auto", f"train.output_dir={root / 'to_one'}"] + STAGES["z2"]}],
+        root / "to_one_launch", ranks=1)
+    return root, output
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_sequence_parallel_matches_one_rank_step_by_step(sp_runs, name):
+    one, sp2 = sp_runs[1][name]
+    reference, sharded = losses(one), losses(sp2)
+    assert len(reference) == len(sharded) == STEPS
+    assert sharded == pytest.approx(reference, rel=1e-5)
+    assert eval_losses(sp2) == pytest.approx(eval_losses(one), rel=1e-5)
+    assert len(eval_losses(sp2)) == 2
+
+
+TILED = ["pretrain_z3", "sft_packed_z2"]
+
+
+@pytest.fixture(scope="module")
+def tiled_runs(sp_runs):
+    """SP=2 with model.tiled_mlp=4 (a launch of its own: its failure leaves the untiled results standing)."""
+    root, _ = sp_runs
+    (root / "tiled").mkdir()
+    run_many([{"name": name, "preset": "tiny_cpu", "overrides": COMMON + RUNS[name] + [
+        "deepspeed.sequence_parallel_size=2", "model.tiled_mlp=4", f"train.output_dir={root / 'tiled' / name}"]}
+        for name in TILED], root / "tiled")
+    return root
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("name", TILED)
+def test_tiled_mlp_under_sequence_parallelism_matches_one_rank(sp_runs, tiled_runs, name):
+    one, _ = sp_runs[1][name]
+    assert losses(tiled_runs / "tiled" / name) == pytest.approx(losses(one), rel=1e-5)
+
+
+def steps(run_dir) -> dict[int, float]:
+    return {row["step"]: row["loss"] for row in read_metrics(run_dir)[0]}
+
+
+@pytest.mark.multirank
+def test_a_sequence_parallel_run_resumes_exactly(sp_runs):
+    root, _ = sp_runs
+    straight, halves = steps(root / "straight"), steps(root / "halves")
+    assert sorted(halves) == list(range(1, STEPS + 1))
+    assert [halves[s] for s in sorted(halves)] == pytest.approx([straight[s] for s in sorted(straight)], rel=1e-6)
+
+
+@pytest.mark.multirank
+def test_a_sequence_parallel_checkpoint_continues_on_one_rank(at_one_rank):
+    """SP=2 on 2 ranks -> one rank without SP: the layout change is announced and converted, and the losses continue
+    the uninterrupted SP run's."""
+    root, output = at_one_rank
+    assert "data-parallel 1, sequence-parallel 2), ZeRO-2 -> 1 rank(s) (data-parallel 1), ZeRO-2: converting" in output
+    straight, resumed = steps(root / "straight"), steps(root / "to_one")
+    assert sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1))
+    assert [resumed[s] for s in sorted(resumed)] == pytest.approx([straight[s] for s in sorted(resumed)], rel=1e-5)
+
+
+def test_left_padding_is_refused_by_name():
+    """Ulysses attends causally by position and drops the padding mask: right padding is exact, left is not."""
+    check_right_padded(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    with pytest.raises(UserError, match="needs right padding.*deepspeed.sequence_parallel_size=1"):
+        check_right_padded(torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]))
+
+
+def test_a_short_eval_batch_is_filled_with_rows_that_predict_nothing():
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[5, 6, -100, -100]])}
+    full = full_rows(batch, 3)
+    assert full["input_ids"].tolist() == [[5, 6, 7, 8]] * 3
+    assert full["labels"].tolist() == [[5, 6, -100, -100]] + [[-100] * 4] * 2
+    assert batch["labels"].tolist() == [[5, 6, -100, -100]]  # the caller's batch is untouched
+
+
+def test_tiled_mlps_give_the_untiled_loss_and_gradients():
+    """model.tiled_mlp through DeepSpeed's TiledMLP on a real tiny Llama: same loss and gradients as untiled."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.model import hf_config
+    from trainer.presets import load_preset
+    from trainer.train.sequence_parallel import tile_mlps
+    cfg = load_preset("tiny_cpu", TINY)
+    torch.manual_seed(0)
+    plain = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
+    tiled = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
+    tiled.load_state_dict(plain.state_dict())
+    assert tile_mlps(tiled, 4) == cfg.model.num_layers
+    hidden = torch.randn(1, 8, cfg.model.hidden_size, requires_grad=True)
+    assert "TiledMLP" in type(tiled.model.layers[0].mlp(hidden).grad_fn).__name__  # DeepSpeed's function runs it
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 64))
+    results = []
+    for model in (plain, tiled):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-6)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-5, atol=1e-6, msg=name)
