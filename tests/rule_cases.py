@@ -125,6 +125,10 @@ CASES = {
         ["deepspeed.sequence_parallel_size=2", "train.sample_prompts=[hello]"],
         ["deepspeed.sequence_parallel_size=2 with train.sample_prompts", "train.sample_prompts=[]"],
         ["train.sample_prompts=[]"], where="rules.sequence_parallel_supported"),
+    "sequence_parallel_without_preference": Case(
+        ["deepspeed.sequence_parallel_size=2", "data.task=preference", "data.source=data/tiny/preference.jsonl"],
+        ["deepspeed.sequence_parallel_size=2 with data.task=preference", "deepspeed.sequence_parallel_size=1"],
+        ["deepspeed.sequence_parallel_size=1"], where="rules.sequence_parallel_supported"),
     "lora_targets_exist": Case(
         ["model.lora.enabled=true", "model.name_or_path=/models/llama", "model.lora.target_modules=[q_proj, qproj]"],
         ["model.lora.target_modules: 'qproj' names no module", "did you mean 'q_proj'?"],

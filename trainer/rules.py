@@ -209,6 +209,9 @@ def sequence_parallel_supported(cfg: Config, ds: dict, world: int) -> list[str]:
     if cfg.train.sample_prompts:
         problems.append(f"{key} with train.sample_prompts: generation is not sharded along the sequence; set "
                         f"train.sample_prompts=[] (run `python -m trainer generate` on the export instead)")
+    if cfg.data.task == "preference":
+        problems.append(f"{key} with data.task=preference: the DPO loss sums each response's log-probs over the "
+                        f"whole sequence and is not sharded yet; set deepspeed.sequence_parallel_size=1")
     return problems
 
 
