@@ -85,6 +85,14 @@ def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:
             f"verify it; resume with deepspeed.tensor_parallel.autotp_size={saved.autotp_size} on "
             f"{saved.world_size} rank(s), or export the weights (python -m trainer export / train.export_hf) and "
             f"start a new run from them")
+    if saved.sequence_parallel_size > 1 or now.sequence_parallel_size > 1:
+        raise ElasticResumeError(
+            f"{change}: resuming a sequence-parallel run on another layout (or switching sequence parallelism on or "
+            f"off) is not supported: DeepSpeed 0.19.8 records the Ulysses group as tensor-parallel degree "
+            f"{max(saved.sequence_parallel_size, now.sequence_parallel_size)} in the checkpoint, and its universal "
+            f"conversion then refuses it ('model-state file count 1 does not match ... tp_degree'); resume with "
+            f"deepspeed.sequence_parallel_size={saved.sequence_parallel_size} on {saved.world_size} rank(s), or "
+            f"export the weights (train.export_hf) and start a new run from them")
     if saved.zero_stage == 0:
         raise ElasticResumeError(
             f"{change}: a ZeRO-0 checkpoint has no ZeRO optimizer partitions for DeepSpeed's universal conversion to "
