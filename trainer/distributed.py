@@ -61,7 +61,10 @@ def threads_per_rank() -> int:
     line (README, presets, plan, doctor, launch) gets the fit this way, without an environment prefix to forget."""
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()  # the user's (or --bind_cores_to_rank's) choice
-    local_ranks = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    named = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or "1"
+    if not named.isdigit():
+        return torch.get_num_threads()  # not a launcher's count: torch's own choice stands (the launcher fails on it)
+    local_ranks = int(named)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // max(local_ranks, 1))
     if threads < torch.get_num_threads():
