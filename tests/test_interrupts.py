@@ -19,12 +19,18 @@ from distributed import REPO
 WORDS = "the cat sat on a mat and then the dog ran after a red ball in the park".split()
 
 
+def as_from_a_terminal() -> None:
+    """Ctrl-C's default action, as a command typed at a terminal has it: a test suite started in the background
+    of a non-interactive shell (`pytest ... &`) runs with SIGINT ignored, and every child would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(args: list[str], when: str | float, timeout: float = 240, times: int = 1) -> tuple[int, str]:
     """Run `python -m trainer ARGS` in its own process group; send SIGINT to the group `when` seconds after the
     start, or once stderr has shown the text `when` `times` times. Returns (exit code, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=as_from_a_terminal)
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
