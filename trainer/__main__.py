@@ -96,7 +96,10 @@ def run(argv: list[str]) -> int:
     try:
         return int(getattr(modules[args.command], args.command.replace("-", "_"))(args) or 0)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        # one write: print() writes the text and its newline separately, and ranks that fail together then
+        # interleave their lines ("error: a...error: a...\n\n")
+        sys.stderr.write(f"error: {err}\n")
+        sys.stderr.flush()
         return 2
 
 
