@@ -257,6 +257,10 @@ def test_learning_rate_must_be_positive(lr):
     ({"data": {"sources": [{"path": "a"}]}}, ["data.source and data.sources: give exactly one"]),
     ({"data": {"source": "", "sources": [{"path": "a", "weight": -1}, {"path": "b", "weight": 1}]}},
      ["data.sources[0].weight=-1.0 must be >= 0"]),
+    ({"data": {"source": "", "sources": [{"path": "a/train.jsonl"}, {"path": "b/train.jsonl"}]}},
+     ["data.sources[1].name: 'train' (taken from its path", "data.sources[0]'s name", "its own name:"]),
+    ({"data": {"source": "", "sources": [{"path": "a", "name": "web"}, {"path": "b", "name": "web"}]}},
+     ["data.sources[1].name: 'web' is also data.sources[0]'s name"]),
     ({"model": {"lora": {"enabled": True}}}, ["model.lora.enabled", "model.name_or_path"]),
 ])
 def test_impossible_trainer_values(changes, fragments):

@@ -8,6 +8,7 @@ The `deepspeed` section is DeepSpeed's own JSON, kept as a dict and owned by `tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, POSITIVE, RANKS_PER_NODE, SEED,
@@ -107,7 +108,12 @@ class SourceConfig:
     path: str = doc("A prepared directory (python -m trainer prepare-data), a local file/directory, or a hub name.", "")
     weight: float = doc(
         "Share of the training samples drawn from this source (weights are normalised).", 1.0, kind=NONNEGATIVE)
-    name: Optional[str] = doc("Name in logs and eval metrics (default: the path's last component).", None)
+    name: Optional[str] = doc("Name in logs and eval metrics (default: the path's last component, without its "
+                              "suffix); distinct for every source.", None)
+
+    def shown_name(self) -> str:
+        """The name logs, eval metrics and cached files use for this source."""
+        return self.name or Path(self.path).stem or self.path
 
 
 @dataclass

@@ -145,6 +145,7 @@ def check_values(cfg: Config) -> list[str]:
          "model.lora.enabled needs pretrained weights: set model.name_or_path (LoRA on a random model learns nothing)"),
     ]
     problems = strict.out_of_range(cfg) + [message for ok, message in checks if not ok]
+    problems += same_source_names(d.sources)
     problems += control_character_problems(cfg)
     if h.gpu in GPUS and t.precision == "bf16" and not GPUS[h.gpu].bf16:  # before the DeepSpeed bf16 block's view
         problems.append(f"train.precision=bf16: bf16 is enabled but {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) "
@@ -154,6 +155,21 @@ def check_values(cfg: Config) -> list[str]:
         value = getattr(t, key)
         if isinstance(value, str) and value != AUTO:
             problems.append(f"train.{key}: {value!r} must be a positive integer or 'auto'")
+    return problems
+
+
+def same_source_names(sources) -> list[str]:
+    """Every source's name distinct: eval metrics (eval_loss/<name>), the data stats and the cached reference
+    log-probs of preference runs are keyed by it, so two sources of one name would silently share one entry."""
+    first: dict[str, int] = {}
+    problems = []
+    for i, source in enumerate(sources):
+        name = source.shown_name()
+        if name in first:
+            how = "" if source.name else " (taken from its path: no name: set)"
+            problems.append(f"data.sources[{i}].name: {name!r}{how} is also data.sources[{first[name]}]'s name; eval "
+                            f"metrics, data stats and cached files are keyed by it: give each source its own name:")
+        first.setdefault(name, i)
     return problems
 
 

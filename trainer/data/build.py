@@ -28,7 +28,7 @@ class PreparedData:
 def sources_of(cfg: DataConfig) -> list[tuple[str, str, float]]:
     """(name, source, weight) of data.sources, or of the single data.source."""
     if cfg.sources:
-        return [(s.name or Path(s.path).stem or s.path, s.path, s.weight) for s in cfg.sources]
+        return [(s.shown_name(), s.path, s.weight) for s in cfg.sources]
     return [(Path(cfg.source).stem or cfg.source, cfg.source, 1.0)]
 
 
