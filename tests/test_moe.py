@@ -161,6 +161,10 @@ def test_router_health_equals_transformers_load_balancing_loss():
     with torch.no_grad():
         model(**batch())
     assert watch.window("cpu") == {}  # evaluation forwards are not training traffic
+    model.train()
+    with torch.no_grad():  # how a LoRA preference run's reference (adapter off) runs, in train mode
+        model(**batch())
+    assert watch.window("cpu") == {}
 
 
 def test_router_health_counts_each_training_forward_once_under_gradient_checkpointing():

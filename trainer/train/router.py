@@ -9,8 +9,9 @@
     expert_share_min_over_mean  the idlest expert's, in the worst layer (0.0 = an expert that gets no token: dead).
 
 The numbers come from forward hooks on the routers (found from the model: trainer.moe.routers), so they are logged
-whether or not the aux loss is added to the training loss (model.output_router_logits). Evaluation forwards and the
-recomputation of gradient checkpointing (which runs inside backward) are not counted.
+whether or not the aux loss is added to the training loss (model.output_router_logits). Evaluation forwards, forwards
+without grad (the reference of a LoRA preference run is this model with its adapter off) and the recomputation of
+gradient checkpointing (which runs inside backward) are not counted.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ class RouterWatch:
 
     def _hook(self, layer: int, index: int):
         def record(module, inputs, output):
-            if not module.training or torch._C._current_graph_task_id() != -1:  # eval, or a recompute in backward
-                return
+            if not module.training or not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+                return  # eval, a reference forward (no grad), or a checkpoint's recompute inside backward
             logits = (output[index] if isinstance(output, (tuple, list)) else output).detach().float()
             self.add(layer, logits.reshape(-1, logits.shape[-1]))
         return record
