@@ -60,6 +60,7 @@ def a_run_dir(root: Path) -> Path:
 
 LIGHT = {  # name: (argv, what the command wrote or said when it did its work)
     "help": (["--help"], "stdout:prepare-data"),
+    "no command": ([], "stdout:prepare-data"),  # `python -m trainer` alone lists the commands
     "presets": (["presets"], "stdout:tiny_cpu"),
     "show": (["show", "tiny_cpu"], "stdout:zero_optimization"),
     "export": (["export", "tiny_cpu", "-o", "{tmp}/ds.json"], "file:{tmp}/ds.json"),

@@ -1,5 +1,5 @@
-"""`python -m trainer <command>`: presets, show, export, train, launch, preflight, autotune, plan, doctor, lint,
-prepare-data, generate, evaluate, report.
+"""`python -m trainer <command>`: the commands are listed, with their purpose, example and doc page, in
+trainer/commands.py.
 
 Each command is a pair of functions in its module, `<command>_arguments(parser)` and
 `<command>(args) -> int` (dashes become underscores); this file only dispatches and turns user errors into a message on stderr and a non-zero exit (no traceback).
@@ -18,42 +18,27 @@ import sys
 import threading
 
 from . import numbers, paths
+from .commands import COMMANDS, FIRST_READ, SUMMARY, listing, subparser_options
 from .errors import UserError
 
 
-COMMANDS = {
-    "presets": ("trainer.show", "list the shipped presets"),
-    "show": ("trainer.show", "print a preset's fully resolved config"),
-    "export": ("trainer.show", "write a preset's resolved DeepSpeed JSON"),
-    "train": ("trainer.train.cli", "train (run it under deepspeed/torchrun; same as train.py)"),
-    "launch": ("trainer.launch.cli", "start a preset's ranks: deepspeed (hostfile), torchrun, slurm, or node-local (PID 1 safe)"),
-    "preflight": ("trainer.preflight.cli", "before a run: bus bandwidth per message size and node pair, free memory, "
-                                           "and the same versions and resolved preset on every rank"),
-    "autotune": ("trainer.autotune.cli", "run DeepSpeed's autotuner over what the planner says fits; write the best "
-                                         "config as a preset (CUDA)"),
-    "plan": ("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs"),
-    "doctor": ("trainer.diagnose.doctor", "diagnose a failed run's log and propose the next change"),
-    "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
-    "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into token shards on disk"),
-    "generate": ("trainer.infer.generate", "complete prompts with a trained model (deepspeed.init_inference, TP, ZeRO-Inference)"),
-    "evaluate": ("trainer.infer.evaluate", "loss and perplexity of a model on a dataset, or a run on its own eval set"),
-    "report": ("trainer.report.cli", "draw runs' metrics.jsonl (loss, eval loss, lr, grad norm, tokens/s, memory) as PNG or HTML"),
-}
 PASSTHROUGH = ("launch",)  # commands that take `-- ARGS`
 
 
 def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict]:
     """The command line and the command modules: every command's flags, or with `only`, that command's flags and
     the other commands by name and help text (their modules are not imported)."""
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=f"{SUMMARY}.",
+                                     epilog=f"python -m trainer <command> --help: its flags, an example and the page "
+                                            f"to read. First read: {FIRST_READ}.")
     # `deepspeed --module trainer <command>` puts --local_rank=N before the command
     parser.add_argument("--local_rank", "--local-rank", type=numbers.RANK, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
-    for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text)
+    for name, command in COMMANDS.items():
+        command_parser = sub.add_parser(name, **subparser_options(name))
         if only in (None, name):
-            modules[name] = importlib.import_module(module_name)  # a module that fails to import is a bug: say so
+            modules[name] = importlib.import_module(command.module)  # a module that fails to import is a bug: say so
             getattr(modules[name], f"{name.replace('-', '_')}_arguments")(command_parser)
     return parser, modules
 
@@ -76,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str]) -> int:
+    if not argv:  # `python -m trainer` alone: what there is to run, one line each
+        sys.stdout.write(listing())
+        return 0
     # argparse's command is the first command word: the only other top-level flag (--local_rank) takes a number
     command = command_word(argv) or ""
     with interrupts_after_imports(command != "launch"):  # launch's own handlers take every signal from the start
