@@ -36,7 +36,8 @@ COMMANDS = {
     "lint": ("trainer.diagnose.lint", "check a resolved preset against the tuning checklist"),
     "prepare-data": ("trainer.data.cli", "tokenize a preset's data once into token shards on disk"),
     "generate": ("trainer.infer.generate", "complete prompts with a trained model (deepspeed.init_inference, TP, ZeRO-Inference)"),
-    "evaluate": ("trainer.infer.evaluate", "loss and perplexity of a model on a dataset, or a run on its own eval set"),
+    "evaluate": ("trainer.infer.evaluate", "loss and perplexity of a model on a dataset, or a run on its own eval set; "
+                 "preference pairs: accuracy and reward margin"),
     "report": ("trainer.report.cli", "draw runs' metrics.jsonl (loss, eval loss, lr, grad norm, tokens/s, memory) as PNG or HTML"),
 }
 PASSTHROUGH = ("launch",)  # commands that take `-- ARGS`
