@@ -6,6 +6,7 @@ base); what it cannot know is a named error.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -58,6 +59,9 @@ def test_evaluate_gives_the_loops_eval_rewards_for_a_checkpoint_and_the_export(p
     assert final["pairs"] == 8  # train.eval_sequences in conftest's TINY
     assert "seeded init" in final["reference"]
     assert final["eval_rewards/margin"] > middle["eval_rewards/margin"]  # it moved: the numbers are the step's own
+    itself = evaluated("--model", str(run), "--reference", str(run / "hf"))  # the policy as its own reference
+    assert itself["eval_loss"] == pytest.approx(math.log(2), abs=1e-7) and itself["eval_rewards/margin"] == 0
+    assert "--reference" in itself["reference"]
 
 
 def test_evaluate_on_2_ranks_gives_the_same_scores(preference_runs, tmp_path):
