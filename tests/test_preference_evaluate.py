@@ -1,7 +1,7 @@
 """`python -m trainer evaluate` on preference pairs (2 CPU ranks for training): the loss, preference accuracy and
 reward margin it reports for a run's checkpoint are the eval_loss and eval_rewards/* the training loop logged at
-that step, on 1 and on 2 ranks, for a full fine-tune (reference: the seeded init) and for LoRA (reference: the
-base); what it cannot know is a named error.
+that step, on 1 and on 2 ranks, for a full fine-tune (reference: the seeded init, live or precomputed) and for
+LoRA (reference: the base); what it cannot know is a named error.
 """
 from __future__ import annotations
 
@@ -29,9 +29,13 @@ def preference_runs(tmp_path_factory, pretrained_dir):
             {"name": "lora", "preset": "tiny_cpu", "overrides": TINY + PREFERENCE + [
                 "deepspeed.zero_optimization.stage=2", f"model.name_or_path={pretrained_dir}",
                 "model.lora.enabled=true", "train.lr=1e-2", "preference.reference=adapter",
-                f"train.output_dir={root / 'lora'}", f"data.cache_dir={root / 'cache'}"]}]
+                f"train.output_dir={root / 'lora'}", f"data.cache_dir={root / 'cache'}"]},
+            {"name": "precomputed", "preset": "tiny_cpu", "overrides": TINY + PREFERENCE + [
+                "deepspeed.zero_optimization.stage=2", "preference.reference=precomputed",
+                f"train.output_dir={root / 'precomputed'}", f"data.cache_dir={root / 'cache'}"]}]
     run_many(runs, root)
-    return {"full": root / "full", "lora": root / "lora", "pretrained": pretrained_dir}
+    return {"full": root / "full", "lora": root / "lora", "precomputed": root / "precomputed",
+            "pretrained": pretrained_dir}
 
 
 def logged_at(run_dir, step: int) -> dict:
@@ -69,6 +73,11 @@ def test_evaluate_on_2_ranks_gives_the_same_scores(preference_runs, tmp_path):
     out = tmp_path / "two.json"
     launch(["--module", "trainer", "evaluate", "--model", str(run), "-o", str(out)])
     assert_same_scores(json.loads(out.read_text()), logged_at(run, 6))
+
+
+def test_a_run_on_precomputed_reference_log_probs_is_scored_against_the_same_reference(preference_runs):
+    run = preference_runs["precomputed"]
+    assert_same_scores(evaluated("--model", str(run)), logged_at(run, 6))
 
 
 def test_a_lora_run_is_scored_against_its_base(preference_runs):
