@@ -89,7 +89,7 @@ def test_a_lora_run_is_scored_against_its_base(preference_runs):
     assert [named[k] for k in SCORES] == [result[k] for k in SCORES]
 
 
-def test_what_evaluate_cannot_know_is_a_named_error(preference_runs):
+def test_what_evaluate_cannot_know_is_a_named_error(preference_runs, tmp_path):
     export = preference_runs["full"] / "hf"  # a plain HF model: no training config, so no known reference
     proc = run_cli("evaluate", "--model", str(export), "--data", "data/tiny/preference.jsonl", "--task", "preference",
                    "--seq-len", "64")
@@ -97,3 +97,9 @@ def test_what_evaluate_cannot_know_is_a_named_error(preference_runs):
     proc = run_cli("evaluate", "--model", str(preference_runs["full"]), "--data", "data/tiny/sft.jsonl", "--task",
                    "sft", "--reference", str(export))
     assert proc.returncode != 0 and "--reference is the reference model of preference pairs" in proc.stderr
+    from transformers import LlamaConfig
+    other = tmp_path / "other_vocab"  # its config is all that is read before the refusal
+    LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=176).save_pretrained(other)
+    proc = run_cli("evaluate", "--model", str(preference_runs["full"]), "--reference", str(other))
+    assert proc.returncode != 0 and "a reference must share the model's tokenizer" in proc.stderr, proc.stderr[-2000:]

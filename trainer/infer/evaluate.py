@@ -94,7 +94,16 @@ def evaluate(args) -> int:
     return 0
 
 
-def score_preferences(args, request: Request, session, cfg: Config, reference: "ReferenceSource",
+@dataclass
+class ReferenceSource:
+    """The model preference log-ratios are taken against: `load()` gives it complete on CPU (or, inside
+    ZeRO-Inference's integration, partitioned as it loads)."""
+    load: Callable[[], Any]
+    described: str
+    hf_config: Any = None  # its architecture when it is not the evaluated model's
+
+
+def score_preferences(args, request: Request, session, cfg: Config, reference: ReferenceSource,
                       eval_set: EvalSet) -> dict:
     """Training's preference objective over the eval pairs: eval_loss, eval_rewards/* (and the tokens scored)."""
     from ..train.preference import PreferenceObjective
@@ -108,22 +117,17 @@ def score_preferences(args, request: Request, session, cfg: Config, reference: "
             "tokens": result["eval_tokens"], **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}
 
 
-@dataclass
-class ReferenceSource:
-    """The model preference log-ratios are taken against: `load()` gives it complete on CPU (or, inside
-    ZeRO-Inference's integration, partitioned as it loads)."""
-    load: Callable[[], Any]
-    described: str
-    hf_config: Any = None  # its architecture when it is not the evaluated model's
-
-
 def reference_source(args, request: Request) -> ReferenceSource:
     """--reference SRC, else the weights the run started from (its saved config's model section)."""
     dtype = DTYPES[request.dtype]
     if args.reference:
         source = resolve_source(args.reference, args.trust_remote_code)
-        return ReferenceSource(lambda: load_model(source, dtype), f"--reference: {source.described}",
-                               architecture(source))
+        hf_config = architecture(source)
+        if hf_config.vocab_size != request.hf_config.vocab_size:  # log-ratios compare the same tokens' probabilities
+            raise UserError(f"--reference {args.reference} has a vocabulary of {hf_config.vocab_size} tokens and "
+                            f"--model {args.model} one of {request.hf_config.vocab_size}: a reference must share the "
+                            f"model's tokenizer (the model it was tuned from)")
+        return ReferenceSource(lambda: load_model(source, dtype), f"--reference: {source.described}", hf_config)
     saved = request.source.config
     if saved is None:
         raise UserError(f"--model {args.model} is a plain model without a training config, so the reference its "
