@@ -110,7 +110,8 @@ def test_json_contract(plans):
     assert names == ["zero0", "zero1", "zero2", "zero2_cpu_offload", "zero3", "zero3_cpu_optimizer",
                      "zero3_cpu_offload", "zero3_nvme"]
     for c in plan["candidates"]:
-        assert set(c["gpu_bytes"]) == {"params", "gradients", "optimizer", "activations", "buffers", "total"}
+        assert set(c["gpu_bytes"]) == {"params", "gradients", "optimizer", "activations", "buffers", "reference",
+                                       "total"}
         assert c["gpu_bytes"]["total"] == sum(v for k, v in c["gpu_bytes"].items() if k != "total")
         assert {"model_states_gpu_bytes", "model_states_cpu_bytes", "cpu_bytes_per_node", "nvme_bytes", "fits"} <= set(c)
         assert c["offload_optimizer"] in ("none", "cpu", "nvme") and c["offload_param"] in ("none", "cpu", "nvme")
@@ -208,7 +209,7 @@ def test_model_specs(tmp_path):
     (["--model", "-5", "--hidden-size", "64", "--num-layers", "2", "--gpu", "a100-80g"],
      "--model: parameter count '-5' must be >= 1"),
     (["--model", "7bb", "--gpu", "a100-80g"], "is not a named size"),
-    (["--model", "7b", "--gpu", "a100-80g", "--task", "sft"], "--task: 'sft' is not one of pretrain, full, lora"),
+    (["--model", "7b", "--gpu", "a100-80g", "--task", "sft"], "--task: 'sft' is not one of pretrain, full, lora, dpo, dpo-lora"),
     (["--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "8", "--global-batch", "12"],
      "not a multiple of the 8 data-parallel ranks"),
     (["--model", "7b", "--gpu", "cpu"], "'cpu' ranks have no GPU memory"),
@@ -241,7 +242,7 @@ def test_plan_inputs_report_every_problem_at_once():
     message = str(err.value)
     assert message.startswith("4 problem(s) in the command line:"), message
     for problem in ("--gpu: unknown GPU type 'h100' (did you mean 'h100-80g'?)", "--gpus-per-node: 0 must be",
-                    "--task: 'finetune' is not one of pretrain, full, lora", "--cpu-ram-gb: -1 must be a size"):
+                    "--task: 'finetune' is not one of pretrain, full, lora, dpo, dpo-lora", "--cpu-ram-gb: -1 must be a size"):
         assert problem in message, (problem, message)
 
 

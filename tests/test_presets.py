@@ -40,7 +40,7 @@ def header(path: Path) -> list[str]:
 def test_the_shipped_presets_are_all_there():
     # the presets: the embedded CPU default, the seed's four scenarios, LoRA, a pretrain
     assert {"tiny_cpu", "7b_8xa100", "70b_8xa100", "70b_32xa100", "7b_2xv100", "7b_lora_1x4090",
-            "1b_pretrain_8xh100"} <= set(PRESETS)
+            "1b_pretrain_8xh100", "7b_dpo_8xa100", "7b_dpo_lora_1x4090"} <= set(PRESETS)
     assert [name for name, _ in list_presets()] == PRESETS
 
 

@@ -396,3 +396,22 @@ def test_a_bad_chart_target_is_refused(tmp_path, args, message):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert message.format(tmp_path, tmp_path) in result.stderr
     assert not list(tmp_path.rglob("*.png"))
+
+
+# a tiny_cpu preference run's metrics.jsonl as the trainer wrote it (6 DPO steps on 2 ranks, evals at 3 and 6)
+PREFERENCE_METRICS = REPO / "tests" / "logs" / "preference_run_metrics.jsonl"
+
+
+def test_a_preference_run_gets_the_rewards_panels_and_a_plain_run_does_not(tmp_path):
+    rows = jsonl(PREFERENCE_METRICS)
+    dpo = run_dir(tmp_path, "dpo", *PREFERENCE_METRICS.read_text().splitlines())
+    plain = run_dir(tmp_path, "plain", GOOD)
+    figure = report_figure(read_runs([str(dpo), str(plain)]))
+    titles = [ax.get_title() for ax in figure.axes]
+    assert len(titles) == 8 and titles[6].startswith("preference accuracy") and titles[7].startswith("reward margin")
+    for key in ("rewards/accuracy", "rewards/margin", "eval_rewards/accuracy", "eval_rewards/margin"):
+        assert drawn(figure, f"dpo:{key}") == series(rows, key)
+        assert not lines(figure, f"plain:{key}")
+    assert drawn(figure, "dpo:loss") == series(rows, "loss")
+    alone = report_figure(read_runs([str(plain)]))
+    assert [ax.get_title() for ax in alone.axes] == [title for _, title, _ in PANELS]

@@ -52,7 +52,8 @@ COMMANDS = {
                                                   "ZeRO-Inference)",
                         'python -m trainer generate --model runs/tiny_cpu --prompt "Once upon a time" --greedy',
                         "docs/inference.md#generate"),
-    "evaluate": Command("trainer.infer.evaluate", "loss and perplexity of a model on data, or of a run on its eval set",
+    "evaluate": Command("trainer.infer.evaluate", "loss and perplexity of a model on data, or of a run on its eval set; "
+                                              "preference pairs: accuracy and reward margin",
                         "python -m trainer evaluate --model runs/tiny_cpu", "docs/inference.md#evaluate"),
     "report": Command("trainer.report.cli", "draw runs' metrics.jsonl (loss, lr, grad norm, tokens/s, memory) as "
                                             "PNG or HTML",

@@ -77,8 +77,11 @@ def zero_stage_fits(r: Resolved) -> list[Finding]:
     if on_gpus(r):
         verdict = (f"planner: {gb(est.gpu_total)} GB per GPU of {gb(est.gpu_budget)} usable (params "
                    f"{gb(est.states.params)}, grads {gb(est.states.gradients)}, optimizer {gb(est.states.optimizer)}, "
-                   f"activations {gb(est.activations.total)}, buffers {gb(est.buffers)}); host "
-                   f"{gb(est.cpu_bytes_per_node)} GB per node")
+                   f"activations {gb(est.activations.total)}, buffers {gb(est.buffers)}"
+                   + (f", reference model {gb(est.reference)}" if est.reference else "") + "); host "
+                   f"{gb(est.cpu_bytes_per_node)} GB per node"
+                   + (f"; the one-time reference log-prob pass peaks at {gb(est.precompute_pass)} GB per GPU"
+                      if est.precompute_pass else ""))
         if not est.fits_gpu:
             out.append(Finding("error", "#2 ZeRO stage", f"will not fit: {verdict}; `python -m trainer plan "
                                f"--model {r.config.name} ...` finds one that does"))

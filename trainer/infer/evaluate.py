@@ -1,12 +1,22 @@
-"""`python -m trainer evaluate`: loss and perplexity of a model on a dataset, through training's own data path.
+"""`python -m trainer evaluate`: loss and perplexity of a model on a dataset, through training's own data path;
+on preference pairs, DPO's loss, preference accuracy and reward margin against a reference model.
 
     python -m trainer evaluate --model runs/tiny_cpu                     # the run's own eval set and settings
     python -m trainer evaluate --model runs/tiny_cpu --data held_out.jsonl
     deepspeed --num_gpus 2 --module trainer evaluate --model runs/tiny_cpu --preset tiny_cpu
+    python -m trainer evaluate --model runs/dpo --data pairs.jsonl --task preference   # reference: the run's start
 
 The eval set is training's (train/evaluation.py): the first train.eval_sequences sequences of each eval split, the
 same at every world size, so a run directory evaluates to the run's final eval_loss on any number of ranks.
 Prints one JSON object on stdout: eval_loss, eval_ppl, tokens, sequences (+ eval_loss/<source> per source).
+
+Preference data (data.task=preference) is scored by training's own objective (train/preference.py) with the run's
+preference settings (beta, loss), so the numbers are the loop's eval_loss and eval_rewards/* for the same weights
+and pairs: eval_rewards/accuracy (share of pairs whose chosen log-ratio beats the rejected one) and
+eval_rewards/margin (their mean difference, times beta), with eval_rewards/chosen and /rejected. The reference is
+the model the run started from, whatever preference.reference it trained with (the adapter-disabled LoRA base, the
+frozen engine and the precomputed log-probs are all those weights): model.name_or_path (LoRA: the base), or the
+seeded init of a run from scratch; --reference SRC names another. It is placed like the evaluated model.
 """
 from __future__ import annotations
 
@@ -14,6 +24,8 @@ import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from .. import numbers, paths
 from .. import ranks
@@ -23,7 +35,9 @@ from ..files import check_target, write_text_atomic
 from ..presets import load_preset
 from ..train.evaluation import EvalSet
 from ..train.evaluation import evaluate as evaluate_set
-from .session import add_model_arguments, check_arguments, open_session
+from .runner import DTYPES, start_runner
+from .session import Request, add_model_arguments, check_arguments, open_session
+from .source import architecture, load_model, resolve_source
 
 
 def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +47,10 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data", metavar="SOURCE", help="evaluate on all of this file, directory or hub dataset")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the preset's (or run's) config, e.g. data.seq_len=512")
-    parser.add_argument("--task", choices=("pretrain", "sft"), help="with --data: how to read it")
+    parser.add_argument("--task", choices=("pretrain", "sft", "preference"), help="with --data: how to read it")
+    parser.add_argument("--reference", metavar="SRC",
+                        help="preference data: the reference model (HF directory or hub id); default: the weights "
+                             "the run started from (its model.name_or_path, the LoRA base, or its seeded init)")
     parser.add_argument("--seq-len", type=numbers.SEQUENCE_TOKENS, help="with --data: tokens per sequence")
     parser.add_argument("--eval-sequences", type=numbers.COUNT,
                         help="sequences to evaluate (default: train.eval_sequences)")
@@ -48,23 +65,89 @@ def evaluate(args) -> int:
         check_target(args.output)
     request = check_arguments(args)
     cfg = data_config(args, request.source.config, int(request.hf_config.max_position_embeddings))
+    preference = cfg.data.task == "preference"
+    if args.reference and not preference:
+        raise UserError("--reference is the reference model of preference pairs; the data here is "
+                        f"data.task={cfg.data.task}: drop --reference, or evaluate pairs with --task preference")
+    reference = reference_source(args, request) if preference else None
     with open_session(args, request) as session:
         from ..data import build_datasets
         data = build_datasets(cfg.data, session.tokenizer, cfg.train.seed)  # collective: verified on every rank
         runner = session.runner
         eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
                            batch_size(args, cfg), runner.replica, runner.replicas)
-        result = evaluate_set(lambda batch, counts: runner.module(**batch).loss, eval_set, runner.device)
         sequences = sum(eval_set.size(s) for s in data.eval)
-        report = {"eval_loss": result["eval_loss"], "eval_ppl": result["eval_ppl"], "tokens": result["eval_tokens"],
-                  "sequences": sequences, **{k: v for k, v in result.items() if k.startswith("eval_loss/")},
-                  "model": session.source.described, "data": [s.sources[0].origin for s in data.eval]}
+        if preference:
+            report = score_preferences(args, request, session, cfg, reference, eval_set)
+            report.update(pairs=sequences, reference=reference.described)
+        else:
+            result = evaluate_set(lambda batch, counts: runner.module(**batch).loss, eval_set, runner.device)
+            report = {"eval_loss": result["eval_loss"], "eval_ppl": result["eval_ppl"],
+                      "tokens": result["eval_tokens"], "sequences": sequences,
+                      **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}
+        report.update(model=session.source.described, data=[s.sources[0].origin for s in data.eval])
         if ranks.rank() == 0:
             if args.output:
                 write_text_atomic(args.output, json.dumps(report) + "\n")
             else:
                 sys.stdout.write(json.dumps(report) + "\n")
     return 0
+
+
+@dataclass
+class ReferenceSource:
+    """The model preference log-ratios are taken against: `load()` gives it complete on CPU (or, inside
+    ZeRO-Inference's integration, partitioned as it loads)."""
+    load: Callable[[], Any]
+    described: str
+    hf_config: Any = None  # its architecture when it is not the evaluated model's
+
+
+def score_preferences(args, request: Request, session, cfg: Config, reference: ReferenceSource,
+                      eval_set: EvalSet) -> dict:
+    """Training's preference objective over the eval pairs: eval_loss, eval_rewards/* (and the tokens scored)."""
+    from ..train.preference import PreferenceObjective
+    runner = session.runner
+    placed = start_runner(reference.load, reference.hf_config or request.hf_config, request.tp, request.dtype,
+                          args.kernel_inject, request.zero, args.nvme_path)
+    objective = PreferenceObjective(runner.module, lambda ids, mask: placed.module(
+        input_ids=ids, attention_mask=mask).logits, cfg.preference)
+    result = evaluate_set(lambda batch, counts: objective(batch, record=counts), eval_set, runner.device)
+    return {"eval_loss": result["eval_loss"], **objective.metrics(runner.device, prefix="eval_"),
+            "tokens": result["eval_tokens"], **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}
+
+
+def reference_source(args, request: Request) -> ReferenceSource:
+    """--reference SRC, else the weights the run started from (its saved config's model section)."""
+    dtype = DTYPES[request.dtype]
+    if args.reference:
+        source = resolve_source(args.reference, args.trust_remote_code)
+        hf_config = architecture(source)
+        if hf_config.vocab_size != request.hf_config.vocab_size:  # log-ratios compare the same tokens' probabilities
+            raise UserError(f"--reference {args.reference} has a vocabulary of {hf_config.vocab_size} tokens and "
+                            f"--model {args.model} one of {request.hf_config.vocab_size}: a reference must share the "
+                            f"model's tokenizer (the model it was tuned from)")
+        return ReferenceSource(lambda: load_model(source, dtype), f"--reference: {source.described}", hf_config)
+    saved = request.source.config
+    if saved is None:
+        raise UserError(f"--model {args.model} is a plain model without a training config, so the reference its "
+                        f"preference log-ratios are taken against is unknown: pass --reference SRC (the model it "
+                        f"was tuned from)")
+    model = saved.model
+    if model.name_or_path:  # LoRA too: its reference is the base with the adapter disabled, i.e. the base
+        source = resolve_source(model.name_or_path, args.trust_remote_code)
+        return ReferenceSource(lambda: load_model(source, dtype), f"the run's starting weights: {source.described}",
+                               architecture(source))
+    seed = saved.train.seed
+
+    def seeded_init():
+        from transformers import AutoModelForCausalLM
+
+        from ..model import hf_config, init_weights_by_name
+        built = AutoModelForCausalLM.from_config(hf_config(model, "sdpa"))
+        init_weights_by_name(built, seed, model.init_std, ranks.rank())
+        return built.to(dtype).eval()
+    return ReferenceSource(seeded_init, f"the run's starting weights: its seeded init (train.seed {seed})")
 
 
 def data_config(args, saved: Config | None, context: int) -> Config:
@@ -89,11 +172,6 @@ def data_config(args, saved: Config | None, context: int) -> Config:
         data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
                                    task=args.task or cfg.data.task, seq_len=seq_len)
         cfg = dataclasses.replace(cfg, data=data)
-    if cfg.data.task == "preference":
-        raise UserError("evaluate scores the language-model loss of sequences; preference pairs (data.task="
-                        "preference) are not scored by it yet: a preference run reports eval_loss and eval_rewards/* "
-                        "(accuracy, margin) on its held-out pairs in metrics.jsonl; to score text here, pass --data "
-                        "SOURCE --task sft or pretrain")
     if cfg.data.seq_len > context:
         raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than the model's context ({context}); pass "
                         f"--seq-len {context} or less")

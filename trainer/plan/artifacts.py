@@ -8,14 +8,14 @@ import shlex
 from typing import Any, Optional
 
 from .. import ds as dsc
-from ..config import Config, DataConfig, HardwareConfig, TrainConfig
+from ..config import Config, DataConfig, HardwareConfig, PreferenceConfig, TrainConfig
 from ..presets import list_presets, load_preset, parse_yaml
 from . import memory as mem
 from .estimate import Candidate, Plan
 from .inputs import PlanInputs
 
 
-DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4}
+DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4, "dpo": 5e-7, "dpo-lora": 5e-6}  # DPO: the paper's 5e-7
 
 
 def planned_deepspeed_config(plan: Plan) -> dict:
@@ -39,14 +39,18 @@ def planned_deepspeed_config(plan: Plan) -> dict:
 def planned_trainer_config(plan: Plan, ds: dict) -> Config:
     c, inputs = plan.choice, plan.inputs
     model = dataclasses.replace(inputs.model.config, gradient_checkpointing=c.checkpointing,
-                                lora=dataclasses.replace(inputs.lora, enabled=inputs.task == "lora"))
+                                lora=dataclasses.replace(inputs.lora, enabled=inputs.lora_enabled))
     train = TrainConfig(micro_batch_size=c.micro_batch, grad_accum=plan.grad_accum,
                         global_batch_size=plan.global_batch, precision=inputs.precision, lr=DEFAULT_LR[inputs.task])
     hardware = HardwareConfig(gpu=inputs.gpu.name, gpus_per_node=inputs.gpus_per_node, nodes=inputs.nodes,
                               cpu_ram_gb=inputs.cpu_ram_gb, nvme_gb=inputs.nvme_gb)
-    return Config(name="plan", hardware=hardware, model=model,
-                  data=DataConfig(task="pretrain" if inputs.task == "pretrain" else "sft", seq_len=inputs.seq_len),
-                  train=train, deepspeed=ds)
+    task = "preference" if inputs.preference else "pretrain" if inputs.task == "pretrain" else "sft"
+    preference = PreferenceConfig()
+    if inputs.preference:
+        preference = PreferenceConfig(reference=inputs.reference, reference_offload=(
+            c.candidate.stage == 3 and c.candidate.offload_param != "none"))
+    return Config(name="plan", hardware=hardware, model=model, data=DataConfig(task=task, seq_len=inputs.seq_len),
+                  train=train, deepspeed=ds, preference=preference)
 
 
 ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
@@ -74,12 +78,13 @@ def nearest_preset(plan: Plan) -> tuple[Optional[str], list[str], list[str]]:
 def _same_model(inputs: PlanInputs, config: Config) -> bool:
     params = mem.count_params(config.model)
     return (abs(params - inputs.params) <= PARAMS_MATCH * inputs.params
-            and config.model.lora.enabled == (inputs.task == "lora"))
+            and config.model.lora.enabled == inputs.lora_enabled)
 
 
 def _similarity(plan: Plan, config: Config) -> int:
     c, hw, ds = plan.choice.candidate, config.hardware, config.deepspeed
-    return (2 * (hw.gpu == plan.inputs.gpu.name) + 2 * (hw.nodes * hw.gpus_per_node == plan.inputs.world_size)
+    return (4 * ((config.data.task == "preference") == plan.inputs.preference)
+            + 2 * (hw.gpu == plan.inputs.gpu.name) + 2 * (hw.nodes * hw.gpus_per_node == plan.inputs.world_size)
             + (dsc.zero_stage(ds) == c.stage)
             + (dsc.offload_optimizer_device(ds) == c.offload_optimizer)
             + (dsc.offload_param_device(ds) == c.offload_param))

@@ -33,7 +33,11 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-ram-gb", type=numbers.GIGABYTES, help="host RAM per node (GB); unknown = not checked")
     parser.add_argument("--nvme-gb", type=numbers.GIGABYTES, help="local NVMe per node (GB); 0 or absent = none")
     parser.add_argument("--nvme-path", help="NVMe mount for ZeRO-Infinity (default /local_nvme)")
-    parser.add_argument("--task", help="pretrain, full (fine-tune) or lora (default full)")
+    parser.add_argument("--task", help="pretrain, full (fine-tune), lora, dpo (full preference tuning) or dpo-lora "
+                                       "(default full)")
+    parser.add_argument("--reference", help="dpo tasks: the reference model as adapter (LoRA base, dpo-lora), engine "
+                                            "(a frozen copy) or precomputed (log-probs computed once); default: "
+                                            "adapter for dpo-lora, else the planner's choice")
     parser.add_argument("--seq-len", type=numbers.SEQUENCE_TOKENS, help="tokens per sequence (default 2048)")
     parser.add_argument("--micro-batch", type=numbers.COUNT,
                         help="required micro-batch per GPU (default: the largest that fits)")

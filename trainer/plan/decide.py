@@ -17,6 +17,8 @@ from .inputs import PlanInputs, sequence_parallel_sizes
 
 def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
     """Each step below returns what it decided and the lines that explain it; only this function fills the plan."""
+    if inputs.preference and inputs.reference == "auto":
+        return plan_with_reference(inputs, output)
     required = inputs.micro_batch or 1
     rows = [best_shot(inputs, c, required) for c in CANDIDATES]
     plan = Plan(inputs, rows, [])
@@ -46,6 +48,27 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
     plan.preset, plan.preset_differences, overrides = nearest_preset(plan)
     plan.launch = launch_line(plan, overrides, output)
     return plan
+
+
+def plan_with_reference(inputs: PlanInputs, output: Optional[str]) -> Plan:
+    """Full preference tuning without --reference: both references priced, and the frozen engine (the loss sees the
+    reference live, no pass before training, no cache to keep) unless it needs a costlier stage or offload than
+    log-probs precomputed once, which cost nothing while training."""
+    engine = make_plan(dataclasses.replace(inputs, reference="engine"), output)
+    precomputed = make_plan(dataclasses.replace(inputs, reference="precomputed"), output)
+    order = [c.name for c in WALK]
+
+    def rank(plan: Plan) -> int:
+        return order.index(plan.choice.candidate.name) if plan.choice else len(order)
+    chosen = engine if rank(engine) <= rank(precomputed) else precomputed
+    lines = [f"reference {name}: " + (f"fits with {plan.choice.candidate.name} at micro-batch "
+                                      f"{plan.choice.micro_batch} ({gb(plan.choice.gpu_total)} GB per GPU)"
+                                      if plan.choice else "fits nowhere")
+             for name, plan in (("engine", engine), ("precomputed", precomputed))]
+    why = ("the frozen engine needs no stage or offload more than precomputing" if chosen is engine
+           else "precomputed log-probs need a lighter stage or offload than a frozen engine")
+    chosen.notes = lines + [f"reference -> {chosen.inputs.reference} ({why}; --reference to choose)"] + chosen.notes
+    return chosen
 
 
 def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate], list[str]]:
@@ -158,10 +181,11 @@ def what_would_fit(inputs: PlanInputs) -> list[str]:
     if nvme.fits_gpu and nvme.fits_cpu:
         need = math.ceil(nvme.nvme_bytes / (1 - HOST_HEADROOM) / mem.GB)
         out.append(f"NVMe: zero3_nvme (ZeRO-Infinity) fits with {need} GB of NVMe per node (--nvme-gb {need})")
-    if inputs.task != "lora":
-        lora = dataclasses.replace(inputs, task="lora")
+    if not inputs.lora_enabled:
+        task = "dpo-lora" if inputs.preference else "lora"
+        lora = dataclasses.replace(inputs, task=task, reference="adapter" if inputs.preference else "auto")
         fitting = next((c for c in WALK if best_shot(lora, c, 1).fits), None)
-        out.append(f"LoRA: fits with {fitting.name} (--task lora)" if fitting else "LoRA: does not fit either")
+        out.append(f"LoRA: fits with {fitting.name} (--task {task})" if fitting else "LoRA: does not fit either")
     if not out:
         out.append("nothing tried fits: a shorter --seq-len, a smaller model, or GPUs with more memory")
     return out

@@ -61,15 +61,17 @@ class Estimate:
     gpu_budget: int
     cpu_budget: Optional[int]
     nvme_budget: Optional[int]
+    reference: int = 0       # preference tuning: the reference model's GPU bytes while training (weights + forward)
+    precompute_pass: int = 0  # reference=precomputed: the GPU peak of the one-time pass before training
 
     @property
     def gpu_total(self) -> int:
         s = self.states
-        return s.params + s.gradients + s.optimizer + self.activations.total + self.buffers
+        return s.params + s.gradients + s.optimizer + self.activations.total + self.buffers + self.reference
 
     @property
     def fits_gpu(self) -> bool:
-        return self.gpu_total <= self.gpu_budget
+        return max(self.gpu_total, self.precompute_pass) <= self.gpu_budget
 
     @property
     def fits_cpu(self) -> bool:
@@ -88,12 +90,16 @@ class Estimate:
     def gpu_bytes(self) -> dict[str, int]:
         s = self.states
         return {"params": s.params, "gradients": s.gradients, "optimizer": s.optimizer,
-                "activations": self.activations.total, "buffers": self.buffers, "total": self.gpu_total}
+                "activations": self.activations.total, "buffers": self.buffers, "reference": self.reference,
+                "total": self.gpu_total}
 
     def why_not(self) -> str:
         reasons = []
-        if not self.fits_gpu:
+        if self.gpu_total > self.gpu_budget:
             reasons.append(f"{gb(self.gpu_total)} GB per GPU > {gb(self.gpu_budget)} GB")
+        if self.precompute_pass > self.gpu_budget:
+            reasons.append(f"the reference log-prob pass needs {gb(self.precompute_pass)} GB per GPU > "
+                           f"{gb(self.gpu_budget)} GB")
         if not self.fits_cpu:
             reasons.append(f"{gb(self.cpu_bytes_per_node)} GB host RAM per node > {gb(self.cpu_budget)} GB")
         if not self.fits_nvme:
@@ -122,7 +128,8 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     on_nvme = candidate.stage == 3 and "nvme" in (candidate.offload_optimizer, candidate.offload_param)
     states = _model_states(inputs, candidate, precision)
     attention = attention or m.attn_implementation  # 'auto' is counted as sdpa, the larger of the two
-    activations = mem.activation_bytes(m, inputs.seq_len, micro_batch, checkpointing, precision, attention,
+    sequences = micro_batch * inputs.sequences_per_sample  # a preference pair is two sequences
+    activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
                                        inputs.padding_mask, stage, inputs.sp)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
@@ -135,16 +142,43 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
         cpu = mem.nvme_host_buffer_bytes(trained, inputs.world_size, inputs.gpus_per_node)
         if inputs.lora_params:  # the frozen base is swapped like any 16-bit param
             nvme += mem.nvme_offload_bytes(inputs.params, inputs.nodes, optimizer=False, params=True)
+    reference, precompute_pass = 0, 0
+    if inputs.preference:
+        weights, host, forward = reference_costs(inputs, candidate, sequences, precision, attention)
+        cpu += host
+        if inputs.reference == "precomputed":  # the pass runs beside the policy's states, before any activation
+            precompute_pass = states.params + states.gradients + states.optimizer + buffers + weights + forward
+        else:
+            reference = weights + forward
     gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
     return Estimate(candidate, micro_batch, checkpointing, hpz_partition_size if stage == 3 else 1, states,
-                    activations, buffers, int(cpu), int(nvme), gpu_budget, cpu_budget, nvme_budget)
+                    activations, buffers, int(cpu), int(nvme), gpu_budget, cpu_budget, nvme_budget, reference,
+                    precompute_pass)
+
+
+def reference_costs(inputs: PlanInputs, candidate: Candidate, sequences: int, precision: str,
+                    attention: str) -> tuple[int, int, int]:
+    """(GPU weight bytes, host bytes per node, GPU forward bytes) of the reference model: no weights of its own for
+    LoRA (the adapter-disabled base, as 'adapter' and a LoRA run's precomputed pass use), else a frozen engine,
+    ZeRO-3 (offloaded with the policy's parameters) when training is (trainer/train/preference.py)."""
+    m = inputs.model.config
+    forward = mem.reference_forward_bytes(m, inputs.seq_len // inputs.sp, sequences, precision, attention,
+                                          inputs.padding_mask)
+    if inputs.lora_enabled and inputs.reference in ("adapter", "precomputed"):
+        return 0, 0, forward
+    offload = inputs.reference_offload
+    if offload is None:
+        offload = candidate.offload_param != "none"
+    weights, host = mem.frozen_reference(inputs.params, inputs.largest_layer, candidate.stage, inputs.gpus_per_node,
+                                         inputs.nodes, offload, precision)
+    return weights, host, forward
 
 
 def _model_states(inputs: PlanInputs, candidate: Candidate, precision: str) -> mem.ModelStates:
     stage = candidate.stage
     offload_optimizer = candidate.offload_optimizer != "none"
     offload_param = candidate.offload_param != "none" and stage == 3  # DeepSpeed ignores it below stage 3
-    if inputs.task == "lora":
+    if inputs.lora_enabled:
         return mem.lora_model_states(inputs.params, inputs.lora_params, inputs.largest_layer, stage,
                                      inputs.gpus_per_node, inputs.nodes, offload_optimizer, offload_param, precision)
     # zero.Init: the trainer builds/loads the model sharded at stage 3, as DeepSpeed's zero_init=True case.
@@ -194,9 +228,17 @@ def inputs_for_resolved(resolved) -> PlanInputs:
     """Planner inputs describing a resolved preset (its model, hardware, sequence and LoRA settings)."""
     cfg, hw = resolved.config, resolved.config.hardware
     task = "lora" if cfg.model.lora.enabled else ("pretrain" if cfg.model.name_or_path is None else "full")
+    reference = "auto"
+    if cfg.data.task == "preference":
+        task = "dpo-lora" if cfg.model.lora.enabled else "dpo"
+        reference = cfg.preference.reference
+        if reference == "auto":  # as train/preference.py reference_kind decides it
+            reference = "adapter" if cfg.model.lora.enabled else "engine"
     return PlanInputs(model=ModelSpec(cfg.model, cfg.name), gpu=hardware.gpu(hw.gpu), gpus_per_node=hw.gpus_per_node,
                       nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
-                      seq_len=cfg.data.seq_len, lora=cfg.model.lora, padding_mask=cfg.data.task == "sft")
+                      seq_len=cfg.data.seq_len, lora=cfg.model.lora,
+                      padding_mask=cfg.data.task in ("sft", "preference"), reference=reference,
+                      reference_offload=cfg.preference.reference_offload)
 
 
 def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,

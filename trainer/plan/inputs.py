@@ -18,7 +18,8 @@ from .scenario import read_scenario
 LORA_PROJECTIONS = LORA_TARGETS[:7]  # what plan.memory.lora_params can count (not lm_head, embeddings, all-linear)
 
 
-TASKS = ("pretrain", "full", "lora")
+TASKS = ("pretrain", "full", "lora", "dpo", "dpo-lora")  # dpo: full preference tuning; dpo-lora: with LoRA
+REFERENCES = ("auto", "adapter", "engine", "precomputed")  # preference.reference's values
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,22 @@ class PlanInputs:
     nvme_path: str = "/local_nvme"
     padding_mask: bool = False  # batches carry an attention mask (SFT): sdpa then expands k/v (plan.memory)
     sequence_parallel: Optional[int] = None  # Ulysses SP size; None: the planner picks the smallest that fits
+    reference: str = "auto"  # dpo tasks: how the reference model runs (REFERENCES); auto: adapter with LoRA, else the
+    #                          planner's choice between engine and precomputed (plan.decide)
+    reference_offload: Optional[bool] = None  # engine under ZeRO-3: its weights on the CPU; None: as the policy's
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.task in ("lora", "dpo-lora")
+
+    @property
+    def preference(self) -> bool:
+        return self.task in ("dpo", "dpo-lora")
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """A preference sample is a pair: chosen and rejected both go through the model."""
+        return 2 if self.preference else 1
 
     @property
     def world_size(self) -> int:
@@ -71,13 +88,13 @@ class PlanInputs:
 
     @property
     def lora_params(self) -> int:
-        return mem.lora_params(self.model.config, self.lora) if self.task == "lora" else 0
+        return mem.lora_params(self.model.config, self.lora) if self.lora_enabled else 0
 
 
 FLAG_TO_KEY = {"model": "model", "hidden_size": "hidden_size", "num_layers": "num_layers", "gpu": "gpu",
                "gpus_per_node": "gpus_per_node", "nodes": "nodes", "cpu_ram_gb": "cpu_ram_gb", "nvme_gb": "nvme_gb",
                "nvme_path": "nvme_path", "task": "task", "seq_len": "seq_len", "micro_batch": "micro_batch",
-               "global_batch": "global_batch", "sequence_parallel": "sequence_parallel"}
+               "global_batch": "global_batch", "sequence_parallel": "sequence_parallel", "reference": "reference"}
 
 
 def inputs_from_args(args) -> PlanInputs:
@@ -121,6 +138,8 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
     task = str(values.get("task", "full"))
     if task not in TASKS:
         problems.append(f"{flag('task')}: {task!r} is not one of {', '.join(TASKS)}{closest(task, TASKS)}")
+    reference = str(values.get("reference", "auto"))
+    problems += reference_problems(task, reference, flag)
     kinds = {"gpus_per_node": numbers.RANKS_PER_NODE, "seq_len": numbers.SEQUENCE_TOKENS}  # the flags' kinds
     ints = {key: check(positive_int, values.get(key, default), flag(key), optional=default is None,
                        kind=kinds.get(key, numbers.COUNT))
@@ -142,11 +161,25 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
                         seq_len=seq_len, micro_batch=ints["micro_batch"], global_batch=ints["global_batch"],
                         allow_checkpointing=bool(values.get("activation_checkpointing", True)), lora=lora,
                         nvme_path=str(values.get("nvme_path") or "/local_nvme"),
-                        sequence_parallel=ints["sequence_parallel"])
+                        sequence_parallel=ints["sequence_parallel"], padding_mask=task in ("dpo", "dpo-lora"),
+                        reference="adapter" if reference == "auto" and task == "dpo-lora" else reference)
     problems += sequence_parallel_problems(inputs, flag) + batch_problems(inputs, flag)
     if problems:
         raise ConfigError(problems, "the command line" if source == "flags" else source)
     return inputs
+
+
+def reference_problems(task: str, reference: str, flag) -> list[str]:
+    if reference not in REFERENCES:
+        return [f"{flag('reference')}: {reference!r} is not one of {', '.join(REFERENCES)}"
+                f"{closest(reference, REFERENCES)}"]
+    if reference != "auto" and task not in ("dpo", "dpo-lora"):
+        return [f"{flag('reference')} {reference}: the reference model belongs to preference tuning; use "
+                f"{flag('task')} dpo or dpo-lora, or drop {flag('reference')}"]
+    if reference == "adapter" and task == "dpo":
+        return [f"{flag('reference')} adapter: the reference is the LoRA base with the adapter disabled, so it needs "
+                f"LoRA: use {flag('task')} dpo-lora, or {flag('reference')} engine or precomputed"]
+    return []
 
 
 def sequence_parallel_sizes(inputs: PlanInputs) -> list[int]:

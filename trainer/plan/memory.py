@@ -57,6 +57,18 @@ Liger (model.liger, `apply_liger_kernel_to_llama` defaults): the fused linear cr
     e.V.h + fp32 per-token loss 4.s.b, with one logits chunk of C.V in flight (e), C = the next power of
     two of s.b / ceil(V / h). LigerRMSNorm saves its input and fp32 1/rms (no fp32 copy of the input):
     2e.h + 4 per token with its output; LigerSiLUMul saves gate and up and recomputes SiLU: 3 x e.s.b.I.
+Preference tuning (DPO): a micro-batch of b pairs is 2b sequences through the policy (activations and logits at
+    2b). The reference model is priced by how it runs (plan.memory `frozen_reference`, `reference_forward_bytes`):
+      adapter      the LoRA base with the adapter disabled: no weights of its own; one forward without grad
+      engine       a second, frozen model (trainer.ds frozen_reference_config): its 16-bit weights e.P sharded
+                   e.P/G under ZeRO-3 (+ one gathered module, e.LL) or on the CPU with param offload (e.P/n x 1.5
+                   per node, as DeepSpeed's estimators count offloaded 16-bit params), whole e.P on every GPU at
+                   stages 0-2; plus one forward without grad
+      precomputed  nothing while training (the batches carry 2 fp64 log-probs a pair); a one-time pass before it
+                   runs the reference (the adapter-disabled base, or a temporary engine priced as above) beside the
+                   policy's model states, without the policy's activations
+    A forward without grad saves nothing: its peak is one layer's tensors and its logits with their fp32 upcast
+    and log-softmax, (e + 8).s.2b.V, on top of the policy's saved activations (the policy runs first).
 LoRA: the frozen base is 16-bit weights only (sharded at stage 3, on CPU with param offload); the
     adapters get DeepSpeed's model-state accounting. Activations are counted as for full training
     (an overestimate: frozen projections do not save their inputs).
@@ -424,6 +436,30 @@ def lora_model_states(base_params: int, adapter_params: int, largest_layer: int,
         frozen_cpu = int(e * base_params * gpus_per_node * ADDITIONAL_BUFFER_FACTOR)
     return ModelStates(adapters.gpu_bytes + frozen_gpu, adapters.cpu_bytes + frozen_cpu,
                        adapters.params + frozen_gpu, adapters.gradients, adapters.optimizer, adapters.working)
+
+
+# --- preference tuning: the reference model ----------------------------------------------------------
+
+
+def frozen_reference(total_params: int, largest_layer: int, stage: int, gpus_per_node: int, nodes: int,
+                     offload: bool, precision: str = "bf16") -> tuple[int, int]:
+    """(GPU bytes per rank, host bytes per node) of a frozen reference engine's weights (module docstring)."""
+    e, gpus = bytes_per_element(precision), gpus_per_node * nodes
+    if stage != 3:
+        return e * total_params, 0
+    gathered = e * largest_layer  # the module being run, gathered whole
+    if offload:
+        return gathered, int(e * total_params / nodes * ADDITIONAL_BUFFER_FACTOR)
+    return int(e * total_params / gpus) + gathered, 0
+
+
+def reference_forward_bytes(m: ModelConfig, seq_len: int, sequences: int, precision: str = "bf16",
+                            attention: str = "sdpa", padding_mask: bool = True) -> int:
+    """Peak of one forward without grad over `sequences` sequences: one layer's tensors and the logits, kept in the
+    model's dtype and upcast to fp32 with their log-softmax (train/preference.py sequence_logps)."""
+    e = bytes_per_element(precision)
+    one_layer = layer_activation_bytes(m, seq_len, sequences, precision, attention, padding_mask)
+    return one_layer + (e + 8) * seq_len * sequences * m.vocab_size
 
 
 # --- NVMe (ZeRO-Infinity) ----------------------------------------------------------------------

@@ -20,6 +20,8 @@ def plan_to_json(plan: Plan) -> dict:
                      "gpus_per_node": inputs.gpus_per_node, "nodes": inputs.nodes, "cpu_ram_gb": inputs.cpu_ram_gb,
                      "nvme_gb": inputs.nvme_gb},
         "task": inputs.task, "seq_len": inputs.seq_len, "precision": inputs.precision,
+        "reference": inputs.reference if inputs.preference else None,
+        "sequences_per_sample": inputs.sequences_per_sample,
         "sequence_parallel_size": inputs.sp, "data_parallel_size": inputs.data_parallel_size,
         "gpu_budget_bytes": budgets(inputs)[0],
         "candidates": [_estimate_json(e) for e in plan.rows],
@@ -42,6 +44,7 @@ def _estimate_json(e: Estimate) -> dict:
             "activation_checkpointing": e.checkpointing, "gpu_bytes": e.gpu_bytes(),
             "model_states_gpu_bytes": e.states.gpu_bytes, "model_states_cpu_bytes": e.states.cpu_bytes,
             "cpu_bytes_per_node": e.cpu_bytes_per_node, "nvme_bytes": e.nvme_bytes,
+            "precompute_pass_gpu_bytes": e.precompute_pass or None,
             "fits": e.fits, "fits_gpu": e.fits_gpu, "fits_cpu": e.fits_cpu, "fits_nvme": e.fits_nvme}
 
 
@@ -61,6 +64,8 @@ def print_plan(plan: Plan) -> None:
     print(f"Plan: {inputs.model.label}: {inputs.params:,} params{active} (largest layer {inputs.largest_layer:,}){lora}")
     print(f"      {inputs.nodes} node(s) x {inputs.gpus_per_node} {inputs.gpu.description}, {inputs.task}, "
           f"seq {inputs.seq_len}, {inputs.precision}"
+          + (f", reference {inputs.reference} (a micro-batch of pairs is twice the sequences)"
+             if inputs.preference else "")
           + (f", sequence parallel {inputs.sp} ({inputs.seq_len // inputs.sp} tokens per GPU)" if inputs.sp > 1 else ""))
     print(f"Budget per GPU {gb(gpu_budget)} GB ({int(GPU_HEADROOM * 100)}% of {gb(inputs.gpu.memory_bytes)} GB kept for "
           f"CUDA context, NCCL, fragmentation); host RAM per node "
@@ -84,14 +89,15 @@ def print_plan(plan: Plan) -> None:
 
 
 def print_table(rows: list[Estimate]) -> None:
-    header = ("candidate", "ckpt", "params", "grads", "optim", "activ", "buffers", "GPU total", "CPU/node",
+    header = ("candidate", "ckpt", "params", "grads", "optim", "activ", "buffers", "ref", "GPU total", "CPU/node",
               "NVMe", "fits")
-    widths = (20, 4, 7, 7, 7, 7, 8, 10, 9, 7, 4)
+    widths = (20, 4, 7, 7, 7, 7, 8, 6, 10, 9, 7, 4)
     print("  ".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, w) in enumerate(zip(header, widths))))
     for e in rows:
         b = e.gpu_bytes()
         cells = (e.candidate.name, "yes" if e.checkpointing else "no", gb(b["params"]), gb(b["gradients"]),
-                 gb(b["optimizer"]), gb(b["activations"]), gb(b["buffers"]), gb(b["total"]),
+                 gb(b["optimizer"]), gb(b["activations"]), gb(b["buffers"]),
+                 gb(b["reference"]) if b["reference"] else "-", gb(b["total"]),
                  gb(e.cpu_bytes_per_node), gb(e.nvme_bytes) if e.nvme_bytes else "-", "yes" if e.fits else "no")
         print("  ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths))))
     print(f"(GB per GPU at micro-batch {rows[0].micro_batch}; 'ckpt' = activation checkpointing needed to fit; "
@@ -104,13 +110,18 @@ def print_choice(plan: Plan) -> None:
     hpz += f" + sequence parallel {inputs.sp}" if inputs.sp > 1 else ""
     print(f"Chosen: {e.candidate.name} ({e.candidate.label}{hpz}), micro-batch {e.micro_batch}, grad accumulation "
           f"{plan.grad_accum} -> {e.micro_batch} x {plan.grad_accum} x {inputs.data_parallel_size} = {plan.global_batch} "
-          f"sequences ({plan.global_batch * inputs.seq_len:,} tokens) per step, activation checkpointing "
+          + (f"pairs ({2 * plan.global_batch} sequences, " if inputs.preference else "sequences (")
+          + f"{plan.global_batch * inputs.sequences_per_sample * inputs.seq_len:,} tokens) per step, activation checkpointing "
           f"{'on' if e.checkpointing else 'off'}, {inputs.precision}")
     b = e.gpu_bytes()
     print(f"  per GPU {gb(b['total'])} GB = params {gb(b['params'])} + grads {gb(b['gradients'])} + optimizer "
           f"{gb(b['optimizer'])} + activations {gb(b['activations'])} (logits {gb(e.activations.logits)}) + buffers "
-          f"{gb(b['buffers'])}; host RAM {gb(e.cpu_bytes_per_node)} GB/node"
+          f"{gb(b['buffers'])}" + (f" + reference {gb(b['reference'])}" if b["reference"] else "")
+          + f"; host RAM {gb(e.cpu_bytes_per_node)} GB/node"
           + (f"; NVMe {gb(e.nvme_bytes)} GB/node" if e.nvme_bytes else ""))
+    if e.precompute_pass:
+        print(f"  reference log-probs precomputed: one pass over the data before training, {gb(e.precompute_pass)} GB "
+              f"per GPU at its peak; nothing during training")
     print()
     print("DeepSpeed config (-o FILE writes it):")
     print(json.dumps(plan.deepspeed, indent=2))

@@ -46,7 +46,11 @@ class Scenario:
     cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB; absent = not checked.")
     nvme_gb: Optional[float] = doc("Local NVMe per node in GB; 0 or absent = none.")
     nvme_path: Optional[str] = doc("NVMe mount for ZeRO-Infinity (default /local_nvme).")
-    task: Literal["pretrain", "full", "lora"] = doc("pretrain, full (fine-tune) or lora.", "full")
+    task: Literal["pretrain", "full", "lora", "dpo", "dpo-lora"] = doc(
+        "pretrain, full (fine-tune), lora, dpo (full preference tuning) or dpo-lora.", "full")
+    reference: Literal["auto", "adapter", "engine", "precomputed"] = doc(
+        "dpo tasks: the reference model as adapter (dpo-lora), engine or precomputed; auto: the planner's choice.",
+        "auto")
     seq_len: int = doc("Tokens per sequence.", 2048)
     micro_batch: Optional[int] = doc("Required micro-batch per GPU (default: the largest that fits).")
     global_batch: Optional[int] = doc("Target sequences per optimizer step.")

@@ -1,12 +1,13 @@
 """The report's figure: six panels on one step axis (train loss, eval loss, learning rate, grad norm,
-tokens/s, peak memory), one colour per run, resumes as dashed vertical lines in the run's colour, skipped
+tokens/s, peak memory), and two more when a run did preference tuning (rewards/accuracy and rewards/margin, with
+their eval_rewards/* values dashed), one colour per run, resumes as dashed vertical lines in the run's colour, skipped
 (non-finite) steps as red dotted ones, loss spikes as triangles on the loss panel. Where a run has more marks
 than report.points keeps, a mark that merges several steps is a light band over their range. Values that are
 not finite or too large for an axis are gaps. What a run's reading left out (skipped lines, merged marks) is
 one grey entry of the legend; its notes name each.
 
 Every drawn line (or band) carries a gid, "<run label>:<what>" (what = a metric name, eval_loss/<source>,
-resume, skipped, loss_spike), so that a program (the tests) can read back exactly what was drawn.
+eval_rewards/<name>, resume, skipped, loss_spike), so that a program (the tests) can read back exactly what was drawn.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import math
 
 from ..pictures import new_figure
 from .points import Marks, Series
-from .runs import RunMetrics, drawable
+from .runs import REWARD_KEYS, RunMetrics, drawable
 
 
 PANELS = (  # metric, title, y label
@@ -25,6 +26,11 @@ PANELS = (  # metric, title, y label
     ("tokens_per_s", "throughput", "tokens/s (all ranks)"),
     ("peak_mem_gb", "peak memory (GPU allocated; RSS on CPU ranks)", "GB"),
 )
+REWARD_PANELS = (  # preference runs only
+    ("rewards/accuracy", "preference accuracy (rewards/accuracy; eval dashed)", "share of pairs"),
+    ("rewards/margin", "reward margin (rewards/margin; eval dashed)", "beta x log-ratio"),
+)
+EVAL_STYLE = {"linestyle": "--", "marker": "o", "markersize": 3.5, "linewidth": 1.2}
 LOG_RATIO = 30.0      # a panel whose positive values span more than this factor is drawn on a log scale
 RESUME_STYLE = {"linestyle": "--", "linewidth": 1.3, "alpha": 0.8}
 SKIP_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2, "alpha": 0.7}
@@ -33,20 +39,22 @@ BAND_ALPHA = 0.15     # a mark merging a range of steps
 
 def report_figure(runs: list[RunMetrics]):
     """The Figure for these runs (the caller saves it)."""
-    figure = new_figure(13, 10.5)
-    axes = figure.subplots(3, 2, sharex=True).flatten()
+    panels = PANELS + (REWARD_PANELS if any(run.has_rewards() for run in runs) else ())
+    figure = new_figure(13, 3.5 * (len(panels) // 2))
+    axes = figure.subplots(len(panels) // 2, 2, sharex=True).flatten()
     colours = [f"C{i % 10}" for i in range(len(runs))]
     widths = [2.8 - 1.4 * i / max(len(runs) - 1, 1) for i in range(len(runs))]  # equal curves stay visible
     sources = sorted({s for run in runs for s in run.eval_sources()})  # one dash pattern per eval source
-    for ax, (metric, title, ylabel) in zip(axes, PANELS):
+    for ax, (metric, title, ylabel) in zip(axes, panels):
         ax.set_title(title, fontsize=11)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         for run, colour, width in zip(runs, colours, widths):
             _draw_metric(ax, run, metric, colour, sources, width)
             _draw_markers(ax, run, colour, spikes=metric == "loss")
-        _scale(ax, [v for run in runs for v in _values(run, metric)], log_allowed=metric != "lr")
-        if not any(run.get(metric).steps for run in runs):
+        _scale(ax, [v for run in runs for v in _values(run, metric)],
+               log_allowed=metric != "lr" and metric not in REWARD_KEYS)
+        if not any(run.get(key).steps for run in runs for key in _keys(metric)):
             ax.text(0.5, 0.5, f"no {metric} logged", transform=ax.transAxes, ha="center", va="center",
                     color="grey")
         if metric == "eval_loss" and sources:
@@ -69,6 +77,9 @@ def _draw_metric(ax, run: RunMetrics, metric: str, colour: str, sources: list[st
         marker = "o" if metric == "eval_loss" or len(series.steps) < 30 else None
         ax.plot(series.steps, _drawn(series), color=colour, marker=marker, markersize=1.5 + width, linewidth=width,
                 gid=f"{run.label}:{metric}")
+    if metric in REWARD_KEYS and run.get("eval_" + metric).steps:
+        held_out = run.get("eval_" + metric)
+        ax.plot(held_out.steps, _drawn(held_out), color=colour, gid=f"{run.label}:eval_{metric}", **EVAL_STYLE)
     if metric == "eval_loss":
         for source in run.eval_sources():
             part = run.get(source)
@@ -97,8 +108,13 @@ def _draw_marks(ax, marks: Marks, gid: str, style: dict) -> None:
             ax.axvspan(first, last, color=style["color"], alpha=BAND_ALPHA, linewidth=0, gid=gid)
 
 
+def _keys(metric: str) -> tuple[str, ...]:
+    """The series a panel draws: a rewards panel also has its eval_rewards/* values."""
+    return (metric, "eval_" + metric) if metric in REWARD_KEYS else (metric,)
+
+
 def _values(run: RunMetrics, metric: str) -> list[float]:
-    values = list(run.get(metric).values)
+    values = [v for key in _keys(metric) for v in run.get(key).values]
     if metric == "eval_loss":
         values += [v for source in run.eval_sources() for v in run.get(source).values]
     if metric == "loss":

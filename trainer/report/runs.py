@@ -34,7 +34,10 @@ SPIKES = "loss_spike"
 MAX_EVAL_SOURCES = 12       # eval_loss/<source> series drawn; the others are counted in a note
 MAX_NAMED_LINES = 20        # skipped lines named one by one in the notes; the others are counted
 MAX_LISTED_RESUMES = 10     # resume steps the HTML table lists
-METRIC_KEYS = frozenset(TRAIN_KEYS + (EVAL_PREFIX,))
+# preference tuning (train/preference.py): drawn in the rewards panels when a run logged them
+REWARD_KEYS = ("rewards/accuracy", "rewards/margin")
+EVAL_REWARD_KEYS = tuple("eval_" + key for key in REWARD_KEYS)
+METRIC_KEYS = frozenset(TRAIN_KEYS + (EVAL_PREFIX,) + REWARD_KEYS + EVAL_REWARD_KEYS)
 
 
 @dataclass
@@ -57,6 +60,10 @@ class RunMetrics:
 
     def get(self, name: str) -> Series:
         return self.series.get(name) or Series()
+
+    def has_rewards(self) -> bool:
+        """A preference run's: it logged rewards/* (train or eval)."""
+        return any(self.get(key).count for key in REWARD_KEYS + EVAL_REWARD_KEYS)
 
     def eval_sources(self) -> list[str]:
         return sorted(name for name in self.series if name.startswith(EVAL_SOURCE))

@@ -22,7 +22,7 @@ import torch
 
 from .. import ds as dsc
 from .. import ranks
-from ..config import Config
+from ..config import Config, DataConfig
 from ..presets import REPO_ROOT
 
 
@@ -95,8 +95,11 @@ def tiny_data(cfg: Config, notices: list[str]):
         return dataclasses.replace(d, seq_len=min(d.seq_len, 64))
     kind = {"sft": "chat messages", "preference": "prompt/chosen/rejected pairs"}.get(d.task, "text")
     notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data: {kind})")
+    default = DataConfig()  # the tiny set's columns have the default names, whatever the preset's data calls them
+    columns = {name: getattr(default, name) for name in ("text_field", "prompt_field", "response_field",
+                                                         "messages_field", "chosen_field", "rejected_field")}
     return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=64, num_workers=1,
-                               eval_fraction=0.05)
+                               eval_fraction=0.05, **columns)
 
 
 def tiny_tokenizer(cfg: Config, run_dir: Path, notices: list[str]) -> str:
