@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that get a model, so the
 
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 FAMILIES = LLAMA_LIKE + MOE_FAMILIES   # what the trainer builds from an inline architecture (model.family)
-MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits")
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits", "head_dim")
 
 
 def is_moe(model_cfg: ModelConfig) -> bool:
@@ -67,7 +67,7 @@ def moe_config_fields(model_cfg: ModelConfig) -> dict[str, Any]:
         return {}
     m = model_cfg
     fields = {"num_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok or 2,
-              "head_dim": m.hidden_size // m.num_heads, **router_settings(m)}
+              "head_dim": m.head_dim or m.hidden_size // m.num_heads, **router_settings(m)}
     if m.family == "qwen3_moe":
         fields["moe_intermediate_size"] = m.intermediate_size
     return fields

@@ -24,7 +24,8 @@ from .build import (
     CHECKPOINT_WRITERS, activation_checkpointing_overrides, aio_defaults, base_config, client_optimizer_on_cpu_override,
     frozen_reference_config, gather_on_save_override, global_batch_overrides, min_loss_scale_override, precision_overrides, rehearsal_changes,
     set_override, smaller_stage3_buffers, torch_adam_on_cpu_overrides, unpinned_offload_overrides,
-    with_checkpoint_writer, with_sequence_parallel, with_universal_load, with_zero3_leaf_classes, with_zeropp,
+    with_checkpoint_writer, with_expert_parallel, with_sequence_parallel, with_universal_load,
+    with_zero3_leaf_classes, with_zeropp,
     zero_block, zero_overrides,
 )
 from .check import REMOVED_OPTIMIZERS, check_keys
@@ -55,7 +56,8 @@ __all__ = [
     "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "sequence_parallel_size",
     "set_override",
     "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config",
-    "unpinned_offload_overrides", "with_checkpoint_writer", "with_sequence_parallel", "with_universal_load",
+    "unpinned_offload_overrides", "with_checkpoint_writer", "with_expert_parallel", "with_sequence_parallel",
+    "with_universal_load",
     "with_zeropp", "with_zero3_leaf_classes", "without_autotuning", "without_tensor_parallel", "zero",
     "zero3_leaf_block", "zero_block", "zero_inference_config", "zero_key",
     "zero_overrides", "zero_setting", "zero_stage",

@@ -95,6 +95,14 @@ def with_sequence_parallel(ds: dict, sequence_parallel_size: int) -> dict:
     return ds
 
 
+def with_expert_parallel(ds: dict, autoep_size: int) -> dict:
+    """A copy with DeepSpeed AutoEP on over groups of `autoep_size` ranks (the `expert_parallel` section)."""
+    ds = copy.deepcopy(ds)
+    if autoep_size > 1:
+        ds["expert_parallel"] = {"enabled": True, "autoep_size": autoep_size}
+    return ds
+
+
 # --- `--set` overrides (the planner's launch line and the doctor's proposals) ------------------
 
 

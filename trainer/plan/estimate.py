@@ -196,7 +196,8 @@ def inputs_for_resolved(resolved) -> PlanInputs:
     task = "lora" if cfg.model.lora.enabled else ("pretrain" if cfg.model.name_or_path is None else "full")
     return PlanInputs(model=ModelSpec(cfg.model, cfg.name), gpu=hardware.gpu(hw.gpu), gpus_per_node=hw.gpus_per_node,
                       nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
-                      seq_len=cfg.data.seq_len, lora=cfg.model.lora, padding_mask=cfg.data.task == "sft")
+                      seq_len=cfg.data.seq_len, lora=cfg.model.lora, padding_mask=cfg.data.task == "sft",
+                      expert_parallel=dsc.autoep_size(cfg.deepspeed))
 
 
 def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,

@@ -21,6 +21,7 @@ def plan_to_json(plan: Plan) -> dict:
                      "nvme_gb": inputs.nvme_gb},
         "task": inputs.task, "seq_len": inputs.seq_len, "precision": inputs.precision,
         "sequence_parallel_size": inputs.sp, "data_parallel_size": inputs.data_parallel_size,
+        "expert_parallel_size": inputs.expert_parallel,
         "gpu_budget_bytes": budgets(inputs)[0],
         "candidates": [_estimate_json(e) for e in plan.rows],
         "walk": plan.walk,
