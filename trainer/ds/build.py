@@ -232,6 +232,11 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
     if tp.get("autotp_size", 0) > 1 and world_size % tp["autotp_size"]:
         tp["autotp_size"] = world_size
         notices.append(f"tensor_parallel.autotp_size -> {world_size} (ranks present)")
+    ep = ds.get("expert_parallel") or {}
+    if isinstance(ep.get("autoep_size"), int) and ep["autoep_size"] > 1 and world_size % ep["autoep_size"]:
+        size = max(d for d in range(1, min(world_size, ep["autoep_size"]) + 1) if world_size % d == 0)
+        notices.append(f"expert_parallel.autoep_size {ep['autoep_size']} -> {size} (ranks present)")
+        ep["autoep_size"] = size
     if on_cpu:
         if quantized_weights(ds):
             z["zero_quantized_weights"] = False
