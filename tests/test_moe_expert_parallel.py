@@ -47,6 +47,9 @@ def test_experts_split_over_two_ranks_train_as_the_run_without_expert_parallelis
     plain, ep = losses(dirs["plain"]), losses(dirs["ep"])
     assert len(plain) == len(ep) == STEPS and plain[-1] < plain[0]
     assert ep == pytest.approx(plain, rel=1e-5)
+    for field in ("router_aux_loss", "expert_share_max_over_mean"):  # router health read from AutoEP's router
+        by_step = [[row[field] for row in read_metrics(dirs[name])[0]] for name in ("plain", "ep")]
+        assert by_step[1] == pytest.approx(by_step[0], rel=1e-4), field
 
 
 def test_an_expert_parallel_run_resumes_exactly(runs):

@@ -134,9 +134,10 @@ def enable_autoep_with_installed_transformers() -> None:
 # --- routers and MoE blocks, found in the built model ---------------------------------------------------------
 
 def _router_recorder(model: torch.nn.Module):
-    """transformers' OutputRecorder for router logits of the model class (None: not a transformers MoE model)."""
+    """transformers' OutputRecorder for router logits of the model (None: not a transformers MoE model). The
+    instance's own comes first: DeepSpeed AutoEP retargets it to its router's gate (`router.gate`, raw logits)."""
     for module in model.modules():  # the causal LM may sit inside a PEFT wrapper
-        recorders = getattr(type(module), "_can_record_outputs", None) or {}
+        recorders = getattr(module, "_can_record_outputs", None) or {}
         if "router_logits" in recorders:
             return recorders["router_logits"]
     return None
@@ -147,8 +148,9 @@ def routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, int]]:
     recorder = _router_recorder(model)
     if recorder is None or getattr(recorder, "target_class", None) is None:
         return []
-    index = recorder.index or 0
-    return [(name, module, index) for name, module in model.named_modules() if isinstance(module, recorder.target_class)]
+    index, layer_name = recorder.index or 0, getattr(recorder, "layer_name", None)
+    return [(name, module, index) for name, module in model.named_modules()
+            if isinstance(module, recorder.target_class) and (not layer_name or name.endswith(layer_name))]
 
 
 def experts_per_token(model: torch.nn.Module) -> int:
