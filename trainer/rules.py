@@ -248,7 +248,7 @@ def expert_parallel_fits(cfg: Config, ds: dict, world: int) -> list[str]:
                                     cfg.model.lora.enabled, dsc.autotp_size(ds), dsc.sequence_parallel_size(ds))
 
 
-def _pretrained_config(cfg: Config) -> dict:
+def pretrained_config(cfg: Config) -> dict:
     """The pretrained model's config.json when it is on disk ({} for an inline model, a hub id or a bad file)."""
     import json
     path = cfg.model.name_or_path
@@ -265,14 +265,14 @@ def _pretrained_config(cfg: Config) -> dict:
 def _num_experts(cfg: Config):
     """Experts per layer: the pretrained config's (Mixtral's num_local_experts, Qwen3-MoE's num_experts) or the
     inline model's."""
-    saved = _pretrained_config(cfg)
+    saved = pretrained_config(cfg)
     return saved.get("num_local_experts") or saved.get("num_experts") or cfg.model.num_experts
 
 
 def _model_type(cfg: Config) -> str:
     """The pretrained model's model_type when its config.json is on disk, else model.family (a hub id is assumed
     to be what the preset says)."""
-    return str(_pretrained_config(cfg).get("model_type", cfg.model.family))
+    return str(pretrained_config(cfg).get("model_type", cfg.model.family))
 
 
 RULES: list[Rule] = [
