@@ -316,12 +316,22 @@ def test_the_launch_line_keeps_the_presets_global_batch_unless_asked(global_batc
         assert f"keeps 70b_8xa100's 256 sequences per step ({micro} x {accum} x 8 ranks)" in said[0]
 
 
+def assert_zero3_states_are_deepspeeds(raw: dict, total: int, largest: int) -> None:
+    """Every ZeRO-3 candidate of a plan on 8 GPUs (NVMe aside) has DeepSpeed's estimate for these two numbers."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    for c in raw["candidates"]:
+        if c["stage"] == 3 and c["offload_optimizer"] != "nvme":
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+                total, largest, 8, 1, cpu_offload=c["offload_optimizer"] == "cpu",
+                cpu_offload_params=c["offload_param"] == "cpu", zero_init=True)
+            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+
+
 def test_mixtral_counts_every_expert_for_memory_and_top_k_for_flops_as_transformers_builds_it():
     """The planner's Mixtral-8x7B is transformers' MixtralForCausalLM (built on the meta device, no weights): the
     same total, the same largest module (the fused experts, DeepSpeed's prefetch unit), and the ZeRO-3 model states
     are DeepSpeed's estimator's for those two numbers."""
     import torch
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from transformers import AutoConfig, AutoModelForCausalLM
     from trainer.plan.models import NAMED_MODELS
     m = NAMED_MODELS["mixtral-8x7b"][1]
@@ -338,12 +348,7 @@ def test_mixtral_counts_every_expert_for_memory_and_top_k_for_flops_as_transform
                                                "task": "full"})))
     assert (raw["params"], raw["largest_layer_params"]) == (total, largest) == (46_702_792_704, 1_409_286_144)
     assert raw["active_params"] == total - experts * 6 // 8 == 12_879_925_248  # 2 of 8 experts per token
-    for c in raw["candidates"]:
-        if c["stage"] == 3 and c["offload_optimizer"] != "nvme":
-            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-                total, largest, 8, 1, cpu_offload=c["offload_optimizer"] == "cpu",
-                cpu_offload_params=c["offload_param"] == "cpu", zero_init=True)
-            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+    assert_zero3_states_are_deepspeeds(raw, total, largest)
 
 
 def test_plan_reads_a_mixtral_config_json_and_names_the_moe_families_it_cannot_count(tmp_path):
@@ -372,7 +377,6 @@ def test_qwen3_30b_a3b_counts_as_transformers_builds_it_and_expert_parallelism_s
     on the meta device: the planner's total (30.5B), active (3.35B: 8 of 128 experts), largest module (the fused
     experts; 1/ep of them per GPU under AutoEP) and ZeRO-3 model states are DeepSpeed's estimator's for them."""
     import torch
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(QWEN3_30B_A3B)
     assert (config.hidden_size, config.num_hidden_layers, config.num_experts, config.num_experts_per_tok,
@@ -390,12 +394,7 @@ def test_qwen3_30b_a3b_counts_as_transformers_builds_it_and_expert_parallelism_s
     assert raw["active_params"] == total - experts * 120 // 128 == 3_353_032_704
     assert raw["largest_layer_params"] == largest == (603_979_776 if expert_parallel == 1 else 311_164_928)
     assert raw["expert_parallel_size"] == expert_parallel
-    for c in raw["candidates"]:
-        if c["stage"] == 3 and c["offload_optimizer"] != "nvme":
-            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-                total, largest, 8, 1, cpu_offload=c["offload_optimizer"] == "cpu",
-                cpu_offload_params=c["offload_param"] == "cpu", zero_init=True)
-            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+    assert_zero3_states_are_deepspeeds(raw, total, largest)
     said = [note for note in raw["notes"] if note.startswith("AutoEP all-to-all")]
     assert bool(said) == (expert_parallel > 1)
 

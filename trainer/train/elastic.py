@@ -81,21 +81,17 @@ def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:
         return False
     change = f"checkpoint {path} was saved on {saved.describe()}; this run is {now.describe()}"
     if saved.expert_parallel_size > 1 or now.expert_parallel_size > 1:
-        raise ElasticResumeError(
-            f"{change}: resuming an expert-parallel run on another layout (or switching AutoEP on or off) is not "
-            f"supported: its checkpoint holds each rank's own experts under DeepSpeed's AutoEP names, which this "
-            f"trainer's universal conversion does not verify; resume with deepspeed.expert_parallel.autoep_size="
-            f"{saved.expert_parallel_size} on {saved.world_size} rank(s), or export the weights (train.export_hf: "
-            f"a standard HF model with every expert) and start a new run from them")
+        raise _unsupported(change, "an expert-parallel run", "AutoEP",
+                           "its checkpoint holds each rank's own experts under DeepSpeed's AutoEP names, which this "
+                           "trainer's universal conversion does not verify",
+                           f"deepspeed.expert_parallel.autoep_size={saved.expert_parallel_size}", saved.world_size)
     if saved.zero_stage == 0 and now.zero_stage == 0 and saved.autotp_size == now.autotp_size == 1:
         return False  # ZeRO-0 keeps the whole optimizer state in one file: it loads on any number of ranks
     if saved.autotp_size > 1 or now.autotp_size > 1:
-        raise ElasticResumeError(
-            f"{change}: resuming an AutoTP run on another layout (or switching AutoTP on or off) is not supported: "
-            f"DeepSpeed 0.19.8's universal conversion of AutoTP checkpoints is partial and this trainer does not "
-            f"verify it; resume with deepspeed.tensor_parallel.autotp_size={saved.autotp_size} on "
-            f"{saved.world_size} rank(s), or export the weights (python -m trainer export / train.export_hf) and "
-            f"start a new run from them")
+        raise _unsupported(change, "an AutoTP run", "AutoTP",
+                           "DeepSpeed 0.19.8's universal conversion of AutoTP checkpoints is partial and this trainer "
+                           "does not verify it", f"deepspeed.tensor_parallel.autotp_size={saved.autotp_size}",
+                           saved.world_size)
     if saved.sequence_parallel_size > 1 or now.sequence_parallel_size > 1:
         raise ElasticResumeError(
             f"{change}: resuming a sequence-parallel run on another layout (or switching sequence parallelism on or "
@@ -114,6 +110,13 @@ def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:
             f"weights would not be restored); resume at ZeRO-1, 2 or 3 (--set deepspeed.zero_optimization.stage="
             f"{saved.zero_stage})")
     return True
+
+
+def _unsupported(change: str, run: str, feature: str, why: str, resume_with: str, world: int) -> ElasticResumeError:
+    return ElasticResumeError(
+        f"{change}: resuming {run} on another layout (or switching {feature} on or off) is not supported: {why}; "
+        f"resume with {resume_with} on {world} rank(s), or export the weights (python -m trainer export / "
+        f"train.export_hf) and start a new run from them")
 
 
 # --- the global batch -----------------------------------------------------------------------------------
