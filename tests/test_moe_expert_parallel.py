@@ -74,3 +74,13 @@ def test_resuming_an_expert_parallel_checkpoint_without_it_is_a_named_error(runs
     _, _, errors = runs
     message = errors["without_ep"]
     assert message and "expert-parallel 2" in message and "deepspeed.expert_parallel.autoep_size=2" in message
+
+
+def test_generate_and_evaluate_of_an_expert_parallel_checkpoint_point_to_its_export(runs):
+    from trainer.errors import UserError
+    from trainer.infer.source import load_model, resolve_source
+    dirs, _, _ = runs
+    with pytest.raises(UserError, match="expert-parallel run.*use the run's HF export"):
+        load_model(resolve_source(str(dirs["ep"] / "checkpoints" / "step_00000010")), torch.float32)
+    exported = load_model(resolve_source(str(dirs["ep"] / "hf")), torch.float32)  # what generate/evaluate read
+    assert type(exported).__name__ == "MixtralForCausalLM"
