@@ -265,6 +265,9 @@ EP2 = "deepspeed.expert_parallel={enabled: true, autoep_size: 2}"
     (["model.name_or_path=org/tiny-mixtral", "model.lora.enabled=true", "model.lora.dropout=0", EP2], 2,
      "AutoEP replaces the expert modules PEFT adapts"),
     (["deepspeed.tensor_parallel={autotp_size: 2}", EP2], 2, "with tensor_parallel.autotp_size"),
+    (["deepspeed.expert_parallel={enabled: true, autoep_sise: 2}"], 2,
+     "deepspeed.expert_parallel.autoep_sise: not read by DeepSpeed (it would be silently ignored) (did you mean "
+     "'autoep_size'?)"),  # learned from DeepSpeed's own parser (trainer/ds/learned.py)
 ])
 def test_expert_parallel_settings_deepspeed_cannot_run_are_named_when_the_config_is_resolved(overrides, world, says):
     with pytest.raises(ConfigError) as err:
