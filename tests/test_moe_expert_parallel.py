@@ -1,6 +1,6 @@
 """Expert parallelism through DeepSpeed's AutoEP (deepspeed.expert_parallel) on 2 real CPU ranks, one launch: a tiny
-Mixtral under ZeRO-3 trained with its 4 experts split over the 2 ranks (autoep_size=2) follows the run without
-expert parallelism step for step; stopped and resumed it continues exactly; its HF export (the experts gathered from
+Mixtral under ZeRO-3 trained with its 4 experts split over the 2 ranks (autoep_size=2) follows AutoEP with every
+expert on every rank (autoep_size=1) and the run without AutoEP step for step; stopped and resumed it continues exactly; its HF export (the experts gathered from
 both ranks into transformers' fused layout) loads in plain transformers with the logits of the run without EP; and
 resuming it without expert parallelism is a named error before any step."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ EP = ["deepspeed.expert_parallel={enabled: true, autoep_size: 2}"]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe_ep")
-    dirs = {name: root / name for name in ("plain", "ep", "halves")}
+    dirs = {name: root / name for name in ("plain", "ep1", "ep", "halves")}
 
     def run(name, directory, extra, expect_error=False):
         return {"name": name, "preset": "tiny_cpu", "expect_error": expect_error,
@@ -33,6 +33,7 @@ def runs(tmp_path_factory):
 
     output, report = run_many([
         run("plain", dirs["plain"], ["train.export_hf=true"]),
+        run("ep1", dirs["ep1"], ["deepspeed.expert_parallel={enabled: true, autoep_size: 1}"]),
         run("ep", dirs["ep"], EP + ["train.export_hf=true"]),
         run("halves", dirs["halves"], EP + ["train.stop_after=5"]),
         run("halves", dirs["halves"], EP + ["train.resume=auto"]),
@@ -44,9 +45,9 @@ def runs(tmp_path_factory):
 def test_experts_split_over_two_ranks_train_as_the_run_without_expert_parallelism(runs):
     dirs, output, _ = runs
     assert "expert parallelism (DeepSpeed AutoEP): experts split over groups of 2 ranks" in output
-    plain, ep = losses(dirs["plain"]), losses(dirs["ep"])
+    plain, ep1, ep = losses(dirs["plain"]), losses(dirs["ep1"]), losses(dirs["ep"])
     assert len(plain) == len(ep) == STEPS and plain[-1] < plain[0]
-    assert ep == pytest.approx(plain, rel=1e-5)
+    assert ep == pytest.approx(ep1, rel=1e-5) and ep1 == pytest.approx(plain, rel=1e-5)  # AutoEP 2 = AutoEP 1 = none
     for field in ("router_aux_loss", "expert_share_max_over_mean"):  # router health read from AutoEP's router
         by_step = [[row[field] for row in read_metrics(dirs[name])[0]] for name in ("plain", "ep")]
         assert by_step[1] == pytest.approx(by_step[0], rel=1e-4), field
