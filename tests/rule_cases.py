@@ -138,6 +138,10 @@ CASES = {
         ["model.family 'mixtrall' is not a family", "did you mean 'mixtral'?", "supported: llama, mistral, qwen2, "
          "mixtral, qwen3_moe"],
         ["model.family=mixtral"]),
+    "expert_parallel_fits": Case(
+        ["model.family=mixtral", "model.num_experts=6", "deepspeed.expert_parallel={enabled: true, autoep_size: 4}"],
+        ["deepspeed.expert_parallel.autoep_size=4 must divide the world size 2", "use one of [1, 2]"],
+        ["deepspeed.expert_parallel={enabled: true, autoep_size: 2}"]),
     "zero3_leaf_modules_need_stage3": Case(
         ["model.zero3_leaf_modules=[LlamaMLP]"],
         ["model.zero3_leaf_modules only matters at ZeRO stage 3", "stage is 2", "zero_optimization.stage=3"],

@@ -145,8 +145,8 @@ def test_checkpoints_after_the_switch_consolidate_with_zero_to_fp32(runs, name):
 
 # --- decisions, without ranks ------------------------------------------------------------------------------
 
-def layout(world=2, dp=2, tp=1, stage=2) -> Layout:
-    return Layout(world, dp, tp, stage)
+def layout(world=2, dp=2, tp=1, stage=2, ep=1) -> Layout:
+    return Layout(world, dp, tp, stage, expert_parallel_size=ep)
 
 
 def test_layouts_that_convert_and_those_that_need_none(tmp_path):
@@ -161,6 +161,8 @@ def test_layouts_that_convert_and_those_that_need_none(tmp_path):
     (layout(world=2, dp=1, tp=2, stage=1), layout(world=1, dp=1, tp=1, stage=1), "AutoTP"),
     (layout(stage=2), layout(world=2, dp=1, tp=2, stage=2), "AutoTP"),
     (layout(stage=0), layout(stage=3), "ZeRO-0 checkpoint"),
+    (layout(stage=3, ep=2), layout(world=1, dp=1, stage=3), "expert-parallel run.*autoep_size=2 on 2 rank"),
+    (layout(stage=0, ep=2), layout(stage=0), "switching AutoEP on or off"),  # even where ZeRO-0 would load anywhere
     (layout(stage=2), layout(world=1, dp=1, stage=0), "resume at ZeRO-1, 2 or 3"),
 ])
 def test_layouts_no_conversion_bridges_are_named(tmp_path, saved, now, words):

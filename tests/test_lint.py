@@ -120,3 +120,22 @@ def test_sft_without_a_chat_template_on_a_hub_base_model_is_a_warning():
     # the tiny tokenizer is a local directory with a template; pretraining renders no chats
     assert "chat template" not in checks(findings("tiny_cpu", ["data.task=sft"]))
     assert "chat template" not in checks(findings("1b_pretrain_8xh100"))
+
+
+def test_moe_layout_names_a_pretrained_moe_whose_blocks_the_trainer_cannot_find(tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v2", "n_routed_experts": 64}))
+    stage3 = ["deepspeed.zero_optimization.stage=3"]
+    said = [f for f in findings("tiny_cpu", stage3 + [f"model.name_or_path={tmp_path}"]) if f.check == "MoE layout"]
+    assert said and said[0].severity == "warn" and "set model.zero3_leaf_modules" in said[0].message
+    assert "64 experts, model_type 'deepseek_v2'" in said[0].message
+    named = [f for f in findings("tiny_cpu", stage3 + [f"model.name_or_path={tmp_path}",
+                                                       "model.zero3_leaf_modules=[DeepseekV2MoE]"])
+             if f.check == "MoE layout"]
+    assert not named  # the user named its blocks: nothing to say
+
+
+def test_moe_layout_suggests_autoep_for_mixtral_at_stage_3_and_not_when_it_is_on():
+    said = [f for f in findings("mixtral_8x7b_8xa100", ["deepspeed.expert_parallel=null"]) if f.check == "MoE layout"]
+    assert said and "autoep_size: 8}" in said[0].message and "1 per GPU" in said[0].message
+    assert not [f for f in findings("mixtral_8x7b_8xa100") if f.check == "MoE layout"]

@@ -6,6 +6,8 @@ GPU counts, offload flags and zero.Init, with exact equality.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import json
 from pathlib import Path
@@ -270,3 +272,39 @@ def test_fp32_offload_puts_the_optimizer_states_in_host_ram():
     plain = mem.model_states(P, LL, 2, per_node, nodes, precision="fp32")
     assert plain.cpu_bytes == int(4 * P * per_node * 1.5)
     assert mem.model_states(P, LL, 3, per_node, nodes, precision="fp32").cpu_bytes == int(4 * LL * per_node * 1.5)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_activation_formula_matches_what_autograd_saves(family, dtype):
+    """An MoE layer saves, per token, k experts' dispatched inputs and SwiGLU tensors plus the router's softmax and
+    top-k (plan.memory.moe_bytes_per_token); Qwen3-MoE adds its q/k norms. Against a real CPU forward of
+    transformers' model with 8 experts, top-2."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    m = ModelConfig(family=family, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                    vocab_size=1024, max_position_embeddings=512, num_experts=8, num_experts_per_tok=2)
+    extra = {"moe_intermediate_size": 128, "head_dim": 64} if family == "qwen3_moe" else {}
+    config = AutoConfig.for_model(family, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128, vocab_size=1024,
+                                  max_position_embeddings=512, use_cache=False, attn_implementation="sdpa",
+                                  num_experts=8, num_experts_per_tok=2, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    seq, batch = 128, 2
+    ids = torch.randint(0, m.vocab_size, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    precision = "fp32" if dtype == torch.float32 else "bf16"
+    planned = mem.activation_bytes(m, seq, batch, False, precision, "sdpa").layers + 4 * seq * batch * m.vocab_size
+    dense = dataclasses.replace(m, family="llama", num_experts=None, num_experts_per_tok=None)
+    assert sum(saved.values()) == pytest.approx(planned, rel=0.02)
+    assert planned > mem.activation_bytes(dense, seq, batch, False, precision, "sdpa").layers  # k experts > 1 MLP

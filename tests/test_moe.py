@@ -256,3 +256,57 @@ def test_the_engine_config_names_exactly_the_leaf_modules_the_model_carries():
         "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock"]
     assert zero3_leaf_config(model, {"zero_optimization": {"stage": 2}}) == {"zero_optimization": {"stage": 2}}
     assert zero3_leaf_config(built(*TINY), ds) == ds  # a dense model: DeepSpeed's config untouched
+
+
+EP2 = "deepspeed.expert_parallel={enabled: true, autoep_size: 2}"
+
+
+@pytest.mark.parametrize("overrides,world,says", [
+    (["model.num_experts=3", EP2], 2, "autoep_size=2 must divide the 3 experts per layer"),
+    ([EP2], 3, "autoep_size=2 must divide the world size 3"),
+    (["deepspeed.expert_parallel={autoep_size: 2}"], 2, "without deepspeed.expert_parallel.enabled=true"),
+    (["deepspeed.expert_parallel={enabled: true, autoep_size: two}"], 2, "'two' must be a whole number of ranks"),
+    (["model.name_or_path=org/tiny-mixtral", "model.lora.enabled=true", "model.lora.dropout=0", EP2], 2,
+     "AutoEP replaces the expert modules PEFT adapts"),
+    (["deepspeed.tensor_parallel={autotp_size: 2}", EP2], 2, "with tensor_parallel.autotp_size"),
+    (["deepspeed.expert_parallel={enabled: true, autoep_sise: 2}"], 2,
+     "deepspeed.expert_parallel.autoep_sise: not read by DeepSpeed (it would be silently ignored) (did you mean "
+     "'autoep_size'?)"),  # learned from DeepSpeed's own parser (trainer/ds/learned.py)
+])
+def test_expert_parallel_settings_deepspeed_cannot_run_are_named_when_the_config_is_resolved(overrides, world, says):
+    with pytest.raises(ConfigError) as err:
+        resolve(load_preset("tiny_cpu", last_wins(moe_overrides("mixtral") + overrides)), world)
+    assert says in str(err.value), str(err.value)
+
+
+def test_expert_parallel_on_a_dense_family_is_named():
+    with pytest.raises(ConfigError) as err:
+        resolve(load_preset("tiny_cpu", last_wins(TINY + [EP2])), 2)
+    assert "deepspeed.expert_parallel: the model is 'llama'" in str(err.value)
+
+
+def test_every_moe_family_has_a_deepspeed_autoep_preset_for_the_installed_transformers():
+    """The families the rules accept for expert parallelism are those DeepSpeed's AutoEP presets know, with the
+    fused 3D experts and the names transformers 5.x gives them (gate_up_proj, down_proj, gate)."""
+    from deepspeed.module_inject.auto_ep_presets.registry import PRESET_MODELS
+    for family in moe.MOE_FAMILIES:
+        preset = PRESET_MODELS[family]
+        assert family in preset.hf_model_types and preset.expert_storage == "fused_3d"
+        model = built(*moe_overrides(family))
+        block = model.model.layers[0].mlp
+        experts = getattr(block, preset.experts_pattern)
+        assert isinstance(getattr(block, preset.router_pattern), torch.nn.Module)
+        assert getattr(experts, preset.expert_w1).dim() == getattr(experts, preset.expert_w2).dim() == 3
+        assert getattr(model.config, preset.num_experts_attr) == 4
+
+
+def test_autoep_reads_the_installed_transformers_output_capture_registry():
+    """DeepSpeed 0.19.8's AutoEP asks the registry `get(key, default)`; transformers 5.24's takes a model only.
+    With the trainer's adapter both forms answer, as a dict and as transformers."""
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    moe.enable_autoep_with_installed_transformers()
+    moe.enable_autoep_with_installed_transformers()  # idempotent
+    model = built(*moe_overrides("mixtral"))
+    key = str(type(model).__mro__[0])
+    assert _CAN_RECORD_REGISTRY.get("no such class", "default") == "default"
+    assert _CAN_RECORD_REGISTRY.get(model) == (dict.get(_CAN_RECORD_REGISTRY, key) or {})

@@ -317,12 +317,22 @@ def test_the_launch_line_keeps_the_presets_global_batch_unless_asked(global_batc
         assert f"keeps 70b_8xa100's 256 sequences per step ({micro} x {accum} x 8 ranks)" in said[0]
 
 
+def assert_zero3_states_are_deepspeeds(raw: dict, total: int, largest: int) -> None:
+    """Every ZeRO-3 candidate of a plan on 8 GPUs (NVMe aside) has DeepSpeed's estimate for these two numbers."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    for c in raw["candidates"]:
+        if c["stage"] == 3 and c["offload_optimizer"] != "nvme":
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+                total, largest, 8, 1, cpu_offload=c["offload_optimizer"] == "cpu",
+                cpu_offload_params=c["offload_param"] == "cpu", zero_init=True)
+            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+
+
 def test_mixtral_counts_every_expert_for_memory_and_top_k_for_flops_as_transformers_builds_it():
     """The planner's Mixtral-8x7B is transformers' MixtralForCausalLM (built on the meta device, no weights): the
     same total, the same largest module (the fused experts, DeepSpeed's prefetch unit), and the ZeRO-3 model states
     are DeepSpeed's estimator's for those two numbers."""
     import torch
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from transformers import AutoConfig, AutoModelForCausalLM
     from trainer.plan.models import NAMED_MODELS
     m = NAMED_MODELS["mixtral-8x7b"][1]
@@ -339,12 +349,7 @@ def test_mixtral_counts_every_expert_for_memory_and_top_k_for_flops_as_transform
                                                "task": "full"})))
     assert (raw["params"], raw["largest_layer_params"]) == (total, largest) == (46_702_792_704, 1_409_286_144)
     assert raw["active_params"] == total - experts * 6 // 8 == 12_879_925_248  # 2 of 8 experts per token
-    for c in raw["candidates"]:
-        if c["stage"] == 3 and c["offload_optimizer"] != "nvme":
-            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-                total, largest, 8, 1, cpu_offload=c["offload_optimizer"] == "cpu",
-                cpu_offload_params=c["offload_param"] == "cpu", zero_init=True)
-            assert (c["model_states_cpu_bytes"], c["model_states_gpu_bytes"]) == (cpu, gpu), c["name"]
+    assert_zero3_states_are_deepspeeds(raw, total, largest)
 
 
 def test_plan_reads_a_mixtral_config_json_and_names_the_moe_families_it_cannot_count(tmp_path):
@@ -355,9 +360,56 @@ def test_plan_reads_a_mixtral_config_json_and_names_the_moe_families_it_cannot_c
     config.write_text(json.dumps({"model_type": "mixtral", **fields}))
     raw = plan_to_json(make_plan(build_inputs({"model": str(config), "gpu": "a100-80g", "gpus_per_node": 8})))
     assert (raw["params"], raw["active_params"]) == (46_702_792_704, 12_879_925_248)
-    config.write_text(json.dumps({"model_type": "qwen3_moe", **fields}))
-    with pytest.raises(UserError, match="model_type 'qwen3_moe'; the planner counts"):
+    config.write_text(json.dumps({"model_type": "deepseek_v2", **fields}))
+    with pytest.raises(UserError, match="model_type 'deepseek_v2'; the planner counts"):
         build_inputs({"model": str(config), "gpu": "a100-80g", "gpus_per_node": 8})
+    config.write_text(json.dumps({"model_type": "qwen3_moe", **fields, "mlp_only_layers": [0]}))
+    with pytest.raises(UserError, match=r"Qwen3-MoE with dense MLP layers \(mlp_only_layers=\[0\]"):
+        build_inputs({"model": str(config), "gpu": "a100-80g", "gpus_per_node": 8})
+
+
+QWEN3_30B_A3B = "presets/models/qwen3_30b_a3b/config.json"
+
+
+@pytest.mark.parametrize("expert_parallel", [1, 8])
+def test_qwen3_30b_a3b_counts_as_transformers_builds_it_and_expert_parallelism_shrinks_its_largest_layer(
+        expert_parallel):
+    """The repo's Qwen3-30B-A3B config.json (the published dimensions) read by transformers' Qwen3MoeConfig and built
+    on the meta device: the planner's total (30.5B), active (3.35B: 8 of 128 experts), largest module (the fused
+    experts; 1/ep of them per GPU under AutoEP) and ZeRO-3 model states are DeepSpeed's estimator's for them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(QWEN3_30B_A3B)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_experts, config.num_experts_per_tok,
+            config.moe_intermediate_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            config.vocab_size) == (2048, 48, 128, 8, 768, 32, 4, 128, 151936)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in mod.parameters(recurse=False)) // (expert_parallel if name.endswith(
+        ".experts") else 1) for name, mod in model.named_modules())  # a GPU's experts module: 1/ep of them
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    raw = plan_to_json(make_plan(build_inputs({"model": QWEN3_30B_A3B, "gpu": "h100-80g", "gpus_per_node": 8,
+                                               "task": "full", "expert_parallel": expert_parallel})))
+    assert raw["params"] == total == 30_532_122_624
+    assert raw["active_params"] == total - experts * 120 // 128 == 3_353_032_704
+    assert raw["largest_layer_params"] == largest == (603_979_776 if expert_parallel == 1 else 311_164_928)
+    assert raw["expert_parallel_size"] == expert_parallel
+    assert_zero3_states_are_deepspeeds(raw, total, largest)
+    said = [note for note in raw["notes"] if note.startswith("AutoEP all-to-all")]
+    assert bool(said) == (expert_parallel > 1)
+
+
+def test_the_plan_cli_plans_qwen3_30b_a3b_from_its_config_json_with_expert_parallelism():
+    proc = run_cli("plan", "--model", QWEN3_30B_A3B, "--gpu", "h100-80g", "--gpus-per-node", "8", "--task", "full",
+                   "--expert-parallel", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "30,532,122,624 params, 3,353,032,704 active per token" in proc.stdout
+    assert "each GPU holds 16 of 128 experts per layer" in proc.stdout
+    assert '"autoep_size": 8' in proc.stdout
+    bad = run_cli("plan", "--model", QWEN3_30B_A3B, "--gpu", "h100-80g", "--gpus-per-node", "8",
+                  "--expert-parallel", "3")
+    assert bad.returncode != 0 and "--expert-parallel 3 must divide the 8 GPUs and the 128 experts" in bad.stderr
 
 
 def test_the_plan_cli_plans_mixtral_8x7b():

@@ -69,6 +69,8 @@ class ModelConfig:
     num_heads: int = doc("Attention (query) heads.", 32, kind=COUNT)
     num_kv_heads: Optional[int] = doc("Key/value heads (GQA); None means num_heads (MHA).", None, kind=COUNT)
     intermediate_size: int = doc("SwiGLU MLP width (MoE families: each expert's).", 11008, kind=COUNT)
+    head_dim: Optional[int] = doc("MoE families: width of one attention head; None = hidden_size / num_heads "
+                                  "(Qwen3-MoE's is free: 128 at hidden 2048 with 32 heads).", None, kind=COUNT)
     num_experts: Optional[int] = doc("MoE families (mixtral, qwen3_moe): experts per layer; None for dense families.",
                                      None, kind=COUNT)
     num_experts_per_tok: Optional[int] = doc("MoE: experts each token is routed to (top-k); None = 2.", None,

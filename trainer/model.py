@@ -117,6 +117,8 @@ def mark_zero3_leaves(model: torch.nn.Module, cfg: Config) -> None:
     if dsc.zero3_leaf_block(cfg.deepspeed) is not None:
         return
     classes = moe.zero3_leaf_classes(model, cfg.model.zero3_leaf_modules)
+    if dsc.expert_parallel(cfg.deepspeed).get("enabled"):
+        return  # AutoEP replaces the MoE blocks by its own layers, whose experts each rank owns: nothing to flag
     if dsc.zero_stage(cfg.deepspeed) == 3 and classes:
         moe.mark_zero3_leaves(model, classes)
 
@@ -125,7 +127,7 @@ def zero3_leaf_config(model: torch.nn.Module, ds: dict) -> dict:
     """The engine's DeepSpeed config naming exactly the leaf modules the model carries (mark_zero3_leaves), so
     DeepSpeed's default leaf list adds none the run did not ask for (model.zero3_leaf_modules=[] really means none);
     unchanged below stage 3, for a model without leaf modules, or with the config's own leaf_module block."""
-    if dsc.zero_stage(ds) != 3 or dsc.zero3_leaf_block(ds) is not None:
+    if dsc.zero_stage(ds) != 3 or dsc.zero3_leaf_block(ds) is not None or dsc.expert_parallel(ds).get("enabled"):
         return ds
     from deepspeed.utils import get_z3_leaf_modules
     flagged = sorted({moe.qualified(type(m)) for m in get_z3_leaf_modules(model)})

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that get a model, so the
 
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 FAMILIES = LLAMA_LIKE + MOE_FAMILIES   # what the trainer builds from an inline architecture (model.family)
-MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits")
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits", "head_dim")
 
 
 def is_moe(model_cfg: ModelConfig) -> bool:
@@ -67,18 +67,77 @@ def moe_config_fields(model_cfg: ModelConfig) -> dict[str, Any]:
         return {}
     m = model_cfg
     fields = {"num_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok or 2,
-              "head_dim": m.hidden_size // m.num_heads, **router_settings(m)}
+              "head_dim": m.head_dim or m.hidden_size // m.num_heads, **router_settings(m)}
     if m.family == "qwen3_moe":
         fields["moe_intermediate_size"] = m.intermediate_size
     return fields
 
 
+# --- expert parallelism (DeepSpeed AutoEP) ---------------------------------------------------------------------
+
+def expert_parallel_problems(ds_block: dict, world: int, model_type: str, num_experts: Optional[int],
+                             lora: bool, autotp: int, sequence_parallel: int) -> list[str]:
+    """What DeepSpeed's AutoEP (the `expert_parallel` section) cannot do with this run, before any rank starts:
+    DeepSpeed checks the experts only after it has built the model on every rank (validate_autoep_post_detection),
+    and ignores an autoep_size without `enabled`."""
+    if not ds_block:
+        return []
+    key, size = "deepspeed.expert_parallel", ds_block.get("autoep_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return [f"{key}.autoep_size: {size!r} must be a whole number of ranks (1 = every rank holds every expert)"]
+    if not ds_block.get("enabled"):
+        return [f"{key}.autoep_size={size} without {key}.enabled=true: DeepSpeed ignores the section; set "
+                f"enabled: true, or remove the section"] if size > 1 else []
+    problems = []
+    if model_type not in MOE_FAMILIES:
+        problems.append(f"{key}: the model is {model_type!r}; expert parallelism is wired for the MoE families "
+                        f"{', '.join(MOE_FAMILIES)} (DeepSpeed AutoEP presets of transformers' fused experts); "
+                        f"remove the section for a dense model")
+    if world % size:
+        problems.append(f"{key}.autoep_size={size} must divide the world size {world}: each group of {size} ranks "
+                        f"shares one copy of the experts; use one of "
+                        f"{[d for d in range(1, world + 1) if world % d == 0]}")
+    if num_experts and num_experts % size:
+        problems.append(f"{key}.autoep_size={size} must divide the {num_experts} experts per layer (every rank "
+                        f"holds the same number); use one of "
+                        f"{[d for d in range(1, num_experts + 1) if num_experts % d == 0 and world % d == 0]}")
+    if lora:
+        problems.append(f"{key} with model.lora.enabled: AutoEP replaces the expert modules PEFT adapts (its "
+                        f"experts are DeepSpeed's own grouped weights); train LoRA without expert parallelism, or "
+                        f"full fine-tune with it")
+    if autotp > 1 or sequence_parallel > 1:
+        problems.append(f"{key} with {'tensor_parallel.autotp_size' if autotp > 1 else 'sequence_parallel_size'}: "
+                        f"expert parallelism is wired here on data-parallel ranks only (checkpoints and export "
+                        f"are not verified with AutoEP folding); keep one of them")
+    return problems
+
+
+def enable_autoep_with_installed_transformers() -> None:
+    """DeepSpeed 0.19.8's AutoEP (module_inject/auto_ep_presets/base.py:326) reads transformers' output-capture
+    registry as a dict, `registry.get(key, default)`; transformers 5.24's _CanRecordRegistry.get(model) takes a
+    model and no default, so deepspeed.initialize stops with "TypeError: _CanRecordRegistry.get() takes 2
+    positional arguments but 3 were given". The registry is keyed by the class name string, which is what AutoEP
+    passes: a string key is looked up as the dict it is, a model as transformers does. Idempotent."""
+    from transformers.utils import output_capturing
+    registry = getattr(output_capturing, "_CanRecordRegistry", None)
+    if registry is None or getattr(registry.get, "_autoep_compatible", False):
+        return
+    by_model = registry.get
+
+    def get(self, key, *default):
+        return dict.get(self, key, *default) if isinstance(key, str) else by_model(self, key)
+
+    get._autoep_compatible = True
+    registry.get = get
+
+
 # --- routers and MoE blocks, found in the built model ---------------------------------------------------------
 
 def _router_recorder(model: torch.nn.Module):
-    """transformers' OutputRecorder for router logits of the model class (None: not a transformers MoE model)."""
+    """transformers' OutputRecorder for router logits of the model (None: not a transformers MoE model). The
+    instance's own comes first: DeepSpeed AutoEP retargets it to its router's gate (`router.gate`, raw logits)."""
     for module in model.modules():  # the causal LM may sit inside a PEFT wrapper
-        recorders = getattr(type(module), "_can_record_outputs", None) or {}
+        recorders = getattr(module, "_can_record_outputs", None) or {}
         if "router_logits" in recorders:
             return recorders["router_logits"]
     return None
@@ -89,8 +148,9 @@ def routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, int]]:
     recorder = _router_recorder(model)
     if recorder is None or getattr(recorder, "target_class", None) is None:
         return []
-    index = recorder.index or 0
-    return [(name, module, index) for name, module in model.named_modules() if isinstance(module, recorder.target_class)]
+    index, layer_name = recorder.index or 0, getattr(recorder, "layer_name", None)
+    return [(name, module, index) for name, module in model.named_modules()
+            if isinstance(module, recorder.target_class) and (not layer_name or name.endswith(layer_name))]
 
 
 def experts_per_token(model: torch.nn.Module) -> int:

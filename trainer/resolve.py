@@ -57,6 +57,7 @@ class Resolved:
             "world_size": self.world_size,
             "data_parallel_size": self.batch.data_parallel_size,
             "autotp_size": dsc.autotp_size(self.ds),
+            "expert_parallel_size": dsc.autoep_size(self.ds),
             "sequence_parallel_size": self.batch.sequence_parallel_size,
             "zero_stage": dsc.zero_stage(self.ds),
             "offload": {"optimizer": dsc.offload_optimizer_device(self.ds), "param": dsc.offload_param_device(self.ds)},

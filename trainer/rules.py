@@ -28,6 +28,7 @@ says what it would do, which is why each is an error here.
 | legacy zero_optimization.cpu_offload / cpu_offload_param | honoured with a warning (checked in ds.check_keys) |
 | model.family is one the trainer builds (dense or MoE), MoE keys only on MoE families | transformers fails at build |
 | model.zero3_leaf_modules needs stage 3, not with zero_optimization.leaf_module | only stage 3 reads leaf flags |
+| expert_parallel: enabled with autoep_size, an MoE family, autoep_size divides world and experts; no LoRA/AutoTP/SP | ignores autoep_size without enabled; checks experts after building on every rank |
 | sequence_parallel_size divides the world size, not with AutoTP | asserts in its group setup (checked in ds.solve_batch) |
 | sequence_parallel_size divides the attention heads; KV heads divide by it or it by them | raises at model setup |
 | sequence_parallel_size divides data.seq_len | raises at the first batch |
@@ -44,7 +45,7 @@ from . import ds as dsc
 from . import hardware
 from .config import LLAMA_LIKE, LORA_TARGETS, Config
 from .errors import closest
-from .moe import family_problems
+from .moe import expert_parallel_problems, family_problems
 
 
 Rule = Callable[[Config, dict, int], list[str]]
@@ -242,19 +243,36 @@ def zero3_leaf_modules_need_stage3(cfg: Config, ds: dict, world: int) -> list[st
     return []
 
 
+def expert_parallel_fits(cfg: Config, ds: dict, world: int) -> list[str]:
+    return expert_parallel_problems(dsc.expert_parallel(ds), world, _model_type(cfg), _num_experts(cfg),
+                                    cfg.model.lora.enabled, dsc.autotp_size(ds), dsc.sequence_parallel_size(ds))
+
+
+def pretrained_config(cfg: Config) -> dict:
+    """The pretrained model's config.json when it is on disk ({} for an inline model, a hub id or a bad file)."""
+    import json
+    path = cfg.model.name_or_path
+    config = Path(path).expanduser() / "config.json" if path else None
+    if config is None or not config.is_file():
+        return {}
+    try:
+        loaded = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _num_experts(cfg: Config):
+    """Experts per layer: the pretrained config's (Mixtral's num_local_experts, Qwen3-MoE's num_experts) or the
+    inline model's."""
+    saved = pretrained_config(cfg)
+    return saved.get("num_local_experts") or saved.get("num_experts") or cfg.model.num_experts
+
+
 def _model_type(cfg: Config) -> str:
     """The pretrained model's model_type when its config.json is on disk, else model.family (a hub id is assumed
     to be what the preset says)."""
-    import json
-    from pathlib import Path
-    path = cfg.model.name_or_path
-    config = Path(path).expanduser() / "config.json" if path else None
-    if config is not None and config.is_file():
-        try:
-            return str(json.loads(config.read_text()).get("model_type", cfg.model.family))
-        except (OSError, ValueError, AttributeError):
-            return cfg.model.family
-    return cfg.model.family
+    return str(pretrained_config(cfg).get("model_type", cfg.model.family))
 
 
 RULES: list[Rule] = [
@@ -264,6 +282,7 @@ RULES: list[Rule] = [
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
     sequence_parallel_supported, lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3,
+    expert_parallel_fits,
 ]
 
 

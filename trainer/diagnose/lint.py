@@ -20,6 +20,7 @@ the exit status is 1 when there is an error, else 0.
 | - | bucket sizes                              | outside the useful range; their memory                      |
 | - | contiguous gradients                      | off                                                         |
 | - | chat template                             | SFT, data.chat_template unset, tokenizer not known to have one |
+| - | MoE layout                                | experts of a model the trainer cannot find blocks of; EP across nodes; no EP at stage 3 |
 """
 from __future__ import annotations
 
@@ -247,9 +248,43 @@ def chat_template(r: Resolved) -> list[Finding]:
                     f"data.chat_template: {TEMPLATE_CHOICES} (prompt/response records need none)")]
 
 
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")  # config.json names
+
+
+def moe_layout(r: Resolved) -> list[Finding]:
+    """MoE mistakes the rules cannot call errors: a pretrained MoE of a family whose blocks the trainer does not find
+    (remote code, other model types) at ZeRO-3 without model.zero3_leaf_modules; AutoEP groups wider than a node;
+    a known MoE family at stage 3 on several GPUs without AutoEP."""
+    from ..moe import MOE_FAMILIES
+    from ..rules import pretrained_config
+    m, stage, ep = r.config.model, dsc.zero_stage(r.ds), dsc.autoep_size(r.ds)
+    saved = pretrained_config(r.config)
+    model_type = saved.get("model_type", m.family)
+    experts = next((saved[k] for k in EXPERT_FIELDS if saved.get(k)), None) or m.num_experts
+    out = []
+    if experts and model_type not in MOE_FAMILIES and stage == 3 and m.zero3_leaf_modules is None:
+        out.append(Finding("warn", "MoE layout", f"{m.name_or_path} is an MoE ({experts} experts, model_type "
+                           f"{model_type!r}) of a family whose MoE blocks the trainer does not find on its own: under "
+                           f"ZeRO-3, ranks that route tokens to different experts can gather different parameters "
+                           f"and hang; set model.zero3_leaf_modules to its MoE block class (e.g. [{model_type.title()}"
+                           f"SparseMoeBlock]; a wrong name is an error before any step)"))
+    if ep > r.config.hardware.gpus_per_node and r.config.hardware.nodes > 1:
+        out.append(Finding("warn", "MoE layout", f"expert_parallel.autoep_size={ep} spans more than the "
+                           f"{r.config.hardware.gpus_per_node} GPUs of a node: every MoE layer's two all-to-alls cross "
+                           f"the network; use autoep_size <= {r.config.hardware.gpus_per_node}"))
+    if (experts and model_type in MOE_FAMILIES and stage == 3 and ep == 1 and r.world_size > 1 and on_gpus(r)
+            and not m.lora.enabled and experts % r.config.hardware.gpus_per_node == 0):
+        size = r.config.hardware.gpus_per_node
+        out.append(Finding("info", "MoE layout", f"ZeRO-3 gathers all {experts} experts of each layer into every GPU; "
+                           f"DeepSpeed AutoEP (deepspeed.expert_parallel={{enabled: true, autoep_size: {size}}}) keeps "
+                           f"{experts // size} per GPU and sends tokens to them instead (python -m trainer plan "
+                           f"--expert-parallel {size} shows the memory and the all-to-all volume)"))
+    return out
+
+
 CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overlap_comm, grad_accumulation,
                        activation_checkpointing, bind_cores, pin_memory, zeropp_multi_node, nvme_pipeline,
-                       bucket_sizes, contiguous_gradients, chat_template]
+                       bucket_sizes, contiguous_gradients, chat_template, moe_layout]
 
 
 def lint_resolved(r: Resolved) -> list[Finding]:

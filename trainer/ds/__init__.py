@@ -24,7 +24,8 @@ from .build import (
     CHECKPOINT_WRITERS, activation_checkpointing_overrides, aio_defaults, base_config, client_optimizer_on_cpu_override,
     frozen_reference_config, gather_on_save_override, global_batch_overrides, min_loss_scale_override, precision_overrides, rehearsal_changes,
     set_override, smaller_stage3_buffers, torch_adam_on_cpu_overrides, unpinned_offload_overrides,
-    with_checkpoint_writer, with_sequence_parallel, with_universal_load, with_zero3_leaf_classes, with_zeropp,
+    with_checkpoint_writer, with_expert_parallel, with_sequence_parallel, with_universal_load,
+    with_zero3_leaf_classes, with_zeropp,
     zero_block, zero_overrides,
 )
 from .check import REMOVED_OPTIMIZERS, check_keys
@@ -32,8 +33,8 @@ from .inference import (
     PARAM_BUFFER_COUNT, PERSISTENCE_THRESHOLD, init_inference_config, nvme_buffer_size, zero_inference_config,
 )
 from .keys import (
-    aio_block, autotp_size, bf16_enabled, contiguous_gradients, forces_ds_cpu_optimizer, fp16_enabled,
-    fp16_min_loss_scale, gather_16bit_on_save, has_activation_checkpointing, has_pipeline, hpz_partition_size,
+    aio_block, autoep_size, autotp_size, bf16_enabled, contiguous_gradients, expert_parallel, forces_ds_cpu_optimizer,
+    fp16_enabled, fp16_min_loss_scale, gather_16bit_on_save, has_activation_checkpointing, has_pipeline, hpz_partition_size,
     leaf_paths, micro_batch_size, nvme_offloads, nvme_pipelined, offload_block, offload_optimizer_device,
     offload_param_device, offload_pin_memory, overlap_comm, precision, quantized_gradients, quantized_weights,
     scheduler_type, sequence_parallel_size, without_tensor_parallel, zero, zero3_leaf_block, zero_key, zero_setting,
@@ -43,9 +44,9 @@ from .ops import jit_ops, optimizer_ops
 
 __all__ = [
     "Batch", "CHECKPOINT_WRITERS", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
-    "accumulation", "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autotp_size",
+    "accumulation", "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autoep_size", "autotp_size",
     "autotuning_block", "base_config", "bf16_enabled", "check_keys", "client_optimizer_on_cpu_override",
-    "contiguous_gradients", "decode_launcher_config", "experiment_configs", "experiment_overrides", "fill_auto",
+    "contiguous_gradients", "decode_launcher_config", "expert_parallel", "experiment_configs", "experiment_overrides", "fill_auto",
     "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled", "frozen_reference_config", "fp16_min_loss_scale",
     "gather_16bit_on_save", "gather_on_save_override", "global_batch_overrides", "has_activation_checkpointing",
     "has_pipeline", "hpz_partition_size",
@@ -55,7 +56,8 @@ __all__ = [
     "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "sequence_parallel_size",
     "set_override",
     "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config",
-    "unpinned_offload_overrides", "with_checkpoint_writer", "with_sequence_parallel", "with_universal_load",
+    "unpinned_offload_overrides", "with_checkpoint_writer", "with_expert_parallel", "with_sequence_parallel",
+    "with_universal_load",
     "with_zeropp", "with_zero3_leaf_classes", "without_autotuning", "without_tensor_parallel", "zero",
     "zero3_leaf_block", "zero_block", "zero_inference_config", "zero_key",
     "zero_overrides", "zero_setting", "zero_stage",

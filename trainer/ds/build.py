@@ -95,6 +95,14 @@ def with_sequence_parallel(ds: dict, sequence_parallel_size: int) -> dict:
     return ds
 
 
+def with_expert_parallel(ds: dict, autoep_size: int) -> dict:
+    """A copy with DeepSpeed AutoEP on over groups of `autoep_size` ranks (the `expert_parallel` section)."""
+    ds = copy.deepcopy(ds)
+    if autoep_size > 1:
+        ds["expert_parallel"] = {"enabled": True, "autoep_size": autoep_size}
+    return ds
+
+
 # --- `--set` overrides (the planner's launch line and the doctor's proposals) ------------------
 
 
@@ -224,6 +232,11 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
     if tp.get("autotp_size", 0) > 1 and world_size % tp["autotp_size"]:
         tp["autotp_size"] = world_size
         notices.append(f"tensor_parallel.autotp_size -> {world_size} (ranks present)")
+    ep = ds.get("expert_parallel") or {}
+    if isinstance(ep.get("autoep_size"), int) and ep["autoep_size"] > 1 and world_size % ep["autoep_size"]:
+        size = max(d for d in range(1, min(world_size, ep["autoep_size"]) + 1) if world_size % d == 0)
+        notices.append(f"expert_parallel.autoep_size {ep['autoep_size']} -> {size} (ranks present)")
+        ep["autoep_size"] = size
     if on_cpu:
         if quantized_weights(ds):
             z["zero_quantized_weights"] = False

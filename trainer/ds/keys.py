@@ -59,6 +59,17 @@ def autotp_size(ds: dict) -> int:
     return int((ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 1)
 
 
+def expert_parallel(ds: dict) -> dict:
+    """DeepSpeed's AutoEP section (`expert_parallel`: enabled, autoep_size, use_grouped_mm, ...)."""
+    return ds.get("expert_parallel") or {}
+
+
+def autoep_size(ds: dict) -> int:
+    """The ranks that share one copy of the experts under AutoEP (1 = off: every rank holds every expert)."""
+    block = expert_parallel(ds)
+    return int(block.get("autoep_size", 1) or 1) if block.get("enabled") else 1
+
+
 def sequence_parallel_size(ds: dict) -> int:
     """Ulysses sequence parallelism (DeepSpeed's top-level key; 1 = off): the ranks that share one sequence."""
     return int(ds.get("sequence_parallel_size", 1) or 1)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-SCHEMA = 2  # bump when what is learned, or how, changes
+SCHEMA = 3  # bump when what is learned, or how, changes
 
 # Top-level blocks DeepSpeed parses with pydantic models (which also check types and ranges): block -> class
 BLOCK_MODELS = {
@@ -47,10 +47,13 @@ BLOCK_MODELS = {
 }
 # Dict-parsed blocks whose keys we learn by watching DeepSpeed parse (DeepSpeed ignores typos in these).
 DICT_BLOCKS = ("activation_checkpointing", "aio", "flops_profiler", "data_types", "checkpoint", "autotuning",
-               "torch_autocast")
+               "torch_autocast", "expert_parallel")
+# What a block must hold for DeepSpeed to read its keys at all: AutoEP's parser returns at once for an empty block
+PROBE_BLOCKS = {"expert_parallel": {"enabled": False}}
 # Modules read besides the models': the config parser (keys, removed keys, optimizers) and the schedulers
 OTHER_MODULES = ("deepspeed.runtime.config", "deepspeed.runtime.config_utils", "deepspeed.runtime.lr_schedules",
-                 "deepspeed.runtime.constants", "deepspeed.runtime.zero.offload_config")
+                 "deepspeed.runtime.constants", "deepspeed.runtime.zero.offload_config",
+                 "deepspeed.module_inject.auto_ep_config")
 
 
 # --- where, and for which DeepSpeed -------------------------------------------------------------------------
@@ -241,8 +244,8 @@ def probe_dict_keys() -> tuple[set, dict]:
     from .probe import RecordingDict
     seen: set = set()
     # micro x accum without train_batch_size: valid at any world size, also inside a running job
-    probe = RecordingDict({**{b: {} for b in DICT_BLOCKS}, "train_micro_batch_size_per_gpu": 1,
-                           "gradient_accumulation_steps": 1}, seen=seen)
+    blocks = {b: dict(PROBE_BLOCKS.get(b, {})) for b in DICT_BLOCKS}
+    probe = RecordingDict({**blocks, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}, seen=seen)
     with one_rank_process_group():
         DeepSpeedConfig(probe)
     top = {k[0] for k in seen if len(k) == 1}

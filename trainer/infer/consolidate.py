@@ -6,6 +6,8 @@
                         concatenated along the dimension AutoTP split; which dimension is read off the shapes:
                         the slice is the full shape but along one axis
   AutoTP x ZeRO-3       refused with the way out (the HF export): ZeRO-3 partitions the slices again
+  AutoEP (expert_parallel)  refused with the way out (the HF export): each rank saved its own experts under
+                        DeepSpeed's AutoEP names, which zero_to_fp32 refuses and transformers does not know
 
 The checkpoint is verified first (train/integrity.py: manifest, no pickled code) on every rank, because
 DeepSpeed's loaders use torch.load(weights_only=False).
@@ -32,6 +34,11 @@ def consolidated_state_dict(path: Path, ds: dict, expected: dict[str, tuple],
     verified `path` already (infer/source.py does, before it reads the tokenizer)."""
     if not verified:
         checkpoint.verify(path, comm_device())
+    if dsc.autoep_size(ds) > 1 or dsc.expert_parallel(ds).get("enabled"):
+        raise UserError(f"--model {path}: a checkpoint of an expert-parallel run (DeepSpeed AutoEP), whose experts "
+                        f"each rank saved under AutoEP's own names (DeepSpeed 0.19.8's zero_to_fp32 refuses it); use "
+                        f"the run's HF export (its hf/ directory: every expert gathered into transformers' layout), "
+                        f"or resume the checkpoint with the same autoep_size and export")
     tp = max(_tp_ranks(path), 1)
     if tp == 1:
         return _one_slice(path, dsc.zero_stage(ds))

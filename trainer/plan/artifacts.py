@@ -26,6 +26,7 @@ def planned_deepspeed_config(plan: Plan) -> dict:
     if c.hpz_partition_size > 1:
         ds = dsc.with_zeropp(ds, c.hpz_partition_size)
     ds = dsc.with_sequence_parallel(ds, inputs.sp)
+    ds = dsc.with_expert_parallel(ds, inputs.expert_parallel)
     config = planned_trainer_config(plan, ds)
     problems: list[str] = []
     dp = inputs.data_parallel_size  # DeepSpeed's triad under SP counts world / sequence_parallel_size ranks

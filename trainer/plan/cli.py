@@ -44,6 +44,8 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=numbers.COUNT, help="target sequences per optimizer step")
     parser.add_argument("--sequence-parallel", type=numbers.COUNT, metavar="N",
                         help="DeepSpeed Ulysses group size (default: 1, or the smallest that fits a long sequence)")
+    parser.add_argument("--expert-parallel", type=numbers.COUNT, metavar="N",
+                        help="MoE: DeepSpeed AutoEP group size, each GPU holding experts / N (default 1)")
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
     parser.add_argument("-o", "--output", type=paths.output_file("DeepSpeed config"),

@@ -37,7 +37,7 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
     if chosen is None:
         plan.suggestions = what_would_fit(inputs)
         return plan
-    plan.notes += sequence_parallel_notes(inputs, chosen)
+    plan.notes += sequence_parallel_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen)
     chosen, note = add_zeropp(inputs, chosen)
     plan.notes += [note] if note else []
     plan.choice, line = largest_micro_batch(inputs, chosen)
@@ -122,6 +122,18 @@ def sequence_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
     return [f"Ulysses all-to-all: {gb(per_layer * recompute)} GB sent per GPU per layer per micro-batch "
             f"({gb(per_layer * recompute * m.num_layers)} GB over {m.num_layers} layers), {fabric}; "
             f"{inputs.data_parallel_size} data-parallel group(s) of {sp} GPUs, each training one sequence at a time"]
+
+
+def expert_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
+    ep, m = inputs.expert_parallel, inputs.model.config
+    if ep == 1:
+        return []
+    per_layer = mem.expert_all_to_all_bytes(m, inputs.seq_len, chosen.micro_batch, ep, inputs.precision)
+    recompute = 1.5 if chosen.checkpointing else 1.0  # checkpointing repeats the forward's dispatch and combine
+    fabric = "inside a node (NVLink)" if ep <= inputs.gpus_per_node else "across nodes: the network sets the pace"
+    return [f"AutoEP all-to-all: {gb(per_layer * recompute)} GB sent per GPU per MoE layer per micro-batch "
+            f"({gb(per_layer * recompute * m.num_layers)} GB over {m.num_layers} layers), {fabric}; each GPU holds "
+            f"{m.num_experts // ep} of {m.num_experts} experts per layer (the ZeRO-3 largest layer shrinks with it)"]
 
 
 def add_zeropp(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional[str]]:

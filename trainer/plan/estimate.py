@@ -238,7 +238,8 @@ def inputs_for_resolved(resolved) -> PlanInputs:
                       nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
                       seq_len=cfg.data.seq_len, lora=cfg.model.lora,
                       padding_mask=cfg.data.task in ("sft", "preference"), reference=reference,
-                      reference_offload=cfg.preference.reference_offload)
+                      reference_offload=cfg.preference.reference_offload,
+                      expert_parallel=dsc.autoep_size(cfg.deepspeed))
 
 
 def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,

@@ -39,6 +39,7 @@ class PlanInputs:
     nvme_path: str = "/local_nvme"
     padding_mask: bool = False  # batches carry an attention mask (SFT): sdpa then expands k/v (plan.memory)
     sequence_parallel: Optional[int] = None  # Ulysses SP size; None: the planner picks the smallest that fits
+    expert_parallel: int = 1  # AutoEP group size: each GPU holds num_experts / expert_parallel experts
     reference: str = "auto"  # dpo tasks: how the reference model runs (REFERENCES); auto: adapter with LoRA, else the
     #                          planner's choice between engine and precomputed (plan.decide)
     reference_offload: Optional[bool] = None  # engine under ZeRO-3: its weights on the CPU; None: as the policy's
@@ -84,7 +85,7 @@ class PlanInputs:
 
     @property
     def largest_layer(self) -> int:
-        return mem.largest_layer_params(self.model.config)
+        return mem.largest_layer_params(self.model.config, self.expert_parallel)
 
     @property
     def lora_params(self) -> int:
@@ -94,7 +95,8 @@ class PlanInputs:
 FLAG_TO_KEY = {"model": "model", "hidden_size": "hidden_size", "num_layers": "num_layers", "gpu": "gpu",
                "gpus_per_node": "gpus_per_node", "nodes": "nodes", "cpu_ram_gb": "cpu_ram_gb", "nvme_gb": "nvme_gb",
                "nvme_path": "nvme_path", "task": "task", "seq_len": "seq_len", "micro_batch": "micro_batch",
-               "global_batch": "global_batch", "sequence_parallel": "sequence_parallel", "reference": "reference"}
+               "global_batch": "global_batch", "sequence_parallel": "sequence_parallel", "reference": "reference",
+               "expert_parallel": "expert_parallel"}
 
 
 def inputs_from_args(args) -> PlanInputs:
@@ -144,7 +146,7 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
     ints = {key: check(positive_int, values.get(key, default), flag(key), optional=default is None,
                        kind=kinds.get(key, numbers.COUNT))
             for key, default in (("gpus_per_node", 1), ("nodes", 1), ("seq_len", 2048), ("micro_batch", None),
-                                 ("global_batch", None), ("sequence_parallel", None))}
+                                 ("global_batch", None), ("sequence_parallel", None), ("expert_parallel", 1))}
     sizes = {key: check(_size_gb, values.get(key), flag(key), allow_zero=key == "nvme_gb")
              for key in ("cpu_ram_gb", "nvme_gb")}
     model = check(model_from_spec, values.get("model"), values.get("hidden_size"), values.get("num_layers"), flag)
@@ -162,8 +164,10 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
                         allow_checkpointing=bool(values.get("activation_checkpointing", True)), lora=lora,
                         nvme_path=str(values.get("nvme_path") or "/local_nvme"),
                         sequence_parallel=ints["sequence_parallel"], padding_mask=task in ("dpo", "dpo-lora"),
-                        reference="adapter" if reference == "auto" and task == "dpo-lora" else reference)
+                        reference="adapter" if reference == "auto" and task == "dpo-lora" else reference,
+                        expert_parallel=ints["expert_parallel"])
     problems += sequence_parallel_problems(inputs, flag) + batch_problems(inputs, flag)
+    problems += expert_parallel_problems(inputs, flag)
     if problems:
         raise ConfigError(problems, "the command line" if source == "flags" else source)
     return inputs
@@ -202,6 +206,20 @@ def sequence_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
             f"heads and --seq-len {inputs.seq_len}, and divide the {m.num_kv_heads or m.num_heads} key/value heads or be "
             f"a multiple of them: sizes that work here: "
             f"{', '.join(map(str, sequence_parallel_sizes(inputs)))}"]
+
+
+def expert_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
+    """AutoEP splits each layer's experts evenly over groups of ep GPUs: ep divides both (DeepSpeed's own rule)."""
+    ep, m = inputs.expert_parallel, inputs.model.config
+    if ep == 1:
+        return []
+    if not m.num_experts:
+        return [f"{flag('expert_parallel')} {ep}: {inputs.model.label} has no experts; remove it"]
+    fits = [n for n in range(1, inputs.world_size + 1) if inputs.world_size % n == 0 and m.num_experts % n == 0]
+    if ep not in fits:
+        return [f"{flag('expert_parallel')} {ep} must divide the {inputs.world_size} GPUs and the {m.num_experts} "
+                f"experts per layer: sizes that work here: {', '.join(map(str, fits))}"]
+    return []
 
 
 def batch_problems(inputs: PlanInputs, flag) -> list[str]:

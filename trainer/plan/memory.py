@@ -94,7 +94,12 @@ def bytes_per_element(precision: str) -> int:
 
 
 def head_dim(m: ModelConfig) -> int:
-    return m.hidden_size // m.num_heads
+    return m.head_dim or m.hidden_size // m.num_heads
+
+
+def q_width(m: ModelConfig) -> int:
+    """Width of the q projection and of o_proj's input: heads x head dim (hidden, unless head_dim is free)."""
+    return m.num_heads * head_dim(m)
 
 
 def kv_width(m: ModelConfig) -> int:
@@ -108,20 +113,22 @@ def has_qkv_bias(m: ModelConfig) -> bool:
 
 def module_params(m: ModelConfig) -> dict[str, int]:
     """Parameters owned directly by each distinct module of one decoder layer and of the model ends. MoE families
-    (mixtral): the router (`gate`, experts x h) and the experts, which transformers 5.x fuses into one module holding
+    (mixtral, qwen3_moe): the router (`gate`, experts x h) and the experts, which transformers 5.x fuses into one module holding
     every expert's gate/up/down weights (3D parameters) -- DeepSpeed's largest layer then."""
-    h, kv, inter = m.hidden_size, kv_width(m), m.intermediate_size
+    h, kv, q, inter = m.hidden_size, kv_width(m), q_width(m), m.intermediate_size
     bias = has_qkv_bias(m)
     modules = {
         "embed_tokens": m.vocab_size * h,
-        "q_proj": h * h + (h if bias else 0),
+        "q_proj": h * q + (q if bias else 0),
         "k_proj": h * kv + (kv if bias else 0),
         "v_proj": h * kv + (kv if bias else 0),
-        "o_proj": h * h,
+        "o_proj": q * h,
         "input_layernorm": h,
         "post_attention_layernorm": h,
         "norm": h,
     }
+    if m.family == "qwen3_moe":  # Qwen3 normalises q and k per head (RMSNorm over head_dim)
+        modules.update({"q_norm": head_dim(m), "k_norm": head_dim(m)})
     if m.num_experts:
         modules.update({"gate": h * m.num_experts, "experts": m.num_experts * 3 * h * inter})
     else:
@@ -155,9 +162,13 @@ def active_params(m: ModelConfig) -> int:
     return count_params(m) - m.num_layers * idle * 3 * m.hidden_size * m.intermediate_size
 
 
-def largest_layer_params(m: ModelConfig) -> int:
-    """DeepSpeed's 'largest layer': max over modules of the parameters each owns directly."""
-    return max(module_params(m).values())
+def largest_layer_params(m: ModelConfig, expert_parallel: int = 1) -> int:
+    """DeepSpeed's 'largest layer': max over modules of the parameters each owns directly. Under expert
+    parallelism (AutoEP, size ep) a GPU's experts module holds num_experts / ep of them."""
+    modules = module_params(m)
+    if "experts" in modules:
+        modules["experts"] //= expert_parallel
+    return max(modules.values())
 
 
 def lora_params(m: ModelConfig, lora: LoraConfig) -> int:
@@ -327,13 +338,15 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, preci
     it, after the all-to-all, the whole sequence for a/sp heads: the same bytes, so every per-token term is
     divided by sp; eager's score matrix (a/sp heads x s x s) too, while a padding mask stays whole per rank."""
     e = bytes_per_element(precision)
-    h, kv, inter, a = m.hidden_size, kv_width(m), m.intermediate_size, m.num_heads
+    h, kv, q, inter, a = m.hidden_size, kv_width(m), q_width(m), m.intermediate_size, m.num_heads
     saved_kv = h if expands_kv(m, attention, padding_mask) else kv
     per_token = (2 * rms_norm_bytes_per_token(h, e, m.liger)  # two RMSNorms
-                 + e * h                           # q (k, v below)
-                 + e * h                           # attention output (o_proj's input is a view of it)
+                 + e * q                           # q (k, v below)
+                 + e * q                           # attention output (o_proj's input is a view of it)
                  + 4 * a                           # logsumexp
-                 + (3 if m.liger else 4) * e * inter)  # SwiGLU
+                 + (moe_bytes_per_token(m, e) if m.num_experts else (3 if m.liger else 4) * e * inter))  # SwiGLU
+    if m.family == "qwen3_moe":  # q_norm, k_norm: each head's fp32 input, normalised value (RoPE saves no output)
+        per_token += (4 + e) * (q + kv) + 4 * (a + (m.num_kv_heads or a))
     if attention == "eager":
         per_token += a * seq_len * (4 + e)         # the score matrix flash/sdpa never store
     # k, v (repeated to all heads under a padding mask) over the whole sequence for this rank's kv heads: with fewer
@@ -344,6 +357,16 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, preci
     if attention in ("sdpa", "auto") and padding_mask:
         mask = e * seq_len * seq_len * micro_batch  # the mask in the model's dtype, (b, 1, s, s), per layer
     return seq_len * micro_batch // sequence_parallel * per_token + kv + mask
+
+
+def moe_bytes_per_token(m: ModelConfig, e: int) -> int:
+    """What an MoE layer (transformers 5.x MixtralExperts / Qwen3MoeExperts) saves per token instead of a SwiGLU:
+    for each of its top-k experts, the dispatched copy of its hidden state, the gate/up output, the activation and
+    its product with up, the down output before the routing weight scales it (4 x inter + 2 x h elements), the
+    routing weight (fp32) and two int64 dispatch indices; and once, the router's fp32 softmax over the experts and
+    its top-k (int64 ids, fp32 weights and their sum)."""
+    k = m.num_experts_per_tok or 2
+    return k * (e * (4 * m.intermediate_size + 2 * m.hidden_size) + 4 + 16) + 4 * m.num_experts + 12 * k + 4
 
 
 def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
@@ -392,6 +415,18 @@ def ulysses_all_to_all_bytes(m: ModelConfig, seq_len: int, micro_batch: int, seq
         return 0
     e, tokens = bytes_per_element(precision), seq_len * micro_batch // sequence_parallel
     forward = e * tokens * (2 * m.hidden_size + 2 * kv_width(m)) * (sequence_parallel - 1) // sequence_parallel
+    return 2 * forward
+
+
+def expert_all_to_all_bytes(m: ModelConfig, seq_len: int, micro_batch: int, expert_parallel: int,
+                            precision: str = "bf16") -> int:
+    """Bytes one GPU sends per MoE layer per micro-batch in AutoEP's all-to-alls: each token's hidden state goes to
+    its top-k experts (dispatch) and comes back (combine), (ep-1)/ep of them to another GPU of the EP group when the
+    router spreads tokens evenly; backward moves the same gradients the other way."""
+    if expert_parallel == 1 or not m.num_experts:
+        return 0
+    e, k = bytes_per_element(precision), m.num_experts_per_tok or 2
+    forward = 2 * e * seq_len * micro_batch * k * m.hidden_size * (expert_parallel - 1) // expert_parallel
     return 2 * forward
 
 

@@ -10,6 +10,7 @@ from .. import numbers
 from ..config import ModelConfig
 from ..errors import UserError, closest, short
 from ..files import read_json_object
+from ..moe import MOE_FAMILIES
 from ..presets import PRESET_DIR, config_from_dict, list_presets, load_preset
 
 
@@ -92,10 +93,12 @@ def _parse_count(text: str) -> Optional[float]:
 def _checked_model(m: ModelConfig, where: str) -> ModelConfig:
     if min(m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.vocab_size) <= 0:
         raise UserError(f"{where}: hidden_size, num_layers, num_heads, intermediate_size and vocab_size must be > 0")
-    if m.num_experts and m.family != "mixtral":  # Qwen3-MoE's q/k norms and free head_dim are not counted yet
-        raise UserError(f"{where}: the planner counts MoE models of family mixtral; {m.family!r} is not counted yet")
-    if m.hidden_size % m.num_heads or (m.num_kv_heads and m.num_heads % m.num_kv_heads):
-        raise UserError(f"{where}: hidden_size must divide by num_heads and num_heads by num_kv_heads")
+    if m.num_experts and m.family not in MOE_FAMILIES:
+        raise UserError(f"{where}: the planner counts MoE models of the families {', '.join(MOE_FAMILIES)}; "
+                        f"{m.family!r} is not counted yet")
+    if (not m.head_dim and m.hidden_size % m.num_heads) or (m.num_kv_heads and m.num_heads % m.num_kv_heads):
+        raise UserError(f"{where}: hidden_size must divide by num_heads (or head_dim be given) and num_heads by "
+                        f"num_kv_heads")
     return m
 
 
@@ -104,18 +107,22 @@ HF_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "n
              "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
              "tie_word_embeddings": "tie_word_embeddings", "model_type": "family",
              "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok"}
+# Qwen3-MoE names its experts num_experts, their width moe_intermediate_size (its intermediate_size is the width of
+# dense MLP layers, which Qwen3-30B-A3B has none of), and its head_dim is free
+QWEN3_MOE_FIELDS = {"num_experts": "num_experts", "moe_intermediate_size": "intermediate_size", "head_dim": "head_dim"}
 
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "mixtral")
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen3_moe")
 
 
 def model_from_hf_config(path: Path, where: str) -> ModelConfig:
-    """A transformers config.json of a Llama-style decoder (llama, mistral, qwen2) or of Mixtral (its experts)."""
+    """A transformers config.json of a Llama-style decoder (llama, mistral, qwen2) or of an MoE (mixtral,
+    qwen3_moe: its experts)."""
     raw = read_json_object(path, f"{where} config.json")
     family = raw.get("model_type")
     if family not in SUPPORTED_FAMILIES:
         raise UserError(f"{where}: {path} has model_type {short(family)}; the planner counts Llama-style decoders "
-                        f"and Mixtral ({', '.join(SUPPORTED_FAMILIES)}); give a parameter count with --hidden-size and --num-layers")
+                        f"and MoEs ({', '.join(SUPPORTED_FAMILIES)}); give a parameter count with --hidden-size and --num-layers")
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                            "vocab_size") if k not in raw]
     if missing:
@@ -126,6 +133,13 @@ def model_from_hf_config(path: Path, where: str) -> ModelConfig:
 def model_from_hf_fields(raw: dict, where: str) -> ModelConfig:
     """The planner's ModelConfig from a transformers config's fields (config.json, or PretrainedConfig.to_dict())."""
     fields = {ours: raw[theirs] for theirs, ours in HF_FIELDS.items() if raw.get(theirs) is not None}
+    if raw.get("model_type") == "qwen3_moe":
+        dense = raw.get("mlp_only_layers") or []
+        if dense or raw.get("decoder_sparse_step", 1) != 1:
+            raise UserError(f"{where}: a Qwen3-MoE with dense MLP layers (mlp_only_layers={dense}, decoder_sparse_step="
+                            f"{raw.get('decoder_sparse_step', 1)}) is not counted yet; the planner counts every "
+                            f"layer as experts")
+        fields.update({ours: raw[theirs] for theirs, ours in QWEN3_MOE_FIELDS.items() if raw.get(theirs) is not None})
     return _checked_model(config_from_dict({"model": fields}, source=where).model, where)  # types checked
 
 

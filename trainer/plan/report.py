@@ -23,6 +23,7 @@ def plan_to_json(plan: Plan) -> dict:
         "reference": inputs.reference if inputs.preference else None,
         "sequences_per_sample": inputs.sequences_per_sample,
         "sequence_parallel_size": inputs.sp, "data_parallel_size": inputs.data_parallel_size,
+        "expert_parallel_size": inputs.expert_parallel,
         "gpu_budget_bytes": budgets(inputs)[0],
         "candidates": [_estimate_json(e) for e in plan.rows],
         "walk": plan.walk,

@@ -150,7 +150,7 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
     from . import checkpoint_io
     writer = checkpoint_io.install(engine, checksums)  # hashes as it writes (None: another writer was chosen)
     with _naming_a_full_disk(ckpt_dir, tag):
-        engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(), save_latest=False)
+        engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(engine), save_latest=False)
         wait_for_writer(engine)
         written = checkpoint_io.relative_entries(writer.take_written(), partial) if writer else {}
         write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
@@ -177,10 +177,14 @@ def wait_for_writer(engine) -> None:
         writer.commit(writer.get_commit_info())  # waits for the writer process (DeepSpeed: 300 s, then raises)
 
 
-def universal_info() -> dict:
+def universal_info(engine) -> dict:
     """What DeepSpeed's ds_to_universal converter requires in a checkpoint to convert it (for resuming on
-    another world size)."""
+    another world size). An AutoEP engine writes its own (with its expert patterns) and refuses a client's."""
     from deepspeed.checkpoint import constants
+
+    from .expert_export import autoep_layers
+    if autoep_layers(engine.module):
+        return {}
     return {constants.UNIVERSAL_CHECKPOINT_INFO: {
         constants.UNIVERSAL_CHECKPOINT_VERSION_KEY: constants.UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
 
@@ -414,6 +418,9 @@ def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         model = unwrap(engine)
+        from . import expert_export
+        if expert_export.autoep_layers(model):
+            model = expert_export.transformers_model(model, state_dict)
         with for_serving(model, tokenizer):
             model.save_pretrained(str(out_dir), state_dict=state_dict)
         tokenizer.save_pretrained(str(out_dir))
@@ -488,7 +495,10 @@ def verify_export(out_dir: Path, state_dict: dict) -> None:
 
 def _full_state_dict(engine) -> Optional[dict]:
     """Every parameter complete, on CPU, on rank 0 (None elsewhere)."""
+    from . import expert_export
     rank = ranks.rank()
+    if expert_export.autoep_layers(engine.module):  # DeepSpeed's consolidation refuses AutoEP under ZeRO-3
+        return expert_export.hf_state_dict(engine.module, engine.zero_optimization_stage() == 3)
     if engine.zero_optimization_stage() == 3 or engine.autotp_size() > 1:
         return engine._consolidated_16bit_state_dict()  # collective; gathers ZeRO-3 and AutoTP shards
     if rank != 0:

@@ -47,11 +47,14 @@ class Layout:
     autotp_size: int
     zero_stage: int
     sequence_parallel_size: int = 1  # a checkpoint from before sequence parallelism recorded none: 1
+    expert_parallel_size: int = 1    # AutoEP; a checkpoint from before it recorded none: 1
 
     def describe(self) -> str:
         tp = f", AutoTP {self.autotp_size}" if self.autotp_size > 1 else ""
         sp = f", sequence-parallel {self.sequence_parallel_size}" if self.sequence_parallel_size > 1 else ""
-        return f"{self.world_size} rank(s) (data-parallel {self.data_parallel_size}{tp}{sp}), ZeRO-{self.zero_stage}"
+        ep = f", expert-parallel {self.expert_parallel_size}" if self.expert_parallel_size > 1 else ""
+        return (f"{self.world_size} rank(s) (data-parallel {self.data_parallel_size}{tp}{sp}{ep}), "
+                f"ZeRO-{self.zero_stage}")
 
 
 def saved_layout(saved_config: dict) -> Optional[Layout]:
@@ -60,7 +63,8 @@ def saved_layout(saved_config: dict) -> Optional[Layout]:
     try:
         return Layout(int(derived["world_size"]), int(derived["data_parallel_size"]),
                       max(int(derived.get("autotp_size", 1)), 1), int(derived["zero_stage"]),
-                      max(int(derived.get("sequence_parallel_size", 1)), 1))
+                      max(int(derived.get("sequence_parallel_size", 1)), 1),
+                      max(int(derived.get("expert_parallel_size", 1)), 1))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -68,7 +72,7 @@ def saved_layout(saved_config: dict) -> Optional[Layout]:
 def current_layout(resolved) -> Layout:
     summary = resolved.summary()
     return Layout(resolved.world_size, summary["data_parallel_size"], max(summary["autotp_size"], 1),
-                  summary["zero_stage"], summary["sequence_parallel_size"])
+                  summary["zero_stage"], summary["sequence_parallel_size"], summary["expert_parallel_size"])
 
 
 def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:
@@ -76,15 +80,18 @@ def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:
     if saved is None or saved == now:
         return False
     change = f"checkpoint {path} was saved on {saved.describe()}; this run is {now.describe()}"
+    if saved.expert_parallel_size > 1 or now.expert_parallel_size > 1:
+        raise _unsupported(change, "an expert-parallel run", "AutoEP",
+                           "its checkpoint holds each rank's own experts under DeepSpeed's AutoEP names, which this "
+                           "trainer's universal conversion does not verify",
+                           f"deepspeed.expert_parallel.autoep_size={saved.expert_parallel_size}", saved.world_size)
     if saved.zero_stage == 0 and now.zero_stage == 0 and saved.autotp_size == now.autotp_size == 1:
         return False  # ZeRO-0 keeps the whole optimizer state in one file: it loads on any number of ranks
     if saved.autotp_size > 1 or now.autotp_size > 1:
-        raise ElasticResumeError(
-            f"{change}: resuming an AutoTP run on another layout (or switching AutoTP on or off) is not supported: "
-            f"DeepSpeed 0.19.8's universal conversion of AutoTP checkpoints is partial and this trainer does not "
-            f"verify it; resume with deepspeed.tensor_parallel.autotp_size={saved.autotp_size} on "
-            f"{saved.world_size} rank(s), or export the weights (python -m trainer export / train.export_hf) and "
-            f"start a new run from them")
+        raise _unsupported(change, "an AutoTP run", "AutoTP",
+                           "DeepSpeed 0.19.8's universal conversion of AutoTP checkpoints is partial and this trainer "
+                           "does not verify it", f"deepspeed.tensor_parallel.autotp_size={saved.autotp_size}",
+                           saved.world_size)
     if saved.sequence_parallel_size > 1 or now.sequence_parallel_size > 1:
         raise ElasticResumeError(
             f"{change}: resuming a sequence-parallel run on another layout (or switching sequence parallelism on or "
@@ -103,6 +110,13 @@ def needs_universal(saved: Optional[Layout], now: Layout, path: Path) -> bool:
             f"weights would not be restored); resume at ZeRO-1, 2 or 3 (--set deepspeed.zero_optimization.stage="
             f"{saved.zero_stage})")
     return True
+
+
+def _unsupported(change: str, run: str, feature: str, why: str, resume_with: str, world: int) -> ElasticResumeError:
+    return ElasticResumeError(
+        f"{change}: resuming {run} on another layout (or switching {feature} on or off) is not supported: {why}; "
+        f"resume with {resume_with} on {world} rank(s), or export the weights (python -m trainer export / "
+        f"train.export_hf) and start a new run from them")
 
 
 # --- the global batch -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """`--rehearse`: run a preset's exact DeepSpeed features on a toy model with the ranks present.
 
-Kept: ZeRO stage, offload devices (CPU/NVMe), AutoTP, hpZ, quantized gradients, activation
+Kept: ZeRO stage, offload devices (CPU/NVMe), AutoTP, AutoEP (its size cut to divide the ranks present), hpZ, quantized gradients, activation
 checkpointing, optimizer, scheduler, checkpointing, export, the task (pretrain/SFT/LoRA).
 Changed, each with a one-line notice: the model shrinks to 2 layers of the same architecture
 (heads, GQA ratio, tied embeddings kept), pretrained weights are replaced by a random init of the
@@ -83,7 +83,9 @@ def shrink_model(cfg: Config, notices: list[str]):
         attention = "sdpa"
     if m.name_or_path:
         notices.append(f"pretrained weights {m.name_or_path} -> random init of the shrunk model")
-    return dataclasses.replace(m, name_or_path=None, hidden_size=hidden,
+    if m.head_dim:
+        notices.append(f"head_dim {m.head_dim} -> {hidden // heads} (hidden / heads of the shrunk model)")
+    return dataclasses.replace(m, name_or_path=None, hidden_size=hidden, head_dim=None,
                                num_layers=2, num_heads=heads, num_kv_heads=kv_heads,
                                intermediate_size=int(hidden * m.intermediate_size / m.hidden_size) // 8 * 8 or 8,
                                vocab_size=1024, max_position_embeddings=256, attn_implementation=attention)

@@ -138,7 +138,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     import deepspeed
 
     from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
-    from ..moe import active_parameters
+    from ..moe import active_parameters, enable_autoep_with_installed_transformers
     from ..model import build_model, count_parameters, kernels_in_use, zero3_leaf_config, zero3_leaves_in_use
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
@@ -160,6 +160,10 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     if zero3_leaves_in_use(model):
         print0(f"ZeRO-3 leaf modules (gathered whole, MoE routing cannot desynchronise the ranks): "
                f"{zero3_leaves_in_use(model)}", rank=rank)
+    if dsc.autoep_size(cfg.deepspeed) > 1 or dsc.expert_parallel(cfg.deepspeed).get("enabled"):
+        enable_autoep_with_installed_transformers()
+        print0(f"expert parallelism (DeepSpeed AutoEP): experts split over groups of "
+               f"{dsc.autoep_size(cfg.deepspeed)} ranks", rank=rank)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=zero3_leaf_config(model, engine_config(cfg, universal)), mpu=sequence_parallel.register(model, cfg))
