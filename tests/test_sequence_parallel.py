@@ -156,3 +156,18 @@ def test_tiled_mlps_give_the_untiled_loss_and_gradients():
     assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-6)
     for name, grad in grads_a.items():
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("world, sp, seq_len", [(2, 2, 64), (1, 1, 64), (4, 4, 64)])
+def test_the_long_context_preset_rehearses_with_the_ranks_present(tmp_path, world, sp, seq_len):
+    """8b_128k_8xh100 declares sequence parallel 8 at 131,072 tokens: a rehearsal on fewer ranks shrinks the group
+    to ranks it has and the samples to a short length each rank of the group divides, and says both."""
+    from trainer import ds as dsc
+    from trainer.presets import load_preset
+    from trainer.resolve import resolve
+    from trainer.train.rehearse import rehearsal_config
+    cfg, notices = rehearsal_config(load_preset("8b_128k_8xh100", [f"train.output_dir={tmp_path}"]), world)
+    assert (dsc.sequence_parallel_size(cfg.deepspeed), cfg.data.seq_len) == (sp, seq_len)
+    assert f"sequence_parallel_size 8 -> {sp} (ranks present)" in notices
+    assert any(n.startswith(f"data.seq_len 131072 -> {seq_len}") for n in notices) is (sp > 1)
+    assert resolve(cfg).batch.sequence_parallel_size == sp  # and it resolves: heads and seq_len divide

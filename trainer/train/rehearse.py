@@ -9,7 +9,8 @@ data/tokenizer become the shipped tiny set of the same task when the preset's ar
 chat messages, as the shipped SFT presets read; the tiny tokenizer loses its chat template when the
 preset's tokenizer may have none and data.chat_template is unset, so that mistake stops here too),
 bf16/fp16 -> fp32 and quantized weights off on CPU, flash-attn -> sdpa, the NVMe path -> a local
-directory, the world size -> the ranks present, a few steps with an eval and a save.
+directory, the world size -> the ranks present (a sequence-parallel size with it, and seq_len to a multiple
+of it), a few steps with an eval and a save.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozense
                f"output in {run_dir}"]
     model = shrink_model(cfg, notices)
     model = dataclasses.replace(model, tokenizer=tiny_tokenizer(cfg, run_dir, notices))
-    data = tiny_data(cfg, notices)
     ds, ds_notices = dsc.rehearsal_changes(cfg.deepspeed, world_size, str(run_dir / "nvme"), on_cpu)
+    data = tiny_data(cfg, dsc.sequence_parallel_size(ds), notices)
     notices += ds_notices
     if dsc.nvme_offloads(ds):  # the rehearsal's NVMe stand-in must exist to resolve; made only when it is used
         (run_dir / "nvme").mkdir(parents=True, exist_ok=True)
@@ -89,14 +90,25 @@ def shrink_model(cfg: Config, notices: list[str]):
                                vocab_size=1024, max_position_embeddings=256, attn_implementation=attention)
 
 
-def tiny_data(cfg: Config, notices: list[str]):
+def tiny_data(cfg: Config, sequence_parallel: int, notices: list[str]):
     d = cfg.data
+    seq_len = rehearsal_seq_len(d.seq_len, sequence_parallel, notices)
     if Path(d.source).exists():
-        return dataclasses.replace(d, seq_len=min(d.seq_len, 64))
+        return dataclasses.replace(d, seq_len=seq_len)
     kind = {"sft": "chat messages", "preference": "prompt/chosen/rejected pairs"}.get(d.task, "text")
     notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data: {kind})")
-    return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=64, num_workers=1,
+    return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=seq_len, num_workers=1,
                                eval_fraction=0.05)
+
+
+def rehearsal_seq_len(seq_len: int, sequence_parallel: int, notices: list[str]) -> int:
+    """At most 64 tokens (a toy model), a multiple of the rehearsal's sequence-parallel size: each rank of a
+    Ulysses group holds seq_len / sp of them."""
+    short = max(min(seq_len, 64) // sequence_parallel * sequence_parallel, sequence_parallel)
+    if sequence_parallel > 1 and short != seq_len:
+        notices.append(f"data.seq_len {seq_len} -> {short} ({short // sequence_parallel} tokens on each of the "
+                       f"{sequence_parallel} ranks of a sequence-parallel group)")
+    return short
 
 
 def tiny_tokenizer(cfg: Config, run_dir: Path, notices: list[str]) -> str:
