@@ -20,6 +20,7 @@ the exit status is 1 when there is an error, else 0.
 | - | bucket sizes                              | outside the useful range; their memory                      |
 | - | contiguous gradients                      | off                                                         |
 | - | chat template                             | SFT, data.chat_template unset, tokenizer not known to have one |
+| - | sequence parallel                         | a group across nodes; long shares without tiled MLPs (heads, eager, seq_len: resolve errors) |
 """
 from __future__ import annotations
 
@@ -244,9 +245,29 @@ def chat_template(r: Resolved) -> list[Finding]:
                     f"data.chat_template: {TEMPLATE_CHOICES} (prompt/response records need none)")]
 
 
+def sequence_parallel(r: Resolved) -> list[Finding]:
+    """What resolve cannot refuse about a Ulysses group (heads, eager attention and seq_len it does refuse, before
+    lint runs): where its all-to-alls travel, and whether the MLP still holds a rank's whole share of a sequence."""
+    sp, hw, m = dsc.sequence_parallel_size(r.ds), r.config.hardware, r.config.model
+    if sp == 1:
+        return []
+    out = []
+    if on_gpus(r) and sp > hw.gpus_per_node:
+        out.append(Finding("warn", "sequence parallel", f"sequence_parallel_size={sp} > {hw.gpus_per_node} GPUs per "
+                           f"node: a group spans nodes, and Ulysses' four all-to-alls per layer cross the network; "
+                           f"keep a group inside a node (a size dividing {hw.gpus_per_node})"))
+    tokens = r.config.data.seq_len // sp * r.batch.micro_batch_size
+    tiles = -(-tokens // m.hidden_size)  # ALST's choice: tiles of about hidden_size tokens
+    if m.tiled_mlp == 0 and tiles >= 2 and r.config.data.seq_len >= LONG_SEQUENCE:
+        out.append(Finding("info", "sequence parallel", f"each rank runs its MLPs over {tokens} tokens at once "
+                           f"(4 x intermediate_size activations each); model.tiled_mlp={tiles} (DeepSpeed's "
+                           f"TiledMLP, tiles of ~hidden_size tokens) keeps one tile's"))
+    return out
+
+
 CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overlap_comm, grad_accumulation,
                        activation_checkpointing, bind_cores, pin_memory, zeropp_multi_node, nvme_pipeline,
-                       bucket_sizes, contiguous_gradients, chat_template]
+                       bucket_sizes, contiguous_gradients, chat_template, sequence_parallel]
 
 
 def lint_resolved(r: Resolved) -> list[Finding]:

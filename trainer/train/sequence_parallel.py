@@ -149,6 +149,7 @@ def model_inputs(engine, batch: dict, sp: int) -> tuple[dict, torch.Tensor, torc
     group = engine.get_sequence_parallel_group()
     batch = full_rows(batch, engine.train_micro_batch_size_per_gpu())
     check_right_padded(batch.get("attention_mask"))
+    check_one_sample_per_group(batch["input_ids"], group)
     shift_labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
     input_ids = batch["input_ids"]
     rows, length = input_ids.shape
@@ -193,6 +194,23 @@ def even_tiles(rows: int, tiles: int) -> int:
     do not (6 rows in 4 -> 3 of 2), and TiledFusedLogitsLoss marks the head's gradient ready at piece number `tiles`,
     which must exist."""
     return max(t for t in range(1, min(tiles, rows) + 1) if rows % t == 0)
+
+
+def check_one_sample_per_group(input_ids: torch.Tensor, group) -> None:
+    """Every rank of a sequence-parallel group must hold the same micro-batch (each keeps its slice of it). A
+    loader that shards over all ranks, or shuffles per rank, hands them different samples: attention would then
+    mix slices of unrelated sequences, silently. One small all-gather per micro-batch (next to Ulysses' four
+    all-to-alls per layer) compares a fingerprint of the token ids."""
+    weights = torch.arange(1, input_ids.numel() + 1, device=input_ids.device).view_as(input_ids)
+    mine = (input_ids.long() * weights).sum().view(1)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    if any(int(other) != int(mine) for other in everyone):
+        members = dist.get_process_group_ranks(group)
+        raise UserError(f"the ranks {members} of a sequence-parallel group hold different samples: a group trains on "
+                        f"one sample, each rank on its slice, so its ranks must read the same micro-batch - shard the "
+                        f"data by data-parallel rank (rank // sequence_parallel_size), not by rank, and do not "
+                        f"shuffle per rank (the trainer's own loader does this; a loader of your own must too)")
 
 
 def full_rows(batch: dict, rows: int) -> dict:
