@@ -223,3 +223,4 @@ def test_the_long_context_preset_rehearses_with_the_ranks_present(tmp_path, worl
     assert f"sequence_parallel_size 8 -> {sp} (ranks present)" in notices
     assert any(n.startswith(f"data.seq_len 131072 -> {seq_len}") for n in notices) is (sp > 1)
     assert resolve(cfg).batch.sequence_parallel_size == sp  # and it resolves: heads and seq_len divide
+    assert cfg.model.tiled_logits == 2 and any(n.startswith("model.tiled_logits auto -> 2") for n in notices)

@@ -122,15 +122,20 @@ def tiled_logits(cfg: Config, batch: dsc.Batch, ds: dict) -> int:
     where something else already avoids the whole logits (Liger's fused cross-entropy), where they are not the
     model's own loss (preference tuning), and where tiling would be wrong (rules.tiled_logits_supported: fp16, tied
     embeddings)."""
+    if cfg.model.tiled_logits is not None:
+        return cfg.model.tiled_logits
+    return auto_logits_tiles(cfg, batch.sequence_parallel_size, batch.micro_batch_size, dsc.precision(ds))
+
+
+def auto_logits_tiles(cfg: Config, sequence_parallel: int, micro_batch: int, precision: str) -> int:
+    """`tiled_logits`' "auto" for these sizes (also what a rehearsal asks: would the preset tile?)."""
     m = cfg.model
-    if m.tiled_logits is not None:
-        return m.tiled_logits
-    if m.liger or m.tie_word_embeddings or cfg.data.task == "preference" or dsc.precision(ds) == "fp16":
+    if m.liger or m.tie_word_embeddings or cfg.data.task == "preference" or precision == "fp16":
         return 0
-    per_sequence = cfg.data.seq_len // batch.sequence_parallel_size * m.vocab_size
+    per_sequence = cfg.data.seq_len // sequence_parallel * m.vocab_size
     if per_sequence < LONG_SEQUENCE_LOGITS:
         return 0
-    return math.ceil(4 * per_sequence * batch.micro_batch_size / LOGITS_TILE_BYTES)
+    return math.ceil(4 * per_sequence * micro_batch / LOGITS_TILE_BYTES)
 
 
 def _canonical_gpu_name(cfg: Config) -> Config:

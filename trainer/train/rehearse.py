@@ -44,7 +44,8 @@ def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozense
     notices = [f"rehearsal of {cfg.name}: model shrunk to 2 layers, {world_size} rank(s), 6 steps, "
                f"output in {run_dir}"]
     model = shrink_model(cfg, notices)
-    model = dataclasses.replace(model, tokenizer=tiny_tokenizer(cfg, run_dir, notices))
+    model = dataclasses.replace(model, tokenizer=tiny_tokenizer(cfg, run_dir, notices),
+                                tiled_logits=kept_logits_tiling(cfg, notices))
     ds, ds_notices = dsc.rehearsal_changes(cfg.deepspeed, world_size, str(run_dir / "nvme"), on_cpu)
     data = tiny_data(cfg, dsc.sequence_parallel_size(ds), notices)
     notices += ds_notices
@@ -88,6 +89,19 @@ def shrink_model(cfg: Config, notices: list[str]):
                                num_layers=2, num_heads=heads, num_kv_heads=kv_heads,
                                intermediate_size=int(hidden * m.intermediate_size / m.hidden_size) // 8 * 8 or 8,
                                vocab_size=1024, max_position_embeddings=256, attn_implementation=attention)
+
+
+def kept_logits_tiling(cfg: Config, notices: list[str]):
+    """model.tiled_logits "auto" turns on for the preset's long samples but would stay off for the rehearsal's short
+    ones: the rehearsal asks for 2 tiles instead, so the tiled loss path runs too."""
+    from ..resolve import auto_logits_tiles
+    tiles = cfg.model.tiled_logits
+    if tiles is not None or not auto_logits_tiles(cfg, dsc.sequence_parallel_size(cfg.deepspeed),
+                                                  cfg.train.micro_batch_size, cfg.train.precision):
+        return tiles
+    notices.append("model.tiled_logits auto -> 2 (the preset's samples are long enough to tile their logits; the "
+                   "rehearsal's are not, so it asks)")
+    return 2
 
 
 def tiny_data(cfg: Config, sequence_parallel: int, notices: list[str]):
