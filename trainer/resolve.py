@@ -124,15 +124,17 @@ def tiled_logits(cfg: Config, batch: dsc.Batch, ds: dict) -> int:
     embeddings)."""
     if cfg.model.tiled_logits is not None:
         return cfg.model.tiled_logits
-    return auto_logits_tiles(cfg, batch.sequence_parallel_size, batch.micro_batch_size, dsc.precision(ds))
+    return auto_logits_tiles(cfg.model, cfg.data.seq_len, batch.sequence_parallel_size, batch.micro_batch_size,
+                             dsc.precision(ds), cfg.data.task)
 
 
-def auto_logits_tiles(cfg: Config, sequence_parallel: int, micro_batch: int, precision: str) -> int:
-    """`tiled_logits`' "auto" for these sizes (also what a rehearsal asks: would the preset tile?)."""
-    m = cfg.model
-    if m.liger or m.tie_word_embeddings or cfg.data.task == "preference" or precision == "fp16":
+def auto_logits_tiles(m, seq_len: int, sequence_parallel: int, micro_batch: int, precision: str,
+                      task: str = "pretrain") -> int:
+    """`tiled_logits`' "auto" for model config `m` at these sizes (also asked by the rehearsal, would the preset
+    tile?, and by the planner)."""
+    if m.liger or m.tie_word_embeddings or task == "preference" or precision == "fp16":
         return 0
-    per_sequence = cfg.data.seq_len // sequence_parallel * m.vocab_size
+    per_sequence = seq_len // sequence_parallel * m.vocab_size
     if per_sequence < LONG_SEQUENCE_LOGITS:
         return 0
     return math.ceil(4 * per_sequence * micro_batch / LOGITS_TILE_BYTES)
