@@ -126,17 +126,31 @@ def loss_of(engine, batch: dict, logits_tiles: int = 0) -> torch.Tensor:
     if sp == 1 and logits_tiles < 2:
         return engine(**batch).loss
     inputs, shift_labels, predicted = model_inputs(engine, batch, sp)
-    if logits_tiles >= 2:
-        share = tiled_loss_sum(engine, inputs, shift_labels, logits_tiles, predicted)
+    scale = gradient_scale(engine, sp)
+    if logits_tiles >= 2:  # dividing by predicted / scale: the tiles' in-forward gradients get the scale too
+        scaled = tiled_loss_sum(engine, inputs, shift_labels, logits_tiles, predicted / scale)
     else:
         logits = engine(**inputs).logits
-        share = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1),
-                                ignore_index=IGNORE_INDEX, reduction="sum") / predicted
+        scaled = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1),
+                                 ignore_index=IGNORE_INDEX, reduction="sum") / predicted * scale
     if sp == 1:
-        return share
-    whole = share.detach().clone()
+        return scaled
+    whole = scaled.detach() / scale
     dist.all_reduce(whole, group=engine.get_sequence_parallel_group())
-    return share + (whole - share.detach())  # the value of the whole, the gradient of this rank's share
+    return scaled + (whole - scaled.detach())  # the value of the whole, the gradient of this rank's share x scale
+
+
+def gradient_scale(engine, sp: int) -> int:
+    """What this rank's loss gradient is multiplied by so that DeepSpeed's reduction leaves the group's sum of
+    shard gradients averaged over data-parallel replicas (world / sp). ZeRO-1/2, and ZeRO-3's all-reduce path,
+    divide the summed gradients by world / sp (stage_1_and_2.py, stage3.py __avg_scatter_contiguous_grads); ZeRO-3's
+    reduce-scatter path (zero_optimization.reduce_scatter, on by default) averages over the whole world
+    (comm/coalesced_collectives.py reduce_scatter_coalesced: div_(world_sz)) and never multiplies sp back
+    (stage3.py __avg_scatter_grads, DeepSpeed 0.19.8): its gradients came out sp times too small (grad_norm halved
+    at SP=2: clipping and Adam's epsilon then made pretraining drift 5.4e-5 from one rank by step 4)."""
+    if sp > 1 and engine.zero_optimization_stage() == 3 and engine.zero_reduce_scatter():
+        return sp
+    return 1
 
 
 def model_inputs(engine, batch: dict, sp: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -165,7 +179,7 @@ def _predicted(shift_labels: torch.Tensor) -> torch.Tensor:
 
 
 def tiled_loss_sum(engine, inputs: dict, shift_labels: torch.Tensor, tiles: int, predicted) -> torch.Tensor:
-    """Sum of this rank's token losses / `predicted`, through DeepSpeed's TiledFusedLogitsLoss: the LM head and the
+    """Sum of this rank's token losses / `predicted` (a count, or a count over a gradient scale), through DeepSpeed's TiledFusedLogitsLoss: the LM head and the
     cross-entropy run on `tiles` slices of the hidden states, so one slice's logits exist at a time.
 
     The model runs through the engine (DeepSpeed's forward hooks, its backward prologue on the outputs) with no
