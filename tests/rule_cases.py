@@ -129,6 +129,19 @@ CASES = {
         ["deepspeed.sequence_parallel_size=2", "data.task=preference", "data.source=data/tiny/preference.jsonl"],
         ["deepspeed.sequence_parallel_size=2 with data.task=preference", "deepspeed.sequence_parallel_size=1"],
         ["deepspeed.sequence_parallel_size=1"], where="rules.sequence_parallel_supported"),
+    "tiled_logits_supported": Case(
+        ["hardware.gpu=v100-32g", "train.precision=fp16", "deepspeed.bf16=null", "deepspeed.fp16={enabled: auto}",
+         "model.tiled_logits=4"],
+        ["model.tiled_logits=4 with fp16", "loss scale never reaches it", "model.tiled_logits=0"],
+        ["model.tiled_logits=0"]),
+    "tiled_logits_without_tied_embeddings": Case(
+        ["model.tiled_logits=4", "model.tie_word_embeddings=true"],
+        ["model.tiled_logits=4 with model.tie_word_embeddings", "Gradient computed twice", "model.tiled_logits=0"],
+        ["model.tiled_logits=0"], where="rules.tiled_logits_supported"),
+    "tiled_logits_without_preference": Case(
+        ["model.tiled_logits=4", "data.task=preference", "data.source=data/tiny/preference.jsonl"],
+        ["model.tiled_logits=4 with data.task=preference", "set model.tiled_logits=0"],
+        ["model.tiled_logits=0"], where="rules.tiled_logits_supported"),
     "lora_targets_exist": Case(
         ["model.lora.enabled=true", "model.name_or_path=/models/llama", "model.lora.target_modules=[q_proj, qproj]"],
         ["model.lora.target_modules: 'qproj' names no module", "did you mean 'q_proj'?"],

@@ -10,7 +10,8 @@ from distributed import losses, read_metrics, run_many
 pytestmark = pytest.mark.multirank
 
 SHIPPED = ["tiny_cpu", "7b_8xa100", "70b_8xa100", "70b_32xa100", "7b_2xv100", "1b_pretrain_8xh100", "7b_lora_1x4090",
-           "7b_dpo_8xa100", "7b_dpo_lora_1x4090"]
+           "7b_dpo_8xa100", "7b_dpo_lora_1x4090",
+           "8b_128k_8xh100"]
 
 
 @pytest.fixture(scope="module")

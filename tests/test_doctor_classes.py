@@ -180,3 +180,39 @@ def test_frames_are_read_from_python_rich_and_py_spy_stacks():
     frames = log.frames(len(log.lines) - 1)
     assert (frames[-1].func, frames[-1].package) == ("wait", "torch")  # py-spy: innermost printed first
     assert re.search("file_baton", frames[-1].file)
+
+
+# --- sequence parallelism: DeepSpeed's Ulysses preconditions, failed on 2 real ranks ------------------------------
+# tests/logs/sequence_parallel/*.log: `deepspeed --num_gpus 2 tests/workers/sp_mistakes.py MISTAKE` (a script on
+# DeepSpeed's own classes, past the trainer's resolve, which refuses all four), warnings dropped.
+
+SP_LOGS = LOGS / "sequence_parallel"
+SP2 = ["deepspeed.sequence_parallel_size=2"]
+
+
+@pytest.mark.parametrize("log, title, first", [
+    ("heads.log", "sequence parallel size 2 does not divide the 3 attention heads",
+     ["deepspeed.sequence_parallel_size=1"]),
+    ("eager.log", "eager attention under Ulysses sequence parallelism", ["model.attn_implementation=sdpa"]),
+    ("seq_len.log", "sequence length 127 is not divisible by sequence parallel size 2", ["data.seq_len=126"]),
+])
+def test_a_failed_ulysses_precondition_gets_the_trainer_rule_fix(log, title, first):
+    d = run_doctor("tiny_cpu", "", SP2, text=(SP_LOGS / log).read_text())
+    assert (d.failure, d.title, d.proposal.overrides) == ("sequence_parallel", title, first)
+    assert resolved("tiny_cpu", with_overrides(SP2, first)).batch.sequence_parallel_size in (1, 2)  # it resolves
+
+
+def test_a_group_reading_different_samples_is_told_to_shard_by_group():
+    d = run_doctor("tiny_cpu", "", SP2, text=(SP_LOGS / "shuffled.log").read_text())
+    assert d.failure == "sequence_parallel" and d.proposal.overrides == []
+    assert "rank // sequence_parallel_size" in d.proposal.step
+
+
+def test_the_precondition_is_read_from_the_code_site_not_the_wording():
+    """DeepSpeed rewording its message changes nothing: the site (a frame in ulysses_sp.py) says which check failed;
+    the same words outside that code are not this failure."""
+    text = (SP_LOGS / "seq_len.log").read_text()
+    reworded = text.replace("batch's seqlen=127 isn't divisible by sp-size=2", "length 127 cannot be split in 2")
+    assert run_doctor("tiny_cpu", "", SP2, text=reworded).proposal.overrides == ["data.seq_len=126"]
+    elsewhere = text.replace("deepspeed/runtime/sequence_parallel/ulysses_sp.py", "my_project/shards.py")
+    assert run_doctor("tiny_cpu", "", SP2, text=elsewhere).failure != "sequence_parallel"

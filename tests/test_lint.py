@@ -139,3 +139,25 @@ def test_moe_layout_suggests_autoep_for_mixtral_at_stage_3_and_not_when_it_is_on
     said = [f for f in findings("mixtral_8x7b_8xa100", ["deepspeed.expert_parallel=null"]) if f.check == "MoE layout"]
     assert said and "autoep_size: 8}" in said[0].message and "1 per GPU" in said[0].message
     assert not [f for f in findings("mixtral_8x7b_8xa100") if f.check == "MoE layout"]
+
+
+def test_sequence_parallel_mistakes():
+    """SP not dividing the heads, eager attention and a seq_len the group cannot split are errors lint reports (from
+    resolve, each with its fix); a group spanning nodes is a warning; a long share without tiled MLPs a note."""
+    import contextlib
+    import io
+
+    from trainer.__main__ import main
+    for mistake, says in ((["hardware.gpus_per_node=6", "deepspeed.sequence_parallel_size=3"], "use one of [1, 2]"),
+                          (["deepspeed.sequence_parallel_size=2", "model.attn_implementation=eager"], "refuses 'eager'"),
+                          (["deepspeed.sequence_parallel_size=2", "data.seq_len=127"], "use data.seq_len=126")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["lint", "tiny_cpu", *[word for item in mistake for word in ("--set", item)]])
+        assert code != 0 and says in err.getvalue(), err.getvalue()
+    across = findings("8b_128k_8xh100", ["hardware.gpus_per_node=4", "hardware.nodes=2"])
+    assert any(f.check == "sequence parallel" and f.severity == "warn" and "cross the network" in f.message
+               for f in across)
+    assert "sequence parallel" not in checks(findings("8b_128k_8xh100"))  # one node, MLPs tiled
+    untiled = [f for f in findings("8b_128k_8xh100", ["model.tiled_mlp=0"]) if f.check == "sequence parallel"]
+    assert untiled and "model.tiled_mlp=4" in untiled[0].message

@@ -53,7 +53,8 @@ def test_preset_resolves_at_its_declared_world_size(name):
     assert resolved.world_size == world == config.hardware.nodes * config.hardware.gpus_per_node
     assert dsc.find_auto(resolved.ds) == [], f"{name}: 'auto' left in the resolved DeepSpeed config"
     batch = resolved.batch
-    assert batch.data_parallel_size == world // dsc.autotp_size(resolved.ds)
+    sp = dsc.sequence_parallel_size(resolved.ds)  # a Ulysses group of sp ranks trains one sample together
+    assert batch.data_parallel_size == world // dsc.autotp_size(resolved.ds) // sp
     assert batch.micro_batch_size * batch.grad_accum * batch.data_parallel_size == batch.global_batch_size
     train = resolved.config.train
     assert (train.micro_batch_size, train.grad_accum, train.global_batch_size) == (
@@ -61,7 +62,7 @@ def test_preset_resolves_at_its_declared_world_size(name):
     ds = resolved.ds
     assert ds["train_micro_batch_size_per_gpu"] == batch.micro_batch_size
     assert ds["gradient_accumulation_steps"] == batch.grad_accum
-    assert ds["train_batch_size"] == batch.micro_batch_size * batch.grad_accum * world
+    assert ds["train_batch_size"] == batch.micro_batch_size * batch.grad_accum * world // sp
     assert dsc.precision(ds) == config.train.precision, "train.precision and the DeepSpeed blocks disagree"
 
 

@@ -99,6 +99,12 @@ class ModelConfig:
     tiled_mlp: int = doc("Run each MLP in this many tiles along the sequence (DeepSpeed ALST's TiledMLP: a long "
                          "sequence never holds the whole MLP activation; each tile is recomputed in backward); "
                          "0 = off.", 0, kind=COUNT_OR_ZERO)
+    tiled_logits: Optional[int] = doc(
+        "Compute the LM head and loss in this many tiles along the sequence (DeepSpeed ALST's TiledFusedLogitsLoss: "
+        "the vocabulary projection never holds a whole micro-batch's logits); None = auto: on for long sequences, "
+        "those whose fp32 logits on one rank pass 4 GiB (seq_len / sequence_parallel_size x vocab_size >= 2^30: "
+        "8,372 tokens at Llama-3's 128k vocabulary), with a tile per GiB; 0 or 1 = off. Not with fp16 or tied "
+        "embeddings.", None, kind=COUNT_OR_ZERO)
     trust_remote_code: bool = doc("Allow model/tokenizer code from the hub repo to run (off unless asked).", False)
     init_std: float = doc(
         "Std of the normal init for from-scratch weights (transformers' initializer_range).", 0.02, kind=POSITIVE)

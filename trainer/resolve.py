@@ -106,8 +106,39 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
         raise ConfigError(problems, source or cfg.name)
     train = dataclasses.replace(cfg.train, micro_batch_size=batch.micro_batch_size, grad_accum=batch.grad_accum,
                                 global_batch_size=batch.global_batch_size)
-    resolved = dataclasses.replace(cfg, train=train, deepspeed=ds)
+    model = dataclasses.replace(cfg.model, tiled_logits=tiled_logits(cfg, batch, ds))
+    resolved = dataclasses.replace(cfg, model=model, train=train, deepspeed=ds)
     return Resolved(resolved, world, batch, notices(resolved, ds, world))
+
+
+LONG_SEQUENCE_LOGITS = 1 << 30  # logits of one rank's share of a sequence from which tiling is on by default
+LOGITS_TILE_BYTES = 1 << 30  # fp32 logits per tile: DeepSpeed ALST's slice size (1 GiB)
+
+
+def tiled_logits(cfg: Config, batch: dsc.Batch, ds: dict) -> int:
+    """model.tiled_logits, "auto" (None) decided. On for long sequences: one rank's share of a sequence
+    (seq_len / sequence_parallel_size tokens) x vocab_size >= 2^30 logits, 4 GiB in fp32. The loss side holds three
+    such tensors (logits, log-softmax, gradient: 12 GiB there), more than the checkpointed activations of a whole
+    8B model; below it tiling only adds a launch per tile. Then one tile per GiB of the micro-batch's logits. Off
+    where something else already avoids the whole logits (Liger's fused cross-entropy), where they are not the
+    model's own loss (preference tuning), and where tiling would be wrong (rules.tiled_logits_supported: fp16, tied
+    embeddings)."""
+    if cfg.model.tiled_logits is not None:
+        return cfg.model.tiled_logits
+    return auto_logits_tiles(cfg.model, cfg.data.seq_len, batch.sequence_parallel_size, batch.micro_batch_size,
+                             dsc.precision(ds), cfg.data.task)
+
+
+def auto_logits_tiles(m, seq_len: int, sequence_parallel: int, micro_batch: int, precision: str,
+                      task: str = "pretrain") -> int:
+    """`tiled_logits`' "auto" for model config `m` at these sizes (also asked by the rehearsal, would the preset
+    tile?, and by the planner)."""
+    if m.liger or m.tie_word_embeddings or task == "preference" or precision == "fp16":
+        return 0
+    per_sequence = seq_len // sequence_parallel * m.vocab_size
+    if per_sequence < LONG_SEQUENCE_LOGITS:
+        return 0
+    return math.ceil(4 * per_sequence * micro_batch / LOGITS_TILE_BYTES)
 
 
 def _canonical_gpu_name(cfg: Config) -> Config:

@@ -34,6 +34,7 @@ says what it would do, which is why each is an error here.
 | sequence_parallel_size divides data.seq_len | raises at the first batch |
 | sequence parallelism needs sdpa or flash attention | raises at model setup ('eager' needs a 4D mask) |
 | sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
+| model.tiled_logits not with fp16, tied embeddings or preference tuning | fp16: the LM head's gradient misses the loss scale; tied: reduced twice (ZeRO-1/2 assert) or partly lost (ZeRO-3); DPO: unused |
 """
 from __future__ import annotations
 
@@ -216,6 +217,28 @@ def sequence_parallel_supported(cfg: Config, ds: dict, world: int) -> list[str]:
     return problems
 
 
+def tiled_logits_supported(cfg: Config, ds: dict, world: int) -> list[str]:
+    """TiledFusedLogitsLoss runs the LM head's backward inside the forward, before DeepSpeed applies fp16's loss scale
+    (in engine.backward): that gradient would stay unscaled while the rest is scaled."""
+    tiles = cfg.model.tiled_logits or 0
+    if tiles < 2:
+        return []
+    problems = []
+    if dsc.precision(ds) == "fp16":
+        problems.append(f"model.tiled_logits={tiles} with fp16: DeepSpeed's TiledFusedLogitsLoss computes the LM "
+                        f"head's gradient inside the forward, where fp16's loss scale never reaches it; use "
+                        f"train.precision=bf16 (or fp32), or model.tiled_logits=0")
+    if cfg.model.tie_word_embeddings:
+        problems.append(f"model.tiled_logits={tiles} with model.tie_word_embeddings: DeepSpeed's TiledFusedLogitsLoss "
+                        f"hands ZeRO the LM head's gradient inside the forward, and a tied weight gets its embedding "
+                        f"gradient later, in the backward (ZeRO-1/2 stop: 'Gradient computed twice'; ZeRO-3 drops "
+                        f"part of it); set model.tiled_logits=0")
+    if cfg.data.task == "preference":
+        problems.append(f"model.tiled_logits={tiles} with data.task=preference: the DPO loss needs every token's "
+                        f"log-prob, not the tiled cross-entropy; set model.tiled_logits=0")
+    return problems
+
+
 def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
     lora = cfg.model.lora
     if not lora.enabled or _model_type(cfg) not in LLAMA_LIKE:
@@ -281,8 +304,8 @@ RULES: list[Rule] = [
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
-    sequence_parallel_supported, lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3,
-    expert_parallel_fits,
+    sequence_parallel_supported, tiled_logits_supported, lora_targets_exist, model_family_buildable,
+    zero3_leaf_modules_need_stage3, expert_parallel_fits,
 ]
 
 

@@ -21,6 +21,7 @@ the exit status is 1 when there is an error, else 0.
 | - | contiguous gradients                      | off                                                         |
 | - | chat template                             | SFT, data.chat_template unset, tokenizer not known to have one |
 | - | MoE layout                                | experts of a model the trainer cannot find blocks of; EP across nodes; no EP at stage 3 |
+| - | sequence parallel                         | a group across nodes; long shares without tiled MLPs (heads, eager, seq_len: resolve errors) |
 """
 from __future__ import annotations
 
@@ -279,12 +280,32 @@ def moe_layout(r: Resolved) -> list[Finding]:
                            f"DeepSpeed AutoEP (deepspeed.expert_parallel={{enabled: true, autoep_size: {size}}}) keeps "
                            f"{experts // size} per GPU and sends tokens to them instead (python -m trainer plan "
                            f"--expert-parallel {size} shows the memory and the all-to-all volume)"))
+
+
+def sequence_parallel(r: Resolved) -> list[Finding]:
+    """What resolve cannot refuse about a Ulysses group (heads, eager attention and seq_len it does refuse, before
+    lint runs): where its all-to-alls travel, and whether the MLP still holds a rank's whole share of a sequence."""
+    sp, hw, m = dsc.sequence_parallel_size(r.ds), r.config.hardware, r.config.model
+    if sp == 1:
+        return []
+    out = []
+    if on_gpus(r) and sp > hw.gpus_per_node:
+        out.append(Finding("warn", "sequence parallel", f"sequence_parallel_size={sp} > {hw.gpus_per_node} GPUs per "
+                           f"node: a group spans nodes, and Ulysses' four all-to-alls per layer cross the network; "
+                           f"keep a group inside a node (a size dividing {hw.gpus_per_node})"))
+    tokens = r.config.data.seq_len // sp * r.batch.micro_batch_size
+    tiles = -(-tokens // m.hidden_size)  # ALST's choice: tiles of about hidden_size tokens
+    if m.tiled_mlp == 0 and tiles >= 2 and r.config.data.seq_len >= LONG_SEQUENCE:
+        out.append(Finding("info", "sequence parallel", f"each rank runs its MLPs over {tokens} tokens at once "
+                           f"(4 x intermediate_size activations each); model.tiled_mlp={tiles} (DeepSpeed's "
+                           f"TiledMLP, tiles of ~hidden_size tokens) keeps one tile's"))
     return out
 
 
 CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overlap_comm, grad_accumulation,
                        activation_checkpointing, bind_cores, pin_memory, zeropp_multi_node, nvme_pipeline,
-                       bucket_sizes, contiguous_gradients, chat_template, moe_layout]
+                       bucket_sizes, contiguous_gradients, chat_template, moe_layout,
+                       sequence_parallel]
 
 
 def lint_resolved(r: Resolved) -> list[Finding]:

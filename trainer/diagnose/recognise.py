@@ -13,6 +13,7 @@
 | stage3_save       | 16-bit weights not gathered at save time                      | gather on save / zero_to_fp32     |
 | ckpt_topology     | a ZeRO checkpoint loaded on another data-parallel size        | the elastic (universal) resume    |
 | offload_optimizer | ZeRO-Offload with a client optimizer                          | DeepSpeedCPUAdam                  |
+| sequence_parallel | a traceback from a Ulysses precondition's site (classes/sequence.py) | that precondition's fix  |
 | nvme_aio          | "buffer nbytes != file bytes", an aio assertion               | check the NVMe path, CPU offload  |
 | load/cuda/init_oom | CUDA OOM, by the phase of its traceback (phases.py)          | the cheapest change that fits     |
 | shm               | /dev/shm exhausted: bus error, exit -7, NCCL's shm segment    | a larger /dev/shm                 |
@@ -39,7 +40,7 @@ from typing import Callable, Optional
 from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
-from .classes import checkpoint, fallback, launch, messages, network, toolkit, versions
+from .classes import checkpoint, fallback, launch, messages, network, sequence, toolkit, versions
 from .findings import Diagnosis, Found, Reresolve
 from .logtext import Log
 
@@ -118,6 +119,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("stage3_save", _save, checkpoint.diagnose_save),
     Recogniser("ckpt_topology", _first(checkpoint.TOPOLOGY), checkpoint.diagnose_topology),
     Recogniser("offload_optimizer", _first(messages.CLIENT_OPTIMIZER), messages.diagnose_client_optimizer),
+    Recogniser("sequence_parallel", sequence.find, sequence.diagnose),
     Recogniser("nvme_aio", _first(NVME), advice.diagnose_nvme),
     Recogniser("load_oom", _gpu_oom(loading=True), memory.diagnose_load_oom),
     Recogniser("cuda_oom", _gpu_oom(loading=False), memory.diagnose_gpu_oom),

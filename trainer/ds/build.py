@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Any, Optional
 
 from ..config import AUTO
 from .keys import (
-    has_activation_checkpointing, offload_block, offload_pin_memory, precision, quantized_weights, zero, zero_key,
-    zero_setting, zero_stage,
+    has_activation_checkpointing, offload_block, offload_pin_memory, precision, quantized_weights,
+    sequence_parallel_size, zero, zero_key, zero_setting, zero_stage,
 )
 
 
@@ -228,13 +229,18 @@ def rehearsal_changes(ds: dict, world_size: int, nvme_dir: str, on_cpu: bool) ->
             notices.append(f"{which}.nvme_path -> {nvme_dir} (local directory)")
         if which == "offload_param" and "buffer_size" in block:
             block["buffer_size"] = 1e7
+    sp = sequence_parallel_size(ds)
+    if sp > 1 and world_size % sp:
+        # gcd: still divides what sp divided (the heads), and the ranks present
+        ds["sequence_parallel_size"] = math.gcd(sp, world_size)
+        notices.append(f"sequence_parallel_size {sp} -> {ds['sequence_parallel_size']} (ranks present)")
     tp = ds.get("tensor_parallel") or {}
     if tp.get("autotp_size", 0) > 1 and world_size % tp["autotp_size"]:
         tp["autotp_size"] = world_size
         notices.append(f"tensor_parallel.autotp_size -> {world_size} (ranks present)")
     ep = ds.get("expert_parallel") or {}
     if isinstance(ep.get("autoep_size"), int) and ep["autoep_size"] > 1 and world_size % ep["autoep_size"]:
-        size = max(d for d in range(1, min(world_size, ep["autoep_size"]) + 1) if world_size % d == 0)
+        size = math.gcd(ep["autoep_size"], world_size)  # still divides the experts, as autoep_size did
         notices.append(f"expert_parallel.autoep_size {ep['autoep_size']} -> {size} (ranks present)")
         ep["autoep_size"] = size
     if on_cpu:

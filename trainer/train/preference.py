@@ -89,11 +89,11 @@ class RewardMeter:
 class Objective:
     """The training loss of a batch: the model's own (pretraining, SFT), with no metrics of its own."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, logits_tiles: int = 0):
+        self.engine, self.logits_tiles = engine, logits_tiles  # model.tiled_logits, resolved
 
     def __call__(self, batch: dict, record: bool = True) -> torch.Tensor:
-        return loss_of(self.engine, batch)  # the model's own; under sequence parallelism, the group's
+        return loss_of(self.engine, batch, self.logits_tiles)  # the model's own; under SP, the group's
 
     def metrics(self, device, prefix: str = "") -> dict:
         return {}
@@ -141,7 +141,7 @@ class PreferenceObjective(Objective):
 def make_objective(engine, cfg, reference_engine=None) -> Objective:
     """The run's objective: the model's loss, or the preference loss against the reference the config chose."""
     if cfg.data.task != "preference":
-        return Objective(engine)
+        return Objective(engine, cfg.model.tiled_logits or 0)
     if cfg.preference.label_smoothing >= 0.5:
         raise UserError(f"preference.label_smoothing={cfg.preference.label_smoothing}: at 0.5 or more the flipped "
                         f"pairs outweigh the rest; use a value below 0.5")

@@ -9,7 +9,8 @@ data/tokenizer become the shipped tiny set of the same task when the preset's ar
 chat messages, as the shipped SFT presets read; the tiny tokenizer loses its chat template when the
 preset's tokenizer may have none and data.chat_template is unset, so that mistake stops here too),
 bf16/fp16 -> fp32 and quantized weights off on CPU, flash-attn -> sdpa, the NVMe path -> a local
-directory, the world size -> the ranks present, a few steps with an eval and a save.
+directory, the world size -> the ranks present (a sequence-parallel size with it, and seq_len to a multiple
+of it), a few steps with an eval and a save.
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozense
     notices = [f"rehearsal of {cfg.name}: model shrunk to 2 layers, {world_size} rank(s), 6 steps, "
                f"output in {run_dir}"]
     model = shrink_model(cfg, notices)
-    model = dataclasses.replace(model, tokenizer=tiny_tokenizer(cfg, run_dir, notices))
-    data = tiny_data(cfg, notices)
+    model = dataclasses.replace(model, tokenizer=tiny_tokenizer(cfg, run_dir, notices),
+                                tiled_logits=kept_logits_tiling(cfg, notices))
     ds, ds_notices = dsc.rehearsal_changes(cfg.deepspeed, world_size, str(run_dir / "nvme"), on_cpu)
+    data = tiny_data(cfg, dsc.sequence_parallel_size(ds), notices)
     notices += ds_notices
     if dsc.nvme_offloads(ds):  # the rehearsal's NVMe stand-in must exist to resolve; made only when it is used
         (run_dir / "nvme").mkdir(parents=True, exist_ok=True)
@@ -91,17 +93,41 @@ def shrink_model(cfg: Config, notices: list[str]):
                                vocab_size=1024, max_position_embeddings=256, attn_implementation=attention)
 
 
-def tiny_data(cfg: Config, notices: list[str]):
+def kept_logits_tiling(cfg: Config, notices: list[str]):
+    """model.tiled_logits "auto" turns on for the preset's long samples but would stay off for the rehearsal's short
+    ones: the rehearsal asks for 2 tiles instead, so the tiled loss path runs too."""
+    from ..resolve import auto_logits_tiles
+    tiles = cfg.model.tiled_logits
+    if tiles is not None or not auto_logits_tiles(cfg.model, cfg.data.seq_len, dsc.sequence_parallel_size(cfg.deepspeed),
+                                                  cfg.train.micro_batch_size, cfg.train.precision, cfg.data.task):
+        return tiles
+    notices.append("model.tiled_logits auto -> 2 (the preset's samples are long enough to tile their logits; the "
+                   "rehearsal's are not, so it asks)")
+    return 2
+
+
+def tiny_data(cfg: Config, sequence_parallel: int, notices: list[str]):
     d = cfg.data
+    seq_len = rehearsal_seq_len(d.seq_len, sequence_parallel, notices)
     if Path(d.source).exists():
-        return dataclasses.replace(d, seq_len=min(d.seq_len, 64))
+        return dataclasses.replace(d, seq_len=seq_len)
     kind = {"sft": "chat messages", "preference": "prompt/chosen/rejected pairs"}.get(d.task, "text")
     notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data: {kind})")
     default = DataConfig()  # the tiny set's columns have the default names, whatever the preset's data calls them
     columns = {name: getattr(default, name) for name in ("text_field", "prompt_field", "response_field",
                                                          "messages_field", "chosen_field", "rejected_field")}
-    return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=64, num_workers=1,
+    return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=seq_len, num_workers=1,
                                eval_fraction=0.05, **columns)
+
+
+def rehearsal_seq_len(seq_len: int, sequence_parallel: int, notices: list[str]) -> int:
+    """At most 64 tokens (a toy model), a multiple of the rehearsal's sequence-parallel size: each rank of a
+    Ulysses group holds seq_len / sp of them."""
+    short = max(min(seq_len, 64) // sequence_parallel * sequence_parallel, sequence_parallel)
+    if sequence_parallel > 1 and short != seq_len:
+        notices.append(f"data.seq_len {seq_len} -> {short} ({short // sequence_parallel} tokens on each of the "
+                       f"{sequence_parallel} ranks of a sequence-parallel group)")
+    return short
 
 
 def tiny_tokenizer(cfg: Config, run_dir: Path, notices: list[str]) -> str:

@@ -150,13 +150,13 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
 
     sequence_parallel.release()  # what an earlier run in this process registered (tests train several per launch)
     model, hf_ds_config = build_model(cfg, rank)
-    sequence_parallel.tile_mlps(model, cfg.model.tiled_mlp)
+    tiled = sequence_parallel.tile_mlps(model, cfg.model.tiled_mlp)
     hooks.on_model(model)
     total_params, trainable_params = count_parameters(model)
     active = active_parameters(model, total_params)
     per_token = f", {active:,} active per token" if active != total_params else ""
-    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable{per_token}); {kernels_in_use(model)}",
-           rank=rank)
+    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable{per_token}); {kernels_in_use(model)}"
+           f"{sequence_parallel.tiling_in_use(tiled, cfg.model)}", rank=rank)
     if zero3_leaves_in_use(model):
         print0(f"ZeRO-3 leaf modules (gathered whole, MoE routing cannot desynchronise the ranks): "
                f"{zero3_leaves_in_use(model)}", rank=rank)

@@ -18,7 +18,8 @@ sample together, each rank holding seq_len / sp of its tokens:
                     gradient of the sample's mean loss; the value every rank reports is the group's whole loss.
 
 `loss_of` is what the loop and eval call for a micro-batch's loss, with or without sequence parallelism.
-`tile_mlps` (model.tiled_mlp, with or without SP) runs the MLPs through DeepSpeed's TiledMLP.
+`tile_mlps` (model.tiled_mlp, with or without SP) runs the MLPs through DeepSpeed's TiledMLP; model.tiled_logits
+runs the LM head and loss through DeepSpeed's TiledFusedLogitsLoss (`tiled_loss_sum`), with or without SP.
 """
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ def tile_mlps(model, tiles: int) -> int:
     return len(mlps)
 
 
+def tiling_in_use(tiled_mlps: int, model_cfg) -> str:
+    """For the start-up log: what runs tiled along the sequence ('' when nothing does)."""
+    parts = [f"{tiled_mlps} MLPs in {model_cfg.tiled_mlp} tiles"] if tiled_mlps else []
+    if (model_cfg.tiled_logits or 0) >= 2:
+        parts.append(f"LM head and loss in {model_cfg.tiled_logits} tiles")
+    return f"; tiled (DeepSpeed ALST): {', '.join(parts)}" if parts else ""
+
+
 def _tiled_mlp_forward(mlp, tiles: int, x: torch.Tensor) -> torch.Tensor:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
     # no more tiles than tokens: TiledMLP marks a weight's gradient whole at its last tile, which must exist
@@ -109,28 +118,113 @@ def data_parallel_rank(engine) -> int:
     return members[0] // sp
 
 
-def loss_of(engine, batch: dict) -> torch.Tensor:
+def loss_of(engine, batch: dict, logits_tiles: int = 0) -> torch.Tensor:
     """The micro-batch's mean loss over its predicted tokens, on every rank of a sequence-parallel group alike
-    (its gradient is this rank's share); without sequence parallelism, the model's own loss."""
-    if sequence_parallel_size(engine) == 1:
+    (its gradient is this rank's share); without sequence parallelism or tiles, the model's own loss.
+    `logits_tiles` >= 2 (model.tiled_logits): the LM head and loss run in that many tiles (tiled_loss_sum)."""
+    sp = sequence_parallel_size(engine)
+    if sp == 1 and logits_tiles < 2:
         return engine(**batch).loss
+    inputs, shift_labels, predicted = model_inputs(engine, batch, sp)
+    scale = gradient_scale(engine, sp)
+    if logits_tiles >= 2:  # dividing by predicted / scale: the tiles' in-forward gradients get the scale too
+        scaled = tiled_loss_sum(engine, inputs, shift_labels, logits_tiles, predicted / scale)
+    else:
+        logits = engine(**inputs).logits
+        scaled = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1),
+                                 ignore_index=IGNORE_INDEX, reduction="sum") / predicted * scale
+    if sp == 1:
+        return scaled
+    whole = scaled.detach() / scale
+    dist.all_reduce(whole, group=engine.get_sequence_parallel_group())
+    return scaled + (whole - scaled.detach())  # the value of the whole, the gradient of this rank's share x scale
+
+
+def gradient_scale(engine, sp: int) -> int:
+    """What this rank's loss gradient is multiplied by so that DeepSpeed's reduction leaves the group's sum of
+    shard gradients averaged over data-parallel replicas (world / sp). ZeRO-1/2, and ZeRO-3's all-reduce path,
+    divide the summed gradients by world / sp (stage_1_and_2.py, stage3.py __avg_scatter_contiguous_grads); ZeRO-3's
+    reduce-scatter path (zero_optimization.reduce_scatter, on by default) averages over the whole world
+    (comm/coalesced_collectives.py reduce_scatter_coalesced: div_(world_sz)) and never multiplies sp back
+    (stage3.py __avg_scatter_grads, DeepSpeed 0.19.8): its gradients came out sp times too small (grad_norm halved
+    at SP=2: clipping and Adam's epsilon then made pretraining drift 5.4e-5 from one rank by step 4)."""
+    if sp > 1 and engine.zero_optimization_stage() == 3 and engine.zero_reduce_scatter():
+        return sp
+    return 1
+
+
+def model_inputs(engine, batch: dict, sp: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """(the model's inputs for this rank, its labels shifted by one, the count of predicted tokens of the whole
+    micro-batch). Under sequence parallelism this rank's slice of the sequence (module docstring)."""
+    shift_labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # before sharding, as DeepSpeed's adapter
+    if sp == 1:
+        inputs = {key: value for key, value in batch.items() if key != "labels"}
+        return {**inputs, "use_cache": False}, shift_labels, _predicted(shift_labels)
     group = engine.get_sequence_parallel_group()
-    sp, sp_rank = dist.get_world_size(group), dist.get_rank(group)
     batch = full_rows(batch, engine.train_micro_batch_size_per_gpu())
     check_right_padded(batch.get("attention_mask"))
-    input_ids, labels = batch["input_ids"], batch["labels"]
+    check_one_sample_per_group(batch["input_ids"], group)
+    shift_labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
+    input_ids = batch["input_ids"]
     rows, length = input_ids.shape
-    shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # before sharding, as DeepSpeed's adapter does
     positions = torch.arange(length, device=input_ids.device).expand(rows, length)
     chunk = length // sp
-    mine = slice(sp_rank * chunk, (sp_rank + 1) * chunk)
-    logits = engine(input_ids=input_ids[:, mine], position_ids=positions[:, mine], use_cache=False).logits
-    shard_sum = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift_labels[:, mine].reshape(-1),
-                                ignore_index=IGNORE_INDEX, reduction="sum")
-    share = shard_sum / (shift_labels != IGNORE_INDEX).sum()  # the group's count: every rank holds the whole batch
-    whole = share.detach().clone()
-    dist.all_reduce(whole, group=group)
-    return share + (whole - share.detach())  # the value of the whole, the gradient of this rank's share
+    mine = slice(dist.get_rank(group) * chunk, (dist.get_rank(group) + 1) * chunk)
+    inputs = {"input_ids": input_ids[:, mine], "position_ids": positions[:, mine], "use_cache": False}
+    return inputs, shift_labels[:, mine], _predicted(shift_labels)  # the group's count: every rank holds the batch
+
+
+def _predicted(shift_labels: torch.Tensor) -> torch.Tensor:
+    return (shift_labels != IGNORE_INDEX).sum().clamp(min=1)  # a micro-batch that predicts nothing has loss 0
+
+
+def tiled_loss_sum(engine, inputs: dict, shift_labels: torch.Tensor, tiles: int, predicted) -> torch.Tensor:
+    """Sum of this rank's token losses / `predicted` (a count, or a count over a gradient scale), through DeepSpeed's TiledFusedLogitsLoss: the LM head and the
+    cross-entropy run on `tiles` slices of the hidden states, so one slice's logits exist at a time.
+
+    The model runs through the engine (DeepSpeed's forward hooks, its backward prologue on the outputs) with no
+    logits (transformers' logits_to_keep, an empty index) and returns its final hidden states. TiledFusedLogitsLoss
+    runs each tile's backward inside its forward: the LM head's gradient is final before engine.backward, which
+    divides the loss by the accumulation steps only afterwards, for what flows into the body. So each tile's loss is
+    divided by them here and the result multiplied back: the value is unchanged, every gradient gets the division
+    once. (fp16's loss scale would be missed the same way: rules.py refuses tiles with fp16.)"""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss
+    model = engine.module.get_base_model() if hasattr(engine.module, "get_base_model") else engine.module  # PEFT
+    head = model.get_output_embeddings()
+    no_positions = torch.empty(0, dtype=torch.long, device=shift_labels.device)
+    hidden = engine(**inputs, output_hidden_states=True, logits_to_keep=no_positions).hidden_states[-1]
+    steps = engine.gradient_accumulation_steps()
+
+    def tile_loss(head, x, y):
+        return F.cross_entropy(head(x).float(), y, ignore_index=IGNORE_INDEX, reduction="sum") / (predicted * steps)
+
+    head_weights = [p for p in head.parameters() if p.requires_grad]
+    tiles = even_tiles(hidden.shape[0] * hidden.shape[1], tiles)
+    return steps * TiledFusedLogitsLoss.apply(tile_loss, head, hidden, shift_labels, None, tiles, head_weights, "sum")
+
+
+def even_tiles(rows: int, tiles: int) -> int:
+    """The most tiles, up to `tiles`, that split `rows` evenly: torch.chunk gives fewer pieces than asked when they
+    do not (6 rows in 4 -> 3 of 2), and TiledFusedLogitsLoss marks the head's gradient ready at piece number `tiles`,
+    which must exist."""
+    return max(t for t in range(1, min(tiles, rows) + 1) if rows % t == 0)
+
+
+def check_one_sample_per_group(input_ids: torch.Tensor, group) -> None:
+    """Every rank of a sequence-parallel group must hold the same micro-batch (each keeps its slice of it). A
+    loader that shards over all ranks, or shuffles per rank, hands them different samples: attention would then
+    mix slices of unrelated sequences, silently. One small all-gather per micro-batch (next to Ulysses' four
+    all-to-alls per layer) compares a fingerprint of the token ids."""
+    weights = torch.arange(1, input_ids.numel() + 1, device=input_ids.device).view_as(input_ids)
+    mine = (input_ids.long() * weights).sum().view(1)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    if any(int(other) != int(mine) for other in everyone):
+        members = dist.get_process_group_ranks(group)
+        raise UserError(f"the ranks {members} of a sequence-parallel group hold different samples: a group trains on "
+                        f"one sample, each rank on its slice, so its ranks must read the same micro-batch - shard the "
+                        f"data by data-parallel rank (rank // sequence_parallel_size), not by rank, and do not "
+                        f"shuffle per rank (the trainer's own loader does this; a loader of your own must too)")
 
 
 def full_rows(batch: dict, rows: int) -> dict:
