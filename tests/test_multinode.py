@@ -92,10 +92,13 @@ def assert_same_trajectory(run, reference, tolerance: float = 0.0) -> float:
 
 @pytest.fixture(scope="module")
 def single_node(tmp_path_factory):
-    """The reference: 2 ranks on one node, `deepspeed --num_gpus 2` started by the launch command."""
+    """The reference: 2 ranks on one node, `deepspeed --num_gpus 2` started by the launch command. Its ranks get
+    the thread count the loopback "nodes" give theirs: each is alone on its node, so it takes every core
+    (distributed.threads_per_rank); a different intra-op thread count changes float sums in the last bit."""
     out = tmp_path_factory.mktemp("single") / "run"
     output = launch(["tiny_cpu", "--master-port", str(new_port()), *sets(RUN + STAGES["z2"] +
-                                                                       [f"train.output_dir={out}"])])
+                                                                       [f"train.output_dir={out}"])],
+                    env=env_with(OMP_NUM_THREADS=str(len(os.sched_getaffinity(0)))))
     assert "deepspeed --num_gpus 2 --master_port" in output
     return out
 
