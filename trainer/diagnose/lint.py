@@ -280,6 +280,7 @@ def moe_layout(r: Resolved) -> list[Finding]:
                            f"DeepSpeed AutoEP (deepspeed.expert_parallel={{enabled: true, autoep_size: {size}}}) keeps "
                            f"{experts // size} per GPU and sends tokens to them instead (python -m trainer plan "
                            f"--expert-parallel {size} shows the memory and the all-to-all volume)"))
+    return out
 
 
 def sequence_parallel(r: Resolved) -> list[Finding]:
