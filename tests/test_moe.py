@@ -13,6 +13,7 @@ from trainer.errors import ConfigError, UserError
 from trainer.model import build_model
 from trainer.presets import load_preset
 from trainer.resolve import resolve
+from trainer.train import router
 from trainer.train.router import RouterWatch
 
 FAMILIES = ["mixtral", "qwen3_moe"]
@@ -162,9 +163,12 @@ def test_router_health_equals_transformers_load_balancing_loss():
         model(**batch())
     assert watch.window("cpu") == {}  # evaluation forwards are not training traffic
     model.train()
-    with torch.no_grad():  # how a LoRA preference run's reference (adapter off) runs, in train mode
+    with torch.no_grad(), router.uncounted():  # how a LoRA preference run's reference (adapter off) runs
         model(**batch())
     assert watch.window("cpu") == {}
+    with torch.no_grad():  # a training forward without grad (DeepSpeed's checkpointing runs them so) counts
+        model(**batch())
+    assert watch.window("cpu")["router_aux_loss"] > 0
 
 
 def test_router_health_counts_each_training_forward_once_under_gradient_checkpointing():

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from .. import ds as dsc
 from ..config import PreferenceConfig
 from ..errors import UserError
+from . import router
 from .sequence_parallel import loss_of
 
 IGNORE_INDEX = -100  # trainer.data.records.IGNORE_INDEX (not imported: the data package pulls in datasets)
@@ -189,6 +190,6 @@ def adapter_disabled(engine) -> Callable:
     model = engine.module
 
     def reference(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        with model.disable_adapter():
+        with model.disable_adapter(), router.uncounted():  # not training traffic for the router metrics
             return engine(input_ids=ids, attention_mask=mask).logits
     return reference

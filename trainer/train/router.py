@@ -9,18 +9,34 @@
     expert_share_min_over_mean  the idlest expert's, in the worst layer (0.0 = an expert that gets no token: dead).
 
 The numbers come from forward hooks on the routers (found from the model: trainer.moe.routers), so they are logged
-whether or not the aux loss is added to the training loss (model.output_router_logits). Evaluation forwards, forwards
-without grad (the reference of a LoRA preference run is this model with its adapter off) and the recomputation of
-gradient checkpointing (which runs inside backward) are not counted.
+whether or not the aux loss is added to the training loss (model.output_router_logits). Evaluation forwards, the
+reference forward of a LoRA preference run (this model with its adapter off, inside `uncounted()`) and the
+recomputation of gradient checkpointing (which runs inside backward) are not counted. Grad mode cannot tell the
+reference apart: DeepSpeed's activation checkpointing runs the training forward without grad too.
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import moe
+
+
+_uncounted = False  # set inside uncounted(): the forwards are not training traffic
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Forwards run inside are left out of the router metrics."""
+    global _uncounted
+    before, _uncounted = _uncounted, True
+    try:
+        yield
+    finally:
+        _uncounted = before
 
 
 class RouterWatch:
@@ -45,8 +61,8 @@ class RouterWatch:
 
     def _hook(self, layer: int, index: int):
         def record(module, inputs, output):
-            if not module.training or not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
-                return  # eval, a reference forward (no grad), or a checkpoint's recompute inside backward
+            if not module.training or _uncounted or torch._C._current_graph_task_id() != -1:
+                return  # eval, a reference forward, or a checkpoint's recompute inside backward
             logits = (output[index] if isinstance(output, (tuple, list)) else output).detach().float()
             self.add(layer, logits.reshape(-1, logits.shape[-1]))
         return record
