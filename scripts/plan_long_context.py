@@ -4,10 +4,14 @@
 
 For each GPU count the planner (trainer.plan, DeepSpeed Ulysses sequence parallelism up to every GPU) is asked for the
 longest sequence (a multiple of 1,024 tokens, bisected) that some candidate fits at micro-batch 1, once without
-and once with sequence parallelism. The published figures are Llama-3.1-8B on H100 80GB from Bekman et al., "Arctic
-Long Sequence Training" (arXiv:2506.13996, 2025): 32K for plain Hugging Face + DeepSpeed, 500K on 1 GPU, 3.7M on 8,
-15M on 32 - with tiled MLP and logits+loss and the activation checkpoints offloaded to the CPU, which this planner
-does not count (the trainer does not run them yet): the gap between the columns is what those add.
+and once with sequence parallelism. The planner counts what the trainer runs: tiled logits + loss by
+model.tiled_logits' "auto", tiled MLPs (ALST's tiles of ~hidden_size tokens) where checkpointing alone does not
+fit, ZeRO-3 with the optimizer and parameters on the CPU. The published figures are Llama-3.1-8B on H100 80GB from
+Bekman et al., "Arctic Long Sequence Training" (arXiv:2506.13996, 2025): 32K for plain Hugging Face + DeepSpeed,
+500K on 1 GPU, 3.7M on 8, 15M on 32 - with tiled MLP and logits+loss and also the activation checkpoints offloaded
+to the CPU, which the trainer does not run and this planner does not count: at the planner's longest sequences
+the checkpointed layer inputs are ~47 of the ~76 GB per GPU, most of the remaining gap (2026-12-02: 179,200 /
+1,440,768 / 5,570,560 tokens, 0.36-0.39 of the paper's; 35,840 / 291,840 / 1,161,216 before tiling was counted).
 """
 from __future__ import annotations
 

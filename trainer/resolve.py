@@ -141,6 +141,20 @@ def auto_logits_tiles(m, seq_len: int, sequence_parallel: int, micro_batch: int,
     return math.ceil(4 * per_sequence * micro_batch / LOGITS_TILE_BYTES)
 
 
+def alst_mlp_tiles(hidden_size: int, seq_len: int, sequence_parallel: int, micro_batch: int) -> int:
+    """ALST's model.tiled_mlp for one rank's share of a micro-batch: tiles of about hidden_size tokens (DeepSpeed's
+    TiledMLP example, ceil(tokens / hidden)); 1 = nothing to tile. Suggested by lint, chosen by the planner."""
+    tokens = seq_len // sequence_parallel * micro_batch
+    return -(-tokens // hidden_size)
+
+
+def even_tiles(rows: int, tiles: int) -> int:
+    """The most tiles, up to `tiles`, that split `rows` evenly: torch.chunk gives fewer pieces than asked when they
+    do not (6 rows in 4 -> 3 of 2), and TiledFusedLogitsLoss marks the head's gradient ready at piece number `tiles`,
+    which must exist. What the tiled loss runs (train.sequence_parallel) and the planner counts."""
+    return max(t for t in range(1, min(tiles, rows) + 1) if rows % t == 0)
+
+
 def _canonical_gpu_name(cfg: Config) -> Config:
     """hardware.gpu as the planner reads it: case does not matter (`A100-80G` is `a100-80g`)."""
     name = cfg.hardware.gpu

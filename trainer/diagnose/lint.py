@@ -37,7 +37,7 @@ from .. import hardware
 from ..options import add_preset_arguments, load_and_resolve
 from ..plan import memory as mem
 from ..plan.estimate import Candidate, gb, plan_for_resolved
-from ..resolve import Resolved
+from ..resolve import Resolved, alst_mlp_tiles
 
 
 SEVERITIES = ("error", "warn", "info")
@@ -295,7 +295,7 @@ def sequence_parallel(r: Resolved) -> list[Finding]:
                            f"node: a group spans nodes, and Ulysses' four all-to-alls per layer cross the network; "
                            f"keep a group inside a node (a size dividing {hw.gpus_per_node})"))
     tokens = r.config.data.seq_len // sp * r.batch.micro_batch_size
-    tiles = -(-tokens // m.hidden_size)  # ALST's choice: tiles of about hidden_size tokens
+    tiles = alst_mlp_tiles(m.hidden_size, r.config.data.seq_len, sp, r.batch.micro_batch_size)
     if m.tiled_mlp == 0 and tiles >= 2 and r.config.data.seq_len >= LONG_SEQUENCE:
         out.append(Finding("info", "sequence parallel", f"each rank runs its MLPs over {tokens} tokens at once "
                            f"(4 x intermediate_size activations each); model.tiled_mlp={tiles} (DeepSpeed's "

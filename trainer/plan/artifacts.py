@@ -40,7 +40,8 @@ def planned_deepspeed_config(plan: Plan) -> dict:
 def planned_trainer_config(plan: Plan, ds: dict) -> Config:
     c, inputs = plan.choice, plan.inputs
     model = dataclasses.replace(inputs.model.config, gradient_checkpointing=c.checkpointing,
-                                lora=dataclasses.replace(inputs.lora, enabled=inputs.lora_enabled))
+                                lora=dataclasses.replace(inputs.lora, enabled=inputs.lora_enabled),
+                                tiled_mlp=c.mlp_tiles)  # tiled_logits stays "auto": it decides as the plan counted
     train = TrainConfig(micro_batch_size=c.micro_batch, grad_accum=plan.grad_accum,
                         global_batch_size=plan.global_batch, precision=inputs.precision, lr=DEFAULT_LR[inputs.task])
     hardware = HardwareConfig(gpu=inputs.gpu.name, gpus_per_node=inputs.gpus_per_node, nodes=inputs.nodes,
@@ -118,6 +119,12 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
         setting("train.global_batch_size", config.train.global_batch_size,
                 c.micro_batch * accum * inputs.data_parallel_size)
     setting("model.gradient_checkpointing", config.model.gradient_checkpointing, c.checkpointing)
+    if c.mlp_tiles:  # the plan needs them; a preset's own tiles where the plan does not are left alone
+        setting("model.tiled_mlp", config.model.tiled_mlp, c.mlp_tiles)
+    fixed_logits_tiles = config.model.tiled_logits
+    if c.logits_tiles and fixed_logits_tiles is not None and fixed_logits_tiles != c.logits_tiles:
+        differences.append(f"model.tiled_logits: preset {fixed_logits_tiles}, plan auto ({c.logits_tiles} tiles)")
+        overrides.append("model.tiled_logits=null")  # the plan counted what "auto" runs
     if dsc.sequence_parallel_size(config.deepspeed) != inputs.sp:
         differences.append(f"sequence parallel: preset {dsc.sequence_parallel_size(config.deepspeed)}, plan {inputs.sp}")
         overrides.append(f"deepspeed.sequence_parallel_size={inputs.sp}")

@@ -1,5 +1,16 @@
 """The seed's decision tree: lowest stage that fits, checkpointing before a stage up, offload last, ZeRO++ hpZ
-across nodes, then the largest micro-batch and the accumulation that reaches the global batch."""
+across nodes, then the largest micro-batch and the accumulation that reaches the global batch.
+
+Long sequences add DeepSpeed Ulysses sequence parallelism (SP) to the tree, in this order (`make_plan`):
+  1. every candidate at SP 1, the tree's order (WALK: zero0, zero2, zero2_cpu_offload, zero3, ...): a plan where
+     one sequence fits a GPU never changes;
+  2. if only candidates that offload (a CPU/NVMe optimizer step) fit at SP 1, or none does: the candidates that keep
+     everything on the GPU (ON_GPU), each at the smallest SP size that fits. An offloaded optimizer step moves the
+     whole gradient and parameter partition over PCIe every step, more than Ulysses' all-to-alls over NVLink; ALST
+     itself pairs SP with ZeRO-3, not offload, when there are GPUs to spread the sequence over;
+  3. else the SP-1 offload candidate of step 1, else the offloading candidates with SP (OFFLOADED, smallest size).
+In every step checkpointing comes before tiled MLPs (estimate.best_shot), and tiled logits are counted as the
+trainer's "auto" runs them."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +21,18 @@ from .. import ds as dsc
 from . import memory as mem
 from .artifacts import launch_line, nearest_preset, planned_deepspeed_config
 from .estimate import (
-    CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Estimate, Plan, best_shot, estimate, gb, micro_batch_options
+    CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
+    micro_batch_options, planned_mlp_tiles
 )
 from .inputs import PlanInputs, sequence_parallel_sizes
+
+
+def offloads(candidate: Candidate) -> bool:
+    return "none" != candidate.offload_optimizer or "none" != candidate.offload_param
+
+
+ON_GPU = tuple(c for c in WALK if not offloads(c))      # tried with sequence parallelism before any offload
+OFFLOADED = tuple(c for c in WALK if offloads(c))
 
 
 def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
@@ -28,16 +48,17 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         plan.notes.append(f"micro-batch {inputs.micro_batch} fits nowhere; planning the largest micro-batch that fits")
         chosen, lines = walk_tree(inputs, 1)
         plan.walk += lines
-    if chosen is None and inputs.sequence_parallel is None:
-        found = smallest_sequence_parallel(inputs)
+    if inputs.sequence_parallel is None and (chosen is None or only_offload_fits(inputs, chosen)):
+        found = sequence_parallel_before_offload(inputs, chosen)
         plan.walk += found[2]
-        if found[1] is not None:
+        if found[1] is not None and found[0].sp > 1:
             inputs, chosen = found[0], found[1]
             plan.inputs, plan.rows = inputs, [best_shot(inputs, c, 1) for c in CANDIDATES]
     if chosen is None:
         plan.suggestions = what_would_fit(inputs)
         return plan
-    plan.notes += sequence_parallel_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen)
+    plan.notes += (sequence_parallel_notes(inputs, chosen) + tiling_notes(inputs, chosen)
+                   + expert_parallel_notes(inputs, chosen))
     chosen, note = add_zeropp(inputs, chosen)
     plan.notes += [note] if note else []
     plan.choice, line = largest_micro_batch(inputs, chosen)
@@ -87,17 +108,41 @@ def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate],
     return None, lines
 
 
-def smallest_sequence_parallel(inputs: PlanInputs) -> tuple[PlanInputs, Optional[Estimate], list[str]]:
+def only_offload_fits(inputs: PlanInputs, chosen: Estimate) -> bool:
+    """The tree's pick at SP 1 offloads, and no candidate that keeps everything on the GPU fits even at
+    micro-batch 1: then sequence parallelism is tried first (module docstring, step 2)."""
+    return offloads(chosen.candidate) and not any(best_shot(inputs, c, 1).fits for c in ON_GPU)
+
+
+def sequence_parallel_before_offload(inputs: PlanInputs, offloaded: Optional[Estimate]
+                                     ) -> tuple[PlanInputs, Optional[Estimate], list[str]]:
+    """Steps 2 and 3 of the module docstring: the on-GPU candidates with SP; else the SP-1 offload pick
+    (`offloaded`), else the offloading candidates with SP."""
+    trial, shot, lines = smallest_sequence_parallel(inputs, ON_GPU)
+    if shot is not None:
+        if offloaded is not None:
+            lines.append(f"sequence parallel {trial.sp} before {offloaded.candidate.name} (which fits one sequence "
+                         f"per GPU): Ulysses' all-to-alls over NVLink cost less than an optimizer step over PCIe; "
+                         f"--sequence-parallel 1 plans the offload instead")
+        return trial, shot, lines
+    if offloaded is not None:
+        return inputs, offloaded, lines + [f"{offloaded.candidate.name} at sequence parallel 1 -> chosen"]
+    trial, shot, more = smallest_sequence_parallel(inputs, OFFLOADED)
+    return trial, shot, lines + more
+
+
+def smallest_sequence_parallel(inputs: PlanInputs, candidates: tuple[Candidate, ...] = WALK
+                               ) -> tuple[PlanInputs, Optional[Estimate], list[str]]:
     """When one sequence's activations fit no GPU at micro-batch 1 (long context), DeepSpeed Ulysses splits each
     sequence over an SP group: every activation outside attention (logits included) is held s/sp tokens per GPU,
-    attention runs on the whole sequence for a/sp heads. The tree's order still rules (lowest stage first,
-    offload last: a CPU optimizer step costs more than an all-to-all over NVLink), and for each candidate the
-    smallest size that fits: SP adds an all-to-all per attention and divides the data-parallel ranks."""
+    attention runs on the whole sequence for a/sp heads. `candidates` in the tree's order (make_plan passes the
+    on-GPU ones first, then the offloading ones), and for each candidate the smallest size that fits: SP adds an
+    all-to-all per attention and divides the data-parallel ranks."""
     sizes = sequence_parallel_sizes(inputs)[1:]
     if not sizes:
         return inputs, None, ["sequence parallelism: no size > 1 divides the GPUs, the heads and the sequence"]
     lines = []
-    for candidate in WALK:
+    for candidate in candidates:
         for sp in sizes:
             trial = dataclasses.replace(inputs, sequence_parallel=sp)
             shot = best_shot(trial, candidate, 1)
@@ -124,6 +169,23 @@ def sequence_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
             f"{inputs.data_parallel_size} data-parallel group(s) of {sp} GPUs, each training one sequence at a time"]
 
 
+def tiling_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
+    """What runs tiled along the sequence (DeepSpeed ALST), and what the planned config sets for it."""
+    notes, m = [], inputs.model.config
+    tokens = inputs.seq_len // inputs.sp * chosen.micro_batch * inputs.sequences_per_sample
+    if chosen.logits_tiles:
+        notes.append(f"tiled logits + loss: model.tiled_logits auto -> {chosen.logits_tiles} tiles of "
+                     f"{tokens // chosen.logits_tiles} tokens (the trainer's rule: a GPU's share of a sequence x "
+                     f"vocab >= 2^30 logits; DeepSpeed's TiledFusedLogitsLoss): the loss side holds "
+                     f"{gb(chosen.activations.logits)} GB instead of {gb(12 * tokens * m.vocab_size)} GB")
+    if chosen.mlp_tiles:
+        notes.append(f"tiled MLP: model.tiled_mlp={chosen.mlp_tiles} (DeepSpeed's TiledMLP, ALST's tiles of ~hidden_size "
+                     f"= {m.hidden_size} tokens), needed to fit after activation checkpointing: each layer keeps no "
+                     f"SwiGLU tensors, one tile's exist at a time (one more MLP forward per layer in backward); "
+                     f"set in the launch line")
+    return notes
+
+
 def expert_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
     ep, m = inputs.expert_parallel, inputs.model.config
     if ep == 1:
@@ -144,7 +206,8 @@ def add_zeropp(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional
         return chosen, None
     if c.offload_optimizer != "none":
         return chosen, "ZeRO++ hpZ not added: with offload the CPU/NVMe optimizer step, not the network, sets the pace"
-    with_hpz = estimate(inputs, c, chosen.micro_batch, chosen.checkpointing, hpz_partition_size=inputs.gpus_per_node)
+    with_hpz = estimate(inputs, c, chosen.micro_batch, chosen.checkpointing, hpz_partition_size=inputs.gpus_per_node,
+                        mlp_tiles=chosen.mlp_tiles)
     extra = gb(with_hpz.buffers - chosen.buffers)
     if with_hpz.fits:
         return with_hpz, (f"ZeRO++: hpZ {inputs.gpus_per_node} (node-local secondary partition, +{extra} GB per GPU) "
@@ -158,13 +221,18 @@ def largest_micro_batch(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate,
     if inputs.micro_batch and chosen.micro_batch == inputs.micro_batch:
         return chosen, None
     best = chosen
+
+    def at(micro: int) -> Estimate:  # a tiled MLP keeps its tiles of ~hidden_size tokens at any micro-batch
+        tiles = planned_mlp_tiles(inputs, micro) if chosen.mlp_tiles else 0
+        return estimate(inputs, chosen.candidate, micro, chosen.checkpointing, chosen.hpz_partition_size,
+                        mlp_tiles=tiles)
     for micro in micro_batch_options(inputs):
-        shot = estimate(inputs, chosen.candidate, micro, chosen.checkpointing, chosen.hpz_partition_size)
+        shot = at(micro)
         if shot.fits and micro > best.micro_batch:
             best = shot
     bigger = [m for m in micro_batch_options(inputs) if m > best.micro_batch]
     if bigger:
-        shot = estimate(inputs, chosen.candidate, bigger[0], chosen.checkpointing, chosen.hpz_partition_size)
+        shot = at(bigger[0])
         return best, (f"micro-batch {best.micro_batch} is the largest that fits; {bigger[0]} would need "
                       f"{gb(shot.gpu_total)} GB per GPU")
     return best, (f"micro-batch {best.micro_batch}: the largest option"

@@ -7,6 +7,7 @@ from typing import Optional
 
 from .. import ds as dsc
 from .. import hardware
+from ..resolve import alst_mlp_tiles, auto_logits_tiles, even_tiles
 from . import memory as mem
 from .inputs import PlanInputs
 from .models import ModelSpec
@@ -63,6 +64,8 @@ class Estimate:
     nvme_budget: Optional[int]
     reference: int = 0       # preference tuning: the reference model's GPU bytes while training (weights + forward)
     precompute_pass: int = 0  # reference=precomputed: the GPU peak of the one-time pass before training
+    mlp_tiles: int = 0       # model.tiled_mlp counted (0: the MLPs run whole)
+    logits_tiles: int = 0    # model.tiled_logits counted, as the trainer's "auto" decides and runs it (0: off)
 
     @property
     def gpu_total(self) -> int:
@@ -121,16 +124,21 @@ def budgets(inputs: PlanInputs) -> tuple[int, Optional[int], Optional[int]]:
 
 def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpointing: bool,
              hpz_partition_size: int = 1, reduce_bucket_size: Optional[int] = None, precision: Optional[str] = None,
-             attention: Optional[str] = None, overlap_comm: bool = True) -> Estimate:
-    """Per-GPU, per-node host and NVMe bytes of one candidate at one micro-batch."""
+             attention: Optional[str] = None, overlap_comm: bool = True, mlp_tiles: int = 0,
+             logits_tiles: Optional[int] = None) -> Estimate:
+    """Per-GPU, per-node host and NVMe bytes of one candidate at one micro-batch. `logits_tiles` None: as the
+    trainer's model.tiled_logits "auto" decides at these sizes (`planned_logits_tiles`)."""
     precision = precision or inputs.precision
     m, stage = inputs.model.config, candidate.stage
     on_nvme = candidate.stage == 3 and "nvme" in (candidate.offload_optimizer, candidate.offload_param)
     states = _model_states(inputs, candidate, precision)
     attention = attention or m.attn_implementation  # 'auto' is counted as sdpa, the larger of the two
     sequences = micro_batch * inputs.sequences_per_sample  # a preference pair is two sequences
+    if logits_tiles is None:
+        logits_tiles = planned_logits_tiles(inputs, sequences, precision)
+    logits_tiles = even_tiles(inputs.seq_len // inputs.sp * sequences, logits_tiles) if logits_tiles >= 2 else 0
     activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
-                                       inputs.padding_mask, stage, inputs.sp)
+                                       inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))
@@ -153,7 +161,22 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
     return Estimate(candidate, micro_batch, checkpointing, hpz_partition_size if stage == 3 else 1, states,
                     activations, buffers, int(cpu), int(nvme), gpu_budget, cpu_budget, nvme_budget, reference,
-                    precompute_pass)
+                    precompute_pass, mlp_tiles if mlp_tiles >= 2 else 0, logits_tiles)
+
+
+def planned_logits_tiles(inputs: PlanInputs, sequences: int, precision: str) -> int:
+    """model.tiled_logits as the trainer's "auto" (resolve.auto_logits_tiles) turns it on for this plan's sizes."""
+    task = "preference" if inputs.preference else "pretrain" if inputs.task == "pretrain" else "sft"
+    return auto_logits_tiles(inputs.model.config, inputs.seq_len, inputs.sp, sequences, precision, task)
+
+
+def planned_mlp_tiles(inputs: PlanInputs, micro_batch: int) -> int:
+    """model.tiled_mlp the planner turns on when checkpointing alone does not fit: ALST's tiles of about hidden_size
+    tokens of one rank's share (resolve.alst_mlp_tiles); 0 where there is nothing to tile (a share of at most
+    hidden_size tokens) or no dense MLP (MoE experts are not tiled: train.sequence_parallel.tile_mlps)."""
+    m = inputs.model.config
+    tiles = alst_mlp_tiles(m.hidden_size, inputs.seq_len, inputs.sp, micro_batch * inputs.sequences_per_sample)
+    return tiles if tiles >= 2 and not m.num_experts else 0
 
 
 def reference_costs(inputs: PlanInputs, candidate: Candidate, sequences: int, precision: str,
@@ -188,11 +211,17 @@ def _model_states(inputs: PlanInputs, candidate: Candidate, precision: str) -> m
 
 def best_shot(inputs: PlanInputs, candidate: Candidate, micro_batch: int) -> Estimate:
     """A candidate at a micro-batch: without checkpointing if that fits, else with it (when allowed and
-    when GPU memory is what does not fit: checkpointing frees no host RAM or NVMe)."""
+    when GPU memory is what does not fit: checkpointing frees no host RAM or NVMe), else with checkpointing and
+    tiled MLPs (`planned_mlp_tiles`: one more MLP forward per layer, so only when checkpointing alone does not
+    fit). Tiled logits are counted throughout as the trainer's "auto" runs them."""
     plain = estimate(inputs, candidate, micro_batch, checkpointing=False)
     if plain.fits or plain.fits_gpu or not inputs.allow_checkpointing:
         return plain
-    return estimate(inputs, candidate, micro_batch, checkpointing=True)
+    checkpointed = estimate(inputs, candidate, micro_batch, checkpointing=True)
+    tiles = planned_mlp_tiles(inputs, micro_batch)
+    if checkpointed.fits_gpu or not tiles:
+        return checkpointed
+    return estimate(inputs, candidate, micro_batch, checkpointing=True, mlp_tiles=tiles)
 
 
 def micro_batch_options(inputs: PlanInputs) -> list[int]:
@@ -227,6 +256,7 @@ class Plan:
 def inputs_for_resolved(resolved) -> PlanInputs:
     """Planner inputs describing a resolved preset (its model, hardware, sequence and LoRA settings)."""
     cfg, hw = resolved.config, resolved.config.hardware
+    sp = dsc.sequence_parallel_size(cfg.deepspeed)
     task = "lora" if cfg.model.lora.enabled else ("pretrain" if cfg.model.name_or_path is None else "full")
     reference = "auto"
     if cfg.data.task == "preference":
@@ -237,9 +267,12 @@ def inputs_for_resolved(resolved) -> PlanInputs:
     return PlanInputs(model=ModelSpec(cfg.model, cfg.name), gpu=hardware.gpu(hw.gpu), gpus_per_node=hw.gpus_per_node,
                       nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
                       seq_len=cfg.data.seq_len, lora=cfg.model.lora,
-                      padding_mask=cfg.data.task in ("sft", "preference"), reference=reference,
+                      # under sequence parallelism the model gets no attention mask (Ulysses attends causally by
+                      # position: train/sequence_parallel.py model_inputs), so sdpa builds no (b, 1, s, s) mask
+                      padding_mask=cfg.data.task in ("sft", "preference") and sp == 1, reference=reference,
                       reference_offload=cfg.preference.reference_offload,
-                      expert_parallel=dsc.autoep_size(cfg.deepspeed))
+                      expert_parallel=dsc.autoep_size(cfg.deepspeed),
+                      sequence_parallel=sp)
 
 
 def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,
@@ -255,4 +288,5 @@ def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing
                     cfg.model.gradient_checkpointing if checkpointing is None else checkpointing,
                     hpz_partition_size=dsc.hpz_partition_size(ds),
                     reduce_bucket_size=int(dsc.zero_setting(ds, "reduce_bucket_size")),
-                    precision=dsc.precision(ds), attention=attention, overlap_comm=dsc.overlap_comm(ds))
+                    precision=dsc.precision(ds), attention=attention, overlap_comm=dsc.overlap_comm(ds),
+                    mlp_tiles=cfg.model.tiled_mlp, logits_tiles=cfg.model.tiled_logits or 0)

@@ -45,6 +45,15 @@ Activations per transformer layer (bytes; s sequence, b micro-batch, h hidden, h
 Logits: the loss upcasts the 16-bit logits to fp32 (4.s.b.V), log-softmax keeps its fp32 output
     (4.s.b.V) and backward makes an fp32 gradient of the same size (4.s.b.V): 12.s.b.V at the peak;
     the 16-bit logits (e.s.b.V) are gone by then unless the caller keeps `outputs.logits`.
+Tiled compute (DeepSpeed ALST, as the trainer runs it: train/sequence_parallel.py), t = tokens per tile:
+    tiled MLP (model.tiled_mlp)   TiledMLP saves only its input (the RMSNorm output, counted above) and runs the
+                                  forward without grad: no layer keeps its SwiGLU tensors; backward recomputes one
+                                  tile at a time, so 4.e.t.I exist once (`mlp_tile_bytes`)
+    tiled logits (tiled_logits)   TiledFusedLogitsLoss runs each tile's forward and backward in its forward: one
+                                  tile's fp32 logits, log-softmax and gradient, 12.t.V, plus the hidden states'
+                                  gradient it fills and keeps for backward, e.s.b.h
+    Both measured with saved_tensors_hooks on a CPU Llama (tests/test_plan_sequence_parallel.py): the saved set
+    within 2%, a recomputed MLP tile exactly, a logits tile's log-softmax within 1%.
 sdpa under a padding mask (SFT batches carry one): transformers 5.24's sdpa_attention_forward passes
     `enable_gqa` only without a mask (use_gqa_in_sdpa, CUDA/CPU); with one it calls repeat_kv, so k and v
     are saved a heads wide (e.s.b.2h instead of e.s.b.2h_kv), and torch turns the boolean (b, 1, s, s)
@@ -332,11 +341,14 @@ def expands_kv(m: ModelConfig, attention: str, padding_mask: bool) -> bool:
 
 
 def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16",
-                           attention: str = "sdpa", padding_mask: bool = False, sequence_parallel: int = 1) -> int:
+                           attention: str = "sdpa", padding_mask: bool = False, sequence_parallel: int = 1,
+                           tiled_mlp: bool = False) -> int:
     """Bytes one decoder layer saves for backward on one rank (module docstring has the derivation). Under
     Ulysses sequence parallelism (size sp) a rank holds s/sp tokens of every tensor outside attention, and inside
     it, after the all-to-all, the whole sequence for a/sp heads: the same bytes, so every per-token term is
-    divided by sp; eager's score matrix (a/sp heads x s x s) too, while a padding mask stays whole per rank."""
+    divided by sp; eager's score matrix (a/sp heads x s x s) too, while a padding mask stays whole per rank.
+    `tiled_mlp` (DeepSpeed's TiledMLP): the MLP saves only its input, the RMSNorm output counted already; its
+    SwiGLU tensors exist one tile at a time (`mlp_tile_bytes`)."""
     e = bytes_per_element(precision)
     h, kv, q, inter, a = m.hidden_size, kv_width(m), q_width(m), m.intermediate_size, m.num_heads
     saved_kv = h if expands_kv(m, attention, padding_mask) else kv
@@ -344,7 +356,7 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, preci
                  + e * q                           # q (k, v below)
                  + e * q                           # attention output (o_proj's input is a view of it)
                  + 4 * a                           # logsumexp
-                 + (moe_bytes_per_token(m, e) if m.num_experts else (3 if m.liger else 4) * e * inter))  # SwiGLU
+                 + (moe_bytes_per_token(m, e) if m.num_experts else 0 if tiled_mlp else swiglu_bytes_per_token(m, e)))
     if m.family == "qwen3_moe":  # q_norm, k_norm: each head's fp32 input, normalised value (RoPE saves no output)
         per_token += (4 + e) * (q + kv) + 4 * (a + (m.num_kv_heads or a))
     if attention == "eager":
@@ -357,6 +369,19 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, preci
     if attention in ("sdpa", "auto") and padding_mask:
         mask = e * seq_len * seq_len * micro_batch  # the mask in the model's dtype, (b, 1, s, s), per layer
     return seq_len * micro_batch // sequence_parallel * per_token + kv + mask
+
+
+def swiglu_bytes_per_token(m: ModelConfig, e: int) -> int:
+    """gate, SiLU(gate), up and their product (down_proj's input); LigerSiLUMul recomputes SiLU."""
+    return (3 if m.liger else 4) * e * m.intermediate_size
+
+
+def mlp_tile_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tiles: int, precision: str = "bf16") -> int:
+    """What a tiled MLP holds beyond its input: one tile's SwiGLU tensors, while TiledMLP recomputes that tile in
+    backward (its forward runs without grad). A tile is ceil(seq_len / tiles) tokens of each sequence (torch.chunk
+    along the sequence, at most one tile per token: train.sequence_parallel._tiled_mlp_forward)."""
+    tiles = min(tiles, seq_len)
+    return micro_batch * -(-seq_len // tiles) * swiglu_bytes_per_token(m, bytes_per_element(precision))
 
 
 def moe_bytes_per_token(m: ModelConfig, e: int) -> int:
@@ -376,12 +401,17 @@ def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
     return min(1 << max(target - 1, 0).bit_length(), tokens)
 
 
-def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16", stage: int = 0) -> int:
+def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16", stage: int = 0,
+                 tiles: int = 0) -> int:
     """Loss-side peak: fp32 logits + fp32 log-softmax output + fp32 gradient; with Liger the fused linear
     cross-entropy's saved input and LM-head gradients, fp32 losses and one logits chunk. Under ZeRO-3 the
     trainer swaps the fused loss for Liger's plain cross-entropy (trainer.model.maybe_apply_liger: the fused
-    one cannot gather a partitioned lm_head), so the full logits are counted there."""
+    one cannot gather a partitioned lm_head), so the full logits are counted there. `tiles` >= 2 (DeepSpeed's
+    TiledFusedLogitsLoss, tiles that divide the tokens evenly: resolve.even_tiles): one tile's three fp32 tensors,
+    and the hidden states' gradient it fills tile by tile in forward and keeps for backward (e.s.b.h)."""
     tokens = seq_len * micro_batch
+    if tiles >= 2:
+        return bytes_per_element(precision) * tokens * m.hidden_size + 12 * (tokens // tiles) * m.vocab_size
     if m.liger and stage != 3:
         e = bytes_per_element(precision)
         return (e * tokens * m.hidden_size + e * m.vocab_size * m.hidden_size + 4 * tokens
@@ -391,18 +421,25 @@ def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str 
 
 def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
                      precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False,
-                     stage: int = 0, sequence_parallel: int = 1) -> Activations:
+                     stage: int = 0, sequence_parallel: int = 1, mlp_tiles: int = 0,
+                     logits_tiles: int = 0) -> Activations:
     """Peak activation memory of one micro-batch on one rank, with or without full activation checkpointing;
-    under sequence parallelism the rank holds seq_len / sp tokens of it (logits included)."""
+    under sequence parallelism the rank holds seq_len / sp tokens of it (logits included). `mlp_tiles` >= 2
+    (model.tiled_mlp, dense MLPs): no layer keeps its SwiGLU tensors, one tile of them exists at a time;
+    `logits_tiles` >= 2 (model.tiled_logits, already even): one tile's logits (`logits_bytes`)."""
     e = bytes_per_element(precision)
     tokens = seq_len * micro_batch // sequence_parallel
-    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention, padding_mask, sequence_parallel)
+    tiled_mlp = mlp_tiles >= 2 and not m.num_experts  # train.sequence_parallel.tile_mlps tiles gate/up/down MLPs
+    one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention, padding_mask, sequence_parallel,
+                                       tiled_mlp)
     ends = tokens * (rms_norm_bytes_per_token(m.hidden_size, e, m.liger) + 8)  # final norm + int64 token ids
     if checkpointing:
         layers = m.num_layers * e * tokens * m.hidden_size + one_layer
     else:
         layers = m.num_layers * one_layer
-    logits = logits_bytes(m, seq_len // sequence_parallel, micro_batch, precision, stage)
+    if tiled_mlp:
+        layers += mlp_tile_bytes(m, seq_len // sequence_parallel, micro_batch, mlp_tiles, precision)
+    logits = logits_bytes(m, seq_len // sequence_parallel, micro_batch, precision, stage, logits_tiles)
     return Activations(layers + ends, logits, layers + ends + logits)
 
 

@@ -54,7 +54,8 @@ def _choice_json(plan: Plan) -> Optional[dict]:
         return None
     e = plan.choice
     return {**_estimate_json(e), "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
-            "hpz_partition_size": e.hpz_partition_size, "sequence_parallel_size": plan.inputs.sp}
+            "hpz_partition_size": e.hpz_partition_size, "sequence_parallel_size": plan.inputs.sp,
+            "tiled_mlp": e.mlp_tiles, "tiled_logits": e.logits_tiles}
 
 
 def print_plan(plan: Plan) -> None:

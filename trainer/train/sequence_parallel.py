@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from .. import ds as dsc
 from ..config import Config
 from ..errors import UserError
+from ..resolve import even_tiles
 
 IGNORE_INDEX = -100  # transformers' (and DeepSpeed's adapter's) label for tokens without a loss
 
@@ -201,13 +202,6 @@ def tiled_loss_sum(engine, inputs: dict, shift_labels: torch.Tensor, tiles: int,
     head_weights = [p for p in head.parameters() if p.requires_grad]
     tiles = even_tiles(hidden.shape[0] * hidden.shape[1], tiles)
     return steps * TiledFusedLogitsLoss.apply(tile_loss, head, hidden, shift_labels, None, tiles, head_weights, "sum")
-
-
-def even_tiles(rows: int, tiles: int) -> int:
-    """The most tiles, up to `tiles`, that split `rows` evenly: torch.chunk gives fewer pieces than asked when they
-    do not (6 rows in 4 -> 3 of 2), and TiledFusedLogitsLoss marks the head's gradient ready at piece number `tiles`,
-    which must exist."""
-    return max(t for t in range(1, min(tiles, rows) + 1) if rows % t == 0)
 
 
 def check_one_sample_per_group(input_ids: torch.Tensor, group) -> None:
