@@ -33,6 +33,8 @@ def preference_runs(tmp_path_factory, pretrained_dir):
 
     add("z0", ["deepspeed.zero_optimization.stage=0", "train.lr=3e-3"])
     add("z3", ["deepspeed.zero_optimization.stage=3", "train.lr=3e-3"])
+    add("z3_offloaded_reference", ["deepspeed.zero_optimization.stage=3", "train.lr=3e-3",
+                                   "preference.reference=engine", "preference.reference_offload=true"])
     lora = ["deepspeed.zero_optimization.stage=2", f"model.name_or_path={pretrained_dir}", "model.lora.enabled=true",
             "train.lr=1e-2"]
     add("lora_adapter", lora + ["preference.reference=adapter"])
@@ -70,6 +72,17 @@ def test_dpo_losses_and_rewards_equal_under_zero0_and_zero3(preference_runs):
     for name in REWARDS:
         assert [r[name] for r in z3] == pytest.approx([r[name] for r in z0], abs=2e-5)
     assert z0[-1]["loss"] != pytest.approx(z0[0]["loss"], abs=1e-4)  # it trains
+
+
+def test_a_reference_engine_with_its_parameters_offloaded_gives_the_same_losses(preference_runs):
+    """(a) as DeepSpeed-Chat runs it for large models: the frozen ZeRO-3 reference keeps its parameters in CPU
+    memory (what 7b_dpo_8xa100 names as its live alternative)."""
+    on_rank, offloaded = train_rows(preference_runs["z3"]), train_rows(preference_runs["z3_offloaded_reference"])
+    for name in ("loss",) + REWARDS:
+        assert [r[name] for r in offloaded] == pytest.approx([r[name] for r in on_rank], abs=2e-5), name
+    output = preference_runs["output"]
+    assert "reference = a frozen DeepSpeed engine (ZeRO-3, parameters offloaded to CPU memory)" in output
+    assert "reference = a frozen DeepSpeed engine (ZeRO-3)" in output
 
 
 def test_the_lora_base_and_a_frozen_engine_are_the_same_reference(preference_runs):
