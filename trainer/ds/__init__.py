@@ -22,7 +22,8 @@ from .autotuning import (
 from .batch import Batch, accumulation, solve_batch
 from .build import (
     CHECKPOINT_WRITERS, activation_checkpointing_overrides, aio_defaults, base_config, client_optimizer_on_cpu_override,
-    frozen_reference_config, gather_on_save_override, global_batch_overrides, min_loss_scale_override, precision_overrides, rehearsal_changes,
+    frozen_reference_config, frozen_reference_placement, gather_on_save_override, global_batch_overrides,
+    min_loss_scale_override, precision_overrides, rehearsal_changes,
     set_override, smaller_stage3_buffers, torch_adam_on_cpu_overrides, unpinned_offload_overrides,
     with_checkpoint_writer, with_expert_parallel, with_sequence_parallel, with_universal_load,
     with_zero3_leaf_classes, with_zeropp,
@@ -47,7 +48,7 @@ __all__ = [
     "accumulation", "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autoep_size", "autotp_size",
     "autotuning_block", "base_config", "bf16_enabled", "check_keys", "client_optimizer_on_cpu_override",
     "contiguous_gradients", "decode_launcher_config", "expert_parallel", "experiment_configs", "experiment_overrides", "fill_auto",
-    "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled", "frozen_reference_config", "fp16_min_loss_scale",
+    "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled", "frozen_reference_config", "frozen_reference_placement", "fp16_min_loss_scale",
     "gather_16bit_on_save", "gather_on_save_override", "global_batch_overrides", "has_activation_checkpointing",
     "has_pipeline", "hpz_partition_size",
     "init_inference_config", "jit_ops", "leaf_paths", "micro_batch_size", "min_loss_scale_override", "nvme_buffer_size",

@@ -272,6 +272,12 @@ def frozen_reference_config(ds: dict, offload_param: bool) -> dict:
     return {**kept, "zero_optimization": zero_block_}
 
 
+def frozen_reference_placement(ds: dict, offload_param: bool) -> str:
+    """Where frozen_reference_config puts the reference, in words for the start-up line."""
+    block = frozen_reference_config(ds, offload_param)["zero_optimization"]
+    return f"ZeRO-{block['stage']}" + (", parameters offloaded to CPU memory" if "offload_param" in block else "")
+
+
 def with_universal_load(ds: dict) -> dict:
     """A copy of `ds` whose `load_checkpoint` reads a universal checkpoint (ds_to_universal's layout, one folder
     per parameter): how a run resumes on another world size or ZeRO stage."""

@@ -186,8 +186,7 @@ def objective_of(engine, cfg: Config, rank: int, data):
     if cfg.data.task != "preference":
         return make_objective(engine, cfg)
     kind = reference_kind(cfg)
-    frozen = dsc.frozen_reference_config(cfg.deepspeed, cfg.preference.reference_offload)["zero_optimization"]
-    where = f"ZeRO-{frozen['stage']}" + (", parameters offloaded to CPU memory" if "offload_param" in frozen else "")
+    where = dsc.frozen_reference_placement(cfg.deepspeed, cfg.preference.reference_offload)
     described = {"adapter": "the base model with the LoRA adapter disabled",
                  "engine": f"a frozen DeepSpeed engine ({where})",
                  "precomputed": "log-probs computed once before training"}[kind]
