@@ -261,6 +261,10 @@ def test_learning_rate_must_be_positive(lr):
      ["data.sources[1].name: 'train' (taken from its path", "data.sources[0]'s name", "its own name:"]),
     ({"data": {"source": "", "sources": [{"path": "a", "name": "web"}, {"path": "b", "name": "web"}]}},
      ["data.sources[1].name: 'web' is also data.sources[0]'s name"]),
+    ({"data": {"source": "", "sources": [{"path": "a", "name": "../../x"}, {"path": "b"}]}},
+     ["data.sources[0].name: '../../x' names files of the cache", "without slashes"]),
+    ({"data": {"source": "", "sources": [{"path": "a", "name": ".."}, {"path": "b"}]}},
+     ["data.sources[0].name: '..'"]),
     ({"model": {"lora": {"enabled": True}}}, ["model.lora.enabled", "model.name_or_path"]),
 ])
 def test_impossible_trainer_values(changes, fragments):

@@ -211,6 +211,10 @@ def same_source_names(sources) -> list[str]:
     problems = []
     for i, source in enumerate(sources):
         name = source.shown_name()
+        if source.name is not None and (not name.strip() or "/" in name or "\\" in name or name in (".", "..")):
+            problems.append(f"data.sources[{i}].name: {name!r} names files of the cache and metric keys: use a "
+                            f"plain name without slashes (e.g. 'web')")
+            continue
         if name in first:
             how = "" if source.name else " (taken from its path: no name: set)"
             problems.append(f"data.sources[{i}].name: {name!r}{how} is also data.sources[{first[name]}]'s name; eval "
