@@ -5,6 +5,7 @@ waits for and a line per fixture run (tests/processes.py), so `pytest -q` is not
 engine fixture takes."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -108,6 +109,24 @@ def engine_runs(tmp_path_factory, pretrained_dir):
     return dirs, report
 
 
+
+
+# What `trainer.distributed.start_distributed` writes into os.environ for an in-process (one-rank) run
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def no_rank_variables_left():
+    """An in-process training sets RANK=0, WORLD_SIZE=1, MASTER_PORT=... in pytest's own environment; left
+    there, every later subprocess (a launch, a supervisor, a CLI command) would start as "rank 0 of a
+    one-rank job" on a dead port. Restore them after each test."""
+    before = {name: os.environ.get(name) for name in RANK_VARIABLES}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)

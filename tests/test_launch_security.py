@@ -368,7 +368,13 @@ def ranks_environment(out: Path, proc: subprocess.Popen) -> dict[str, dict]:
     launch: found by their command line), while the launch runs."""
     seen: dict[str, dict] = {}
     while proc.poll() is None and len(seen) < 2:
+        try:  # the launch and the runner and pdsh under it carry the same --set words, but are no ranks
+            launching = {proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))}
+        except psutil.Error:
+            break
         for process in psutil.process_iter():
+            if process.pid in launching:
+                continue
             try:
                 env = process.environ()
                 if "RANK" in env and f"train.output_dir={out}" in process.cmdline():
