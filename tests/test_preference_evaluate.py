@@ -68,6 +68,13 @@ def test_evaluate_gives_the_loops_eval_rewards_for_a_checkpoint_and_the_export(p
     assert "--reference" in itself["reference"]
 
 
+def test_the_scores_do_not_depend_on_how_the_pairs_are_cut_into_batches(preference_runs):
+    """The loss is a mean over pairs, so 8 pairs scored 1, 3 (3+3+2) or 8 at a time give the loop's numbers."""
+    run, logged = preference_runs["full"], logged_at(preference_runs["full"], 6)
+    for size in ("1", "3", "8"):
+        assert_same_scores(evaluated("--model", str(run), "--batch-size", size), logged)
+
+
 def test_evaluate_on_2_ranks_gives_the_same_scores(preference_runs, tmp_path):
     run = preference_runs["full"]
     out = tmp_path / "two.json"

@@ -112,7 +112,8 @@ def score_preferences(args, request: Request, session, cfg: Config, reference: R
                           args.kernel_inject, request.zero, args.nvme_path)
     objective = PreferenceObjective(runner.module, lambda ids, mask: placed.module(
         input_ids=ids, attention_mask=mask).logits, cfg.preference)
-    result = evaluate_set(lambda batch, counts: objective(batch, record=counts), eval_set, runner.device)
+    result = evaluate_set(lambda batch, counts: objective(batch, record=counts), eval_set, runner.device,
+                          objective.weight)
     return {"eval_loss": result["eval_loss"], **objective.metrics(runner.device, prefix="eval_"),
             "tokens": result["eval_tokens"], **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}
 

@@ -51,33 +51,41 @@ class EvalSet:
 
 
 @torch.no_grad()
-def evaluate(forward: Callable[[dict, bool], torch.Tensor], eval_set: EvalSet, device) -> dict:
+def evaluate(forward: Callable[[dict, bool], torch.Tensor], eval_set: EvalSet, device,
+             weight: Callable[[dict], torch.Tensor] = None) -> dict:
     """`eval_loss` (and `eval_ppl`) over every source's eval sequences, `eval_loss/<name>` per source when there
-    are several, and `eval_tokens` (the predicted tokens the loss averages). `forward(batch)` returns the
-    model's mean loss over the batch's predicted tokens; it is called on every rank the same number of times, with
+    are several, and `eval_tokens` (the predicted tokens scored). `forward(batch)` returns the batch's mean loss
+    per unit of `weight(batch)`: predicted tokens by default, pairs for preference data, so the mean does not
+    depend on how the set is cut into micro-batches. It is called on every rank the same number of times, with
     `counts` False for a filler batch (whose loss, and metrics, must not count)."""
+    weight = weight or predicted_tokens
     sums = []
     for stream in eval_set.streams.values():
-        total, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+        total, count, tokens = (torch.zeros((), dtype=torch.float64) for _ in range(3))
         for batch, counts in eval_set.batches(stream):
             loss = forward({k: v.to(device) for k, v in batch.items()}, counts).double().cpu()
             if counts:
-                tokens = (batch["labels"][..., 1:] != -100).sum()  # the model shifts labels by one
-                total += loss * tokens
-                count += tokens
-        sums += [total, count]
-    pairs = torch.stack(sums).to(device)
+                units = weight(batch)
+                total += loss * units
+                count += units
+                tokens += predicted_tokens(batch)
+        sums += [total, count, tokens]
+    triples = torch.stack(sums).to(device)
     if dist.is_initialized():
-        dist.all_reduce(pairs)
-    pairs = pairs.view(-1, 2).cpu()
-    overall = float(pairs[:, 0].sum() / pairs[:, 1].sum().clamp(min=1))
+        dist.all_reduce(triples)
+    triples = triples.view(-1, 3).cpu()
+    overall = float(triples[:, 0].sum() / triples[:, 1].sum().clamp(min=1))
     copies = dist.get_world_size() // eval_set.dp_size if dist.is_initialized() else 1  # tensor-parallel peers
     out = {"eval_loss": overall, "eval_ppl": math.exp(min(overall, 50)),
-           "eval_tokens": int(pairs[:, 1].sum()) // copies}
+           "eval_tokens": int(triples[:, 2].sum()) // copies}
     if len(eval_set.streams) > 1:
         out.update({f"eval_loss/{name}": float(total / max(float(count), 1.0))
-                    for name, (total, count) in zip(eval_set.streams, pairs)})
+                    for name, (total, count, _) in zip(eval_set.streams, triples)})
     return out
+
+
+def predicted_tokens(batch: dict) -> torch.Tensor:
+    return (batch["labels"][..., 1:] != -100).sum()  # the model shifts labels by one
 
 
 def evaluate_engine(engine, eval_set: EvalSet, objective=None) -> dict:
@@ -87,7 +95,8 @@ def evaluate_engine(engine, eval_set: EvalSet, objective=None) -> dict:
     engine.eval()
     try:
         with objective.apart():  # the eval batches' metrics are not the training window's
-            out = evaluate(lambda batch, counts: objective(batch, record=counts), eval_set, engine.device)
+            out = evaluate(lambda batch, counts: objective(batch, record=counts), eval_set, engine.device,
+                           objective.weight)
             return {**out, **objective.metrics(engine.device, prefix="eval_")}
     finally:
         engine.train()

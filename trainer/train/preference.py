@@ -96,6 +96,10 @@ class Objective:
     def __call__(self, batch: dict, record: bool = True) -> torch.Tensor:
         return loss_of(self.engine, batch, self.logits_tiles)  # the model's own; under SP, the group's
 
+    def weight(self, batch: dict) -> torch.Tensor:
+        """What the loss of a batch is a mean over, so eval batches of any size average exactly: predicted tokens."""
+        return (batch["labels"][..., 1:] != -100).sum()  # the model shifts labels by one
+
     def metrics(self, device, prefix: str = "") -> dict:
         return {}
 
@@ -126,6 +130,10 @@ class PreferenceObjective(Objective):
         if record:
             self.meter.add(out["chosen"], out["rejected"])
         return out["losses"].mean()
+
+    def weight(self, batch: dict) -> torch.Tensor:
+        """The loss is a mean over pairs (batch rows are [pair, chosen/rejected, token])."""
+        return torch.tensor(batch["input_ids"].shape[0])
 
     def metrics(self, device, prefix: str = "") -> dict:
         return self.meter.take(device, prefix)
