@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,22 +30,29 @@ ALST = {1: 500_000, 8: 3_700_000, 32: 15_000_000}  # Llama-8B on H100 80GB, the 
 STEP = 1024
 
 
-def fits(model: str, gpu: str, gpus: int, seq_len: int, sequence_parallel: bool) -> bool:
+def plan_at(model, gpu: str, gpus: int, seq_len: int, sequence_parallel: bool, offload: Optional[bool],
+            cpu_ram_gb: Optional[float]):
     per_node = min(gpus, 8)
     values = {"model": model, "gpu": gpu, "gpus_per_node": per_node, "nodes": gpus // per_node, "seq_len": seq_len}
     if not sequence_parallel:
         values["sequence_parallel"] = 1
+    if offload is not None:
+        values["checkpoint_offload"] = offload
+    if cpu_ram_gb:
+        values["cpu_ram_gb"] = cpu_ram_gb
     try:
-        return make_plan(build_inputs(values)).choice is not None
+        return make_plan(build_inputs(values))
     except ConfigError:  # e.g. beyond the model's positions: raised to the longest it has, below
-        return False
+        return None
 
 
-def longest(model: str, gpu: str, gpus: int, sequence_parallel: bool, positions: int) -> int:
+def longest(model, gpu: str, gpus: int, sequence_parallel: bool, offload: Optional[bool],
+            cpu_ram_gb: Optional[float], positions: int) -> int:
     low, high = 0, positions // STEP  # in units of STEP tokens
     while low < high:
         mid = (low + high + 1) // 2
-        if fits(model, gpu, gpus, mid * STEP, sequence_parallel):
+        plan = plan_at(model, gpu, gpus, mid * STEP, sequence_parallel, offload, cpu_ram_gb)
+        if plan is not None and plan.choice is not None:
             low = mid
         else:
             high = mid - 1
@@ -55,18 +63,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="8b")
     parser.add_argument("--gpu", default="h100-80g")
+    parser.add_argument("--cpu-ram-gb", type=float, default=None,
+                        help="host RAM per node, checked against the offloaded checkpoints (default: not checked)")
     args = parser.parse_args()
     inputs = build_inputs({"model": args.model, "gpu": args.gpu, "seq_len": 1024})
     m = inputs.model.config
     # a longer context than the model was built for is a config change (rope scaling), not a memory question
-    stretched = {"model": {**_architecture(m), "max_position_embeddings": 1 << 25}}
-    print(f"{inputs.model.label} on {args.gpu}, micro-batch 1, bf16, the planner's longest sequence vs ALST's")
-    print(f"{'GPUs':>5} {'planner, no SP':>15} {'planner + Ulysses':>18} {'ALST (paper)':>13} {'ratio':>6}")
+    model = {**_architecture(m), "max_position_embeddings": 1 << 25}
+    ram = f"{args.cpu_ram_gb:g} GB host RAM per node" if args.cpu_ram_gb else "host RAM not checked"
+    print(f"{inputs.model.label} on {args.gpu}, micro-batch 1, bf16, {ram}: the planner's longest sequence vs ALST's")
+    print(f"{'GPUs':>5} {'no SP':>11} {'+ Ulysses':>11} {'+ ckpt offload':>15} {'host GB/node':>13} "
+          f"{'ALST (paper)':>13} {'ratio':>6}")
     for gpus in (1, 8, 32):
-        plain = longest(stretched["model"], args.gpu, gpus, False, 1 << 25)
-        sp = longest(stretched["model"], args.gpu, gpus, True, 1 << 25)
-        paper = ALST.get(gpus)
-        print(f"{gpus:>5} {plain:>15,} {sp:>18,} {paper:>13,} {sp / paper:>6.2f}")
+        plain = longest(model, args.gpu, gpus, False, False, args.cpu_ram_gb, 1 << 25)
+        sp = longest(model, args.gpu, gpus, True, False, args.cpu_ram_gb, 1 << 25)
+        offloaded = longest(model, args.gpu, gpus, True, None, args.cpu_ram_gb, 1 << 25)
+        chosen = plan_at(model, args.gpu, gpus, offloaded, True, None, args.cpu_ram_gb).choice
+        host = chosen.cpu_bytes_per_node / 1e9 if chosen else float("nan")
+        paper = ALST[gpus]
+        print(f"{gpus:>5} {plain:>11,} {sp:>11,} {offloaded:>15,} {host:>13,.0f} {paper:>13,} "
+              f"{offloaded / paper:>6.2f}")
     return 0
 
 

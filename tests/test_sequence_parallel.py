@@ -2,7 +2,8 @@
 same global batch as one rank does, step by step (per-step loss within 1e-5 relative over 10 steps, and the same
 eval_loss), for pretraining windows and for masked SFT (packed, and padded: shards predict unequal token counts,
 some none), under ZeRO-2 and ZeRO-3, with tiled MLPs and tiled logits+loss (DeepSpeed's TiledMLP and
-TiledFusedLogitsLoss); an SP run resumes exactly; its checkpoint on another layout is a named error.
+TiledFusedLogitsLoss) and with the activation checkpoints in host memory (cpu_checkpointing); an SP run resumes
+exactly; its checkpoint on another layout is a named error.
 Launches: the one-rank references (one tiled-logits run among them), every SP run in one 2-rank job, the tiled runs."""
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_sequence_parallel_matches_one_rank_step_by_step(sp_runs, name):
 
 
 TILED = ["pretrain_z3", "sft_packed_z2"]
+CHECKPOINT_OFFLOAD = 'deepspeed.activation_checkpointing:={"partition_activations": false, "cpu_checkpointing": true}'
 TILED_LOGITS = ["pretrain_z2", "sft_padded_z3"]  # both stages; padded SFT: shards predict unequal counts, some none
 
 
@@ -86,6 +88,9 @@ def tiled_runs(sp_runs):
     runs += [{"name": f"logits_{name}", "preset": "tiny_cpu", "overrides": COMMON + RUNS[name] + [
         "deepspeed.sequence_parallel_size=2", "model.tiled_logits=4", f"train.output_dir={root / 'tiled' / name}_logits"]}
         for name in TILED_LOGITS]
+    runs.append({"name": "checkpoint_offload", "preset": "tiny_cpu", "overrides": COMMON + RUNS["sft_packed_z2"] + [
+        "deepspeed.sequence_parallel_size=2", "model.gradient_checkpointing=true", CHECKPOINT_OFFLOAD,
+        f"train.output_dir={root / 'tiled' / 'checkpoint_offload'}"]})
     (root / "tiled" / "output.txt").write_text(run_many(runs, root / "tiled")[0])
     return root
 
@@ -95,6 +100,19 @@ def tiled_runs(sp_runs):
 def test_tiled_mlp_under_sequence_parallelism_matches_one_rank(sp_runs, tiled_runs, name):
     one, _ = sp_runs[1][name]
     assert losses(tiled_runs / "tiled" / name) == pytest.approx(losses(one), rel=1e-5)
+
+
+@pytest.mark.multirank
+def test_checkpoints_in_host_memory_train_as_one_rank_does(sp_runs, tiled_runs):
+    """ALST's last piece, DeepSpeed's activation checkpoint offload (cpu_checkpointing, through deepspeed.checkpointing
+    with Ulysses attention inside each recomputed layer): masked SFT at SP=2 gives one rank's losses step by step.
+    On a CPU accelerator DeepSpeed keeps the checkpoints where they are, and the start-up line says so."""
+    one, _ = sp_runs[1]["sft_packed_z2"]
+    run = tiled_runs / "tiled" / "checkpoint_offload"
+    assert "activation checkpoints in host memory (DeepSpeed cpu_checkpointing)" in (
+        tiled_runs / "tiled" / "output.txt").read_text()
+    assert losses(run) == pytest.approx(losses(one), rel=1e-5)
+    assert eval_losses(run) == pytest.approx(eval_losses(one), rel=1e-5)
 
 
 @pytest.mark.multirank

@@ -170,8 +170,28 @@ def enable_gradient_checkpointing(model, ds: dict) -> None:
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if dsc.has_activation_checkpointing(ds):
         import deepspeed
+        if dsc.cpu_checkpointing(ds) and checkpoints_already_in_host_memory():
+            # DeepSpeed 0.19.8's blocking cpu_checkpointing path (a synchronized accelerator has no side stream)
+            # copies each input with .to("cpu"), which on the CPU is the tensor itself, then empties that tensor:
+            # the recompute reads a 0-d input ("Dimension out of range"). There is nothing to move there anyway.
+            ds = {**ds, "activation_checkpointing": {**ds["activation_checkpointing"], "cpu_checkpointing": False}}
         deepspeed.checkpointing.configure(None, deepspeed_config=ds)
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+
+
+def checkpoints_already_in_host_memory() -> bool:
+    """A synchronized accelerator (DeepSpeed's CPU one) computes in host memory: no checkpoint has anywhere to go."""
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().is_synchronized_device()
+
+
+def checkpoint_offload_in_use(cfg) -> str:
+    """For the start-up log: where the activation checkpoints wait for their backward ('' when on the device)."""
+    if not (cfg.model.gradient_checkpointing and dsc.cpu_checkpointing(cfg.deepspeed)):
+        return ""
+    where = ("(a CPU accelerator: they are there already, and DeepSpeed's copy is skipped)"
+             if checkpoints_already_in_host_memory() else "all but the newest, copied on a side stream")
+    return f"; activation checkpoints in host memory (DeepSpeed cpu_checkpointing) {where}"
 
 
 def maybe_apply_liger(model_cfg: ModelConfig, zero_stage: int = 0) -> None:

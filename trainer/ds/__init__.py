@@ -34,7 +34,7 @@ from .inference import (
     PARAM_BUFFER_COUNT, PERSISTENCE_THRESHOLD, init_inference_config, nvme_buffer_size, zero_inference_config,
 )
 from .keys import (
-    aio_block, autoep_size, autotp_size, bf16_enabled, contiguous_gradients, expert_parallel, forces_ds_cpu_optimizer,
+    aio_block, autoep_size, autotp_size, bf16_enabled, contiguous_gradients, cpu_checkpointing, expert_parallel, forces_ds_cpu_optimizer,
     fp16_enabled, fp16_min_loss_scale, gather_16bit_on_save, has_activation_checkpointing, has_pipeline, hpz_partition_size,
     leaf_paths, micro_batch_size, nvme_offloads, nvme_pipelined, offload_block, offload_optimizer_device,
     offload_param_device, offload_pin_memory, overlap_comm, precision, quantized_gradients, quantized_weights,
@@ -47,7 +47,7 @@ __all__ = [
     "Batch", "CHECKPOINT_WRITERS", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
     "accumulation", "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autoep_size", "autotp_size",
     "autotuning_block", "base_config", "bf16_enabled", "check_keys", "client_optimizer_on_cpu_override",
-    "contiguous_gradients", "decode_launcher_config", "expert_parallel", "experiment_configs", "experiment_overrides", "fill_auto",
+    "contiguous_gradients", "cpu_checkpointing", "decode_launcher_config", "expert_parallel", "experiment_configs", "experiment_overrides", "fill_auto",
     "find_auto", "forces_ds_cpu_optimizer", "fp16_enabled", "frozen_reference_config", "frozen_reference_placement", "fp16_min_loss_scale",
     "gather_16bit_on_save", "gather_on_save_override", "global_batch_overrides", "has_activation_checkpointing",
     "has_pipeline", "hpz_partition_size",

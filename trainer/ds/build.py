@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..config import AUTO
 from .keys import (
-    has_activation_checkpointing, offload_block, offload_pin_memory, precision, quantized_weights,
+    cpu_checkpointing, has_activation_checkpointing, offload_block, offload_pin_memory, precision, quantized_weights,
     sequence_parallel_size, zero, zero_key, zero_setting, zero_stage,
 )
 
@@ -54,8 +54,9 @@ def aio_defaults() -> dict:
 
 def base_config(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
                 nvme_path: Optional[str] = None, precision_name: str = "bf16",
-                activation_checkpointing: bool = False) -> dict:
-    """A complete DeepSpeed config skeleton ("auto" batch/optimizer values, filled by `fill_auto`)."""
+                activation_checkpointing: bool = False, checkpoint_offload: bool = False) -> dict:
+    """A complete DeepSpeed config skeleton ("auto" batch/optimizer values, filled by `fill_auto`);
+    `checkpoint_offload`: the checkpointed layer inputs kept in host memory (`keys.cpu_checkpointing`)."""
     ds: dict[str, Any] = {
         "train_batch_size": AUTO, "train_micro_batch_size_per_gpu": AUTO, "gradient_accumulation_steps": AUTO,
         "gradient_clipping": AUTO,
@@ -72,8 +73,12 @@ def base_config(stage: int, offload_optimizer: str = "none", offload_param: str 
     if "nvme" in (offload_optimizer, offload_param):
         ds["aio"] = aio_defaults()
     if activation_checkpointing:
-        ds["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False}
+        ds["activation_checkpointing"] = checkpointing_block(checkpoint_offload)
     return ds
+
+
+def checkpointing_block(checkpoint_offload: bool = False) -> dict:
+    return {"partition_activations": False, "cpu_checkpointing": checkpoint_offload}
 
 
 def with_zeropp(ds: dict, hpz_partition_size: int, quantized_weights: bool = True,
@@ -159,10 +164,15 @@ def precision_overrides(current: dict, precision_name: str) -> list[str]:
     return out
 
 
-def activation_checkpointing_overrides(current: dict, enabled: bool) -> list[str]:
-    """The DeepSpeed block is only meaningful with model.gradient_checkpointing; drop it when that goes off."""
+def activation_checkpointing_overrides(current: dict, enabled: bool, offload: bool = False) -> list[str]:
+    """The DeepSpeed block is only meaningful with model.gradient_checkpointing; drop it when that goes off. With
+    `offload` the checkpoints go to host memory (cpu_checkpointing), the block written whole where it is missing."""
     if not enabled and has_activation_checkpointing(current):
         return [set_override("activation_checkpointing", None)]
+    if enabled and offload and not cpu_checkpointing(current):
+        if has_activation_checkpointing(current):
+            return [set_override("activation_checkpointing.cpu_checkpointing", True)]
+        return [set_override("activation_checkpointing", checkpointing_block(True))]
     return []
 
 

@@ -75,6 +75,13 @@ def sequence_parallel_size(ds: dict) -> int:
     return int(ds.get("sequence_parallel_size", 1) or 1)
 
 
+def cpu_checkpointing(ds: dict) -> bool:
+    """DeepSpeed's activation checkpoint offload (ALST's "activation checkpoint offload to CPU"): with
+    activation_checkpointing.cpu_checkpointing, deepspeed.checkpointing keeps each checkpointed layer input in host
+    memory until its backward (0.19.8: one asynchronous offload engine, the newest input kept on the GPU)."""
+    return bool((ds.get("activation_checkpointing") or {}).get("cpu_checkpointing", False))
+
+
 def has_pipeline(ds: dict) -> bool:
     return bool(ds.get("pipeline"))
 

@@ -22,7 +22,8 @@ def planned_deepspeed_config(plan: Plan) -> dict:
     """The chosen candidate as a complete DeepSpeed config (no "auto" left), built by trainer.ds."""
     c, inputs = plan.choice, plan.inputs
     ds = dsc.base_config(c.candidate.stage, c.candidate.offload_optimizer, c.candidate.offload_param,
-                         inputs.nvme_path, inputs.precision, c.checkpointing)
+                         inputs.nvme_path, inputs.precision, c.checkpointing or c.checkpoint_offload,
+                         c.checkpoint_offload)
     if c.hpz_partition_size > 1:
         ds = dsc.with_zeropp(ds, c.hpz_partition_size)
     ds = dsc.with_sequence_parallel(ds, inputs.sp)
@@ -130,7 +131,7 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
         overrides.append(f"deepspeed.sequence_parallel_size={inputs.sp}")
     ds_changes = (_zero_changes(config, plan)
                   + dsc.precision_overrides(config.deepspeed, inputs.precision)
-                  + dsc.activation_checkpointing_overrides(config.deepspeed, c.checkpointing))
+                  + dsc.activation_checkpointing_overrides(config.deepspeed, c.checkpointing, c.checkpoint_offload))
     if ds_changes:
         differences.append(f"DeepSpeed: preset {_describe(config.deepspeed)}, plan {c.candidate.label}"
                            + (f" + hpZ {c.hpz_partition_size}" if c.hpz_partition_size > 1 else ""))

@@ -47,6 +47,9 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-parallel", type=numbers.COUNT, metavar="N",
                         help="MoE: DeepSpeed AutoEP group size, each GPU holding experts / N (default 1)")
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
+    parser.add_argument("--checkpoint-offload", choices=("auto", "on", "off"), default="auto",
+                        help="checkpointed layer inputs in host memory (DeepSpeed cpu_checkpointing, ALST's checkpoint "
+                             "offload); auto (default): only when nothing fits without it")
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
     parser.add_argument("-o", "--output", type=paths.output_file("DeepSpeed config"),
                         help="write the chosen DeepSpeed config (JSON) here")

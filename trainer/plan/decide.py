@@ -8,7 +8,10 @@ Long sequences add DeepSpeed Ulysses sequence parallelism (SP) to the tree, in t
      everything on the GPU (ON_GPU), each at the smallest SP size that fits. An offloaded optimizer step moves the
      whole gradient and parameter partition over PCIe every step, more than Ulysses' all-to-alls over NVLink; ALST
      itself pairs SP with ZeRO-3, not offload, when there are GPUs to spread the sequence over;
-  3. else the SP-1 offload candidate of step 1, else the offloading candidates with SP (OFFLOADED, smallest size).
+  3. else the SP-1 offload candidate of step 1, else the offloading candidates with SP (OFFLOADED, smallest size);
+  4. when nothing fits: all of the above again with the activation checkpoints in host memory (DeepSpeed's
+     cpu_checkpointing, ALST's checkpoint offload), which moves every layer's input over PCIe twice a micro-step
+     and needs host RAM for all of them: the last resort, unless the inputs ask for it (or forbid it).
 In every step checkpointing comes before tiled MLPs (estimate.best_shot), and tiled logits are counted as the
 trainer's "auto" runs them."""
 from __future__ import annotations
@@ -54,11 +57,17 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         if found[1] is not None and found[0].sp > 1:
             inputs, chosen = found[0], found[1]
             plan.inputs, plan.rows = inputs, [best_shot(inputs, c, 1) for c in CANDIDATES]
+    if chosen is None and inputs.checkpoint_offload is None and inputs.allow_checkpointing:
+        offloaded = make_plan(dataclasses.replace(inputs, checkpoint_offload=True), output)
+        if offloaded.choice is not None:
+            offloaded.walk = plan.walk + ["nothing fits with the activation checkpoints on the GPU: planning again "
+                                          "with them in host memory (DeepSpeed cpu_checkpointing)"] + offloaded.walk
+            return offloaded
     if chosen is None:
         plan.suggestions = what_would_fit(inputs)
         return plan
     plan.notes += (sequence_parallel_notes(inputs, chosen) + tiling_notes(inputs, chosen)
-                   + expert_parallel_notes(inputs, chosen))
+                   + checkpoint_offload_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen))
     chosen, note = add_zeropp(inputs, chosen)
     plan.notes += [note] if note else []
     plan.choice, line = largest_micro_batch(inputs, chosen)
@@ -184,6 +193,18 @@ def tiling_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
                      f"SwiGLU tensors, one tile's exist at a time (one more MLP forward per layer in backward); "
                      f"set in the launch line")
     return notes
+
+
+def checkpoint_offload_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
+    if not chosen.checkpoint_offload:
+        return []
+    host = chosen.activations.host
+    return [f"activation checkpoint offload: deepspeed.activation_checkpointing.cpu_checkpointing=true (ALST's "
+            f"checkpoint offload): every layer's checkpointed input but the newest waits for its backward in pinned "
+            f"host memory, {gb(host)} GB per GPU ({gb(host * inputs.gpus_per_node)} GB per node"
+            + ("" if inputs.cpu_ram_gb else ", not checked: give --cpu-ram-gb")
+            + f"), copied over PCIe out in forward and back in backward: {gb(2 * host)} GB per GPU per micro-step; "
+            f"set in the launch line"]
 
 
 def expert_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:

@@ -66,6 +66,7 @@ class Estimate:
     precompute_pass: int = 0  # reference=precomputed: the GPU peak of the one-time pass before training
     mlp_tiles: int = 0       # model.tiled_mlp counted (0: the MLPs run whole)
     logits_tiles: int = 0    # model.tiled_logits counted, as the trainer's "auto" decides and runs it (0: off)
+    checkpoint_offload: bool = False  # the checkpointed layer inputs in host memory (DeepSpeed's cpu_checkpointing)
 
     @property
     def gpu_total(self) -> int:
@@ -125,9 +126,10 @@ def budgets(inputs: PlanInputs) -> tuple[int, Optional[int], Optional[int]]:
 def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpointing: bool,
              hpz_partition_size: int = 1, reduce_bucket_size: Optional[int] = None, precision: Optional[str] = None,
              attention: Optional[str] = None, overlap_comm: bool = True, mlp_tiles: int = 0,
-             logits_tiles: Optional[int] = None) -> Estimate:
+             logits_tiles: Optional[int] = None, checkpoint_offload: Optional[bool] = None) -> Estimate:
     """Per-GPU, per-node host and NVMe bytes of one candidate at one micro-batch. `logits_tiles` None: as the
-    trainer's model.tiled_logits "auto" decides at these sizes (`planned_logits_tiles`)."""
+    trainer's model.tiled_logits "auto" decides at these sizes (`planned_logits_tiles`). `checkpoint_offload` None:
+    as the inputs say (a plan turns it on only when nothing fits without: decide.make_plan)."""
     precision = precision or inputs.precision
     m, stage = inputs.model.config, candidate.stage
     on_nvme = candidate.stage == 3 and "nvme" in (candidate.offload_optimizer, candidate.offload_param)
@@ -137,17 +139,22 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     if logits_tiles is None:
         logits_tiles = planned_logits_tiles(inputs, sequences, precision)
     logits_tiles = even_tiles(inputs.seq_len // inputs.sp * sequences, logits_tiles) if logits_tiles >= 2 else 0
+    if checkpoint_offload is None:
+        checkpoint_offload = bool(inputs.checkpoint_offload)
+    checkpoint_offload = checkpoint_offload and checkpointing
     activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
-                                       inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles)
+                                       inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles,
+                                       checkpoint_offload)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))
-    cpu, nvme = states.cpu_bytes, 0
+    cpu, nvme = states.cpu_bytes + activations.host * inputs.gpus_per_node, 0
     if on_nvme:
         trained = inputs.lora_params or inputs.params
         offload_opt, offload_par = (candidate.offload_optimizer == "nvme"), (candidate.offload_param == "nvme")
         nvme = mem.nvme_offload_bytes(trained, inputs.nodes, offload_opt, offload_par)
-        cpu = mem.nvme_host_buffer_bytes(trained, inputs.world_size, inputs.gpus_per_node)
+        cpu = (mem.nvme_host_buffer_bytes(trained, inputs.world_size, inputs.gpus_per_node)
+               + activations.host * inputs.gpus_per_node)
         if inputs.lora_params:  # the frozen base is swapped like any 16-bit param
             nvme += mem.nvme_offload_bytes(inputs.params, inputs.nodes, optimizer=False, params=True)
     reference, precompute_pass = 0, 0
@@ -161,7 +168,7 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
     return Estimate(candidate, micro_batch, checkpointing, hpz_partition_size if stage == 3 else 1, states,
                     activations, buffers, int(cpu), int(nvme), gpu_budget, cpu_budget, nvme_budget, reference,
-                    precompute_pass, mlp_tiles if mlp_tiles >= 2 else 0, logits_tiles)
+                    precompute_pass, mlp_tiles if mlp_tiles >= 2 else 0, logits_tiles, checkpoint_offload)
 
 
 def planned_logits_tiles(inputs: PlanInputs, sequences: int, precision: str) -> int:
@@ -272,7 +279,7 @@ def inputs_for_resolved(resolved) -> PlanInputs:
                       padding_mask=cfg.data.task in ("sft", "preference") and sp == 1, reference=reference,
                       reference_offload=cfg.preference.reference_offload,
                       expert_parallel=dsc.autoep_size(cfg.deepspeed),
-                      sequence_parallel=sp)
+                      sequence_parallel=sp, checkpoint_offload=dsc.cpu_checkpointing(cfg.deepspeed))
 
 
 def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing: Optional[bool] = None,
@@ -289,4 +296,5 @@ def plan_for_resolved(resolved, micro_batch: Optional[int] = None, checkpointing
                     hpz_partition_size=dsc.hpz_partition_size(ds),
                     reduce_bucket_size=int(dsc.zero_setting(ds, "reduce_bucket_size")),
                     precision=dsc.precision(ds), attention=attention, overlap_comm=dsc.overlap_comm(ds),
-                    mlp_tiles=cfg.model.tiled_mlp, logits_tiles=cfg.model.tiled_logits or 0)
+                    mlp_tiles=cfg.model.tiled_mlp, logits_tiles=cfg.model.tiled_logits or 0,
+                    checkpoint_offload=dsc.cpu_checkpointing(ds))

@@ -43,6 +43,8 @@ class PlanInputs:
     reference: str = "auto"  # dpo tasks: how the reference model runs (REFERENCES); auto: adapter with LoRA, else the
     #                          planner's choice between engine and precomputed (plan.decide)
     reference_offload: Optional[bool] = None  # engine under ZeRO-3: its weights on the CPU; None: as the policy's
+    checkpoint_offload: Optional[bool] = None  # checkpointed layer inputs in host memory (DeepSpeed cpu_checkpointing);
+    #                                            None: the planner's last resort, when nothing fits without it
 
     @property
     def lora_enabled(self) -> bool:
@@ -108,6 +110,8 @@ def inputs_from_args(args) -> PlanInputs:
             values[key] = getattr(args, flag)
     if args.no_activation_checkpointing:
         values["activation_checkpointing"] = False
+    if getattr(args, "checkpoint_offload", "auto") != "auto":
+        values["checkpoint_offload"] = args.checkpoint_offload == "on"
     return build_inputs(values, source)
 
 
@@ -156,12 +160,18 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
         problems.append(f"{flag('seq_len')} {seq_len} is beyond {model.label}'s "
                         f"{model.config.max_position_embeddings} positions (max_position_embeddings): use a "
                         f"shorter sequence, or a model (inline architecture or config.json) with longer positions")
+    checkpointing = bool(values.get("activation_checkpointing", True))
+    offload = values.get("checkpoint_offload")
+    if offload and not checkpointing:
+        problems.append(f"{flag('checkpoint_offload')} moves activation checkpoints to host memory, and "
+                        f"{'--no-activation-checkpointing' if source == 'flags' else 'activation_checkpointing: false'} "
+                        f"plans none: drop one of them")
     if problems:
         raise ConfigError(problems, "the command line" if source == "flags" else source)
     inputs = PlanInputs(model=model, gpu=gpu, gpus_per_node=ints["gpus_per_node"], nodes=ints["nodes"],
                         cpu_ram_gb=sizes["cpu_ram_gb"], nvme_gb=sizes["nvme_gb"], task=task,
                         seq_len=seq_len, micro_batch=ints["micro_batch"], global_batch=ints["global_batch"],
-                        allow_checkpointing=bool(values.get("activation_checkpointing", True)), lora=lora,
+                        allow_checkpointing=checkpointing, checkpoint_offload=offload, lora=lora,
                         nvme_path=str(values.get("nvme_path") or "/local_nvme"),
                         sequence_parallel=ints["sequence_parallel"], padding_mask=task in ("dpo", "dpo-lora"),
                         reference="adapter" if reference == "auto" and task == "dpo-lora" else reference,

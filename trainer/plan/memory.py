@@ -321,11 +321,17 @@ def fp32_model_states(total_params: int, largest_layer: int, stage: int, gpus_pe
 # --- activations -------------------------------------------------------------------------------
 
 
+# DeepSpeed 0.19.8's cpu_checkpointing engine (checkpointing._get_cpu_offload_engine: keep_last_count=1): the newest
+# checkpointed input stays on the GPU; in backward one offloaded input at a time is copied back
+OFFLOAD_KEPT_INPUTS = 2
+
+
 @dataclass(frozen=True)
 class Activations:
     layers: int      # saved activations of all transformer layers (+ one recomputed layer with checkpointing)
     logits: int      # loss-side peak: fp32 logits, log-softmax output and its gradient
     total: int
+    host: int = 0    # checkpoint offload: the checkpointed layer inputs held in (pinned) host memory, per GPU
 
 
 def rms_norm_bytes_per_token(hidden: int, e: int, liger: bool = False) -> int:
@@ -422,25 +428,32 @@ def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str 
 def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
                      precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False,
                      stage: int = 0, sequence_parallel: int = 1, mlp_tiles: int = 0,
-                     logits_tiles: int = 0) -> Activations:
+                     logits_tiles: int = 0, checkpoint_offload: bool = False) -> Activations:
     """Peak activation memory of one micro-batch on one rank, with or without full activation checkpointing;
     under sequence parallelism the rank holds seq_len / sp tokens of it (logits included). `mlp_tiles` >= 2
     (model.tiled_mlp, dense MLPs): no layer keeps its SwiGLU tensors, one tile of them exists at a time;
-    `logits_tiles` >= 2 (model.tiled_logits, already even): one tile's logits (`logits_bytes`)."""
+    `logits_tiles` >= 2 (model.tiled_logits, already even): one tile's logits (`logits_bytes`).
+    `checkpoint_offload` (DeepSpeed's cpu_checkpointing, with checkpointing): its offload engine keeps the newest
+    layer input on the GPU and the others in host memory until their backward, which brings one back at a time;
+    the GPU holds two inputs (the kept one, the one restored) instead of every layer's."""
     e = bytes_per_element(precision)
     tokens = seq_len * micro_batch // sequence_parallel
     tiled_mlp = mlp_tiles >= 2 and not m.num_experts  # train.sequence_parallel.tile_mlps tiles gate/up/down MLPs
     one_layer = layer_activation_bytes(m, seq_len, micro_batch, precision, attention, padding_mask, sequence_parallel,
                                        tiled_mlp)
     ends = tokens * (rms_norm_bytes_per_token(m.hidden_size, e, m.liger) + 8)  # final norm + int64 token ids
-    if checkpointing:
-        layers = m.num_layers * e * tokens * m.hidden_size + one_layer
+    layer_input, host = e * tokens * m.hidden_size, 0
+    if checkpointing and checkpoint_offload:
+        kept = min(m.num_layers, OFFLOAD_KEPT_INPUTS)
+        layers, host = kept * layer_input + one_layer, (m.num_layers - 1) * layer_input
+    elif checkpointing:
+        layers = m.num_layers * layer_input + one_layer
     else:
         layers = m.num_layers * one_layer
     if tiled_mlp:
         layers += mlp_tile_bytes(m, seq_len // sequence_parallel, micro_batch, mlp_tiles, precision)
     logits = logits_bytes(m, seq_len // sequence_parallel, micro_batch, precision, stage, logits_tiles)
-    return Activations(layers + ends, logits, layers + ends + logits)
+    return Activations(layers + ends, logits, layers + ends + logits, host)
 
 
 def ulysses_all_to_all_bytes(m: ModelConfig, seq_len: int, micro_batch: int, sequence_parallel: int,

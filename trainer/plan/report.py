@@ -45,6 +45,7 @@ def _estimate_json(e: Estimate) -> dict:
             "activation_checkpointing": e.checkpointing, "gpu_bytes": e.gpu_bytes(),
             "model_states_gpu_bytes": e.states.gpu_bytes, "model_states_cpu_bytes": e.states.cpu_bytes,
             "cpu_bytes_per_node": e.cpu_bytes_per_node, "nvme_bytes": e.nvme_bytes,
+            "checkpoint_offload_host_bytes_per_gpu": e.activations.host,
             "precompute_pass_gpu_bytes": e.precompute_pass or None,
             "fits": e.fits, "fits_gpu": e.fits_gpu, "fits_cpu": e.fits_cpu, "fits_nvme": e.fits_nvme}
 
@@ -55,7 +56,7 @@ def _choice_json(plan: Plan) -> Optional[dict]:
     e = plan.choice
     return {**_estimate_json(e), "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
             "hpz_partition_size": e.hpz_partition_size, "sequence_parallel_size": plan.inputs.sp,
-            "tiled_mlp": e.mlp_tiles, "tiled_logits": e.logits_tiles}
+            "tiled_mlp": e.mlp_tiles, "tiled_logits": e.logits_tiles, "checkpoint_offload": e.checkpoint_offload}
 
 
 def print_plan(plan: Plan) -> None:
@@ -114,7 +115,7 @@ def print_choice(plan: Plan) -> None:
           f"{plan.grad_accum} -> {e.micro_batch} x {plan.grad_accum} x {inputs.data_parallel_size} = {plan.global_batch} "
           + (f"pairs ({2 * plan.global_batch} sequences, " if inputs.preference else "sequences (")
           + f"{plan.global_batch * inputs.sequences_per_sample * inputs.seq_len:,} tokens) per step, activation checkpointing "
-          f"{'on' if e.checkpointing else 'off'}, {inputs.precision}")
+          f"{'on' if e.checkpointing else 'off'}{' (in host memory)' if e.checkpoint_offload else ''}, {inputs.precision}")
     b = e.gpu_bytes()
     print(f"  per GPU {gb(b['total'])} GB = params {gb(b['params'])} + grads {gb(b['gradients'])} + optimizer "
           f"{gb(b['optimizer'])} + activations {gb(b['activations'])} (logits {gb(e.activations.logits)}) + buffers "

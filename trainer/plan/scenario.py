@@ -55,6 +55,9 @@ class Scenario:
     micro_batch: Optional[int] = doc("Required micro-batch per GPU (default: the largest that fits).")
     global_batch: Optional[int] = doc("Target sequences per optimizer step.")
     activation_checkpointing: bool = doc("false: never plan activation checkpointing.", True)
+    checkpoint_offload: Optional[bool] = doc(
+        "Checkpointed layer inputs in host memory (DeepSpeed cpu_checkpointing): true always, false never; absent: "
+        "only when nothing fits without it.")
     lora: Optional[LoraConfig] = doc("model.lora settings for task lora (r, alpha, target_modules).")
     expect: Optional[Expect] = doc("What the planner must recommend (checked by tests/test_plan.py).")
     seed: Optional[dict] = doc("The design brief's own numbers for this scenario, for comparison.")

@@ -139,7 +139,8 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
 
     from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
     from ..moe import active_parameters, enable_autoep_with_installed_transformers
-    from ..model import build_model, count_parameters, kernels_in_use, zero3_leaf_config, zero3_leaves_in_use
+    from ..model import (build_model, checkpoint_offload_in_use, count_parameters, kernels_in_use, zero3_leaf_config,
+                         zero3_leaves_in_use)
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
     check_vocab(tokenizer, cfg)
@@ -156,7 +157,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     active = active_parameters(model, total_params)
     per_token = f", {active:,} active per token" if active != total_params else ""
     print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable{per_token}); {kernels_in_use(model)}"
-           f"{sequence_parallel.tiling_in_use(tiled, cfg.model)}", rank=rank)
+           f"{sequence_parallel.tiling_in_use(tiled, cfg.model)}{checkpoint_offload_in_use(cfg)}", rank=rank)
     if zero3_leaves_in_use(model):
         print0(f"ZeRO-3 leaf modules (gathered whole, MoE routing cannot desynchronise the ranks): "
                f"{zero3_leaves_in_use(model)}", rank=rank)
