@@ -3,15 +3,16 @@
     .venv/bin/python scripts/plan_long_context.py [--model 8b] [--gpu h100-80g]
 
 For each GPU count the planner (trainer.plan, DeepSpeed Ulysses sequence parallelism up to every GPU) is asked for the
-longest sequence (a multiple of 1,024 tokens, bisected) that some candidate fits at micro-batch 1, once without
-and once with sequence parallelism. The planner counts what the trainer runs: tiled logits + loss by
-model.tiled_logits' "auto", tiled MLPs (ALST's tiles of ~hidden_size tokens) where checkpointing alone does not
-fit, ZeRO-3 with the optimizer and parameters on the CPU. The published figures are Llama-3.1-8B on H100 80GB from
-Bekman et al., "Arctic Long Sequence Training" (arXiv:2506.13996, 2025): 32K for plain Hugging Face + DeepSpeed,
-500K on 1 GPU, 3.7M on 8, 15M on 32 - with tiled MLP and logits+loss and also the activation checkpoints offloaded
-to the CPU, which the trainer does not run and this planner does not count: at the planner's longest sequences
-the checkpointed layer inputs are ~47 of the ~76 GB per GPU, most of the remaining gap (2026-12-02: 179,200 /
-1,440,768 / 5,570,560 tokens, 0.36-0.39 of the paper's; 35,840 / 291,840 / 1,161,216 before tiling was counted).
+longest sequence (a multiple of 1,024 tokens, bisected) that some candidate fits at micro-batch 1: without sequence
+parallelism, with it, and with it and the activation checkpoints in host memory (DeepSpeed's cpu_checkpointing, which
+the planner adds only when nothing fits without it). The planner counts what the trainer runs: tiled logits + loss
+by model.tiled_logits' "auto", tiled MLPs (ALST's tiles of ~hidden_size tokens) where checkpointing alone does not
+fit, ZeRO-3 with the optimizer and parameters on the CPU, and with --cpu-ram-gb the host RAM all of that needs. The
+published figures are Llama-3.1-8B on H100 80GB from Bekman et al., "Arctic Long Sequence Training"
+(arXiv:2506.13996, 2025): 32K for plain Hugging Face + DeepSpeed, 500K on 1 GPU, 3.7M on 8, 15M on 32, with tiled
+MLP and logits+loss and the checkpoints offloaded. 2026-12-02, host RAM not checked: 474,112 / 3,800,064 /
+14,183,424 tokens (0.95 / 1.03 / 0.95 of the paper's); 179,200 / 1,440,768 / 5,570,560 without the checkpoint
+offload; 35,840 / 291,840 / 1,161,216 before tiling was counted.
 """
 from __future__ import annotations
 
