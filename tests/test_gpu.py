@@ -1,5 +1,6 @@
 """GPU-only paths, run on one CUDA GPU: flash-attn, Liger kernels, fp16 dynamic loss scaling, ZeRO++
-quantized weights. On CPU machines (CI) conftest.py skips them with the reason."""
+quantized weights, activation checkpoints offloaded on a side stream. On CPU machines (CI) conftest.py skips them
+with the reason."""
 from __future__ import annotations
 
 import importlib.util
@@ -78,3 +79,13 @@ def test_kernel_injected_generation_matches_plain(tmp_path):
         assert ("Inference" in modules.split(":")[-1]) == (name == "inject"), modules  # what really ran
     same = sum(a == b for a, b in zip(outputs["plain"], outputs["inject"]))
     assert same >= 1, outputs
+
+
+def test_activation_checkpoints_in_host_memory_train_like_on_the_gpu(tmp_path):
+    """DeepSpeed's cpu_checkpointing on a real side stream (the CPU accelerator skips it): same losses, and the
+    start-up line says where the checkpoints wait."""
+    offload = 'deepspeed.activation_checkpointing:={"partition_activations": false, "cpu_checkpointing": true}'
+    moved, output = train(tmp_path, "moved", "model.gradient_checkpointing=true", offload)
+    kept, _ = train(tmp_path, "kept", "model.gradient_checkpointing=true")
+    assert "activation checkpoints in host memory (DeepSpeed cpu_checkpointing) all but the newest" in output
+    assert [r["loss"] for r in moved] == pytest.approx([r["loss"] for r in kept], rel=1e-5)
