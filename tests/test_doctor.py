@@ -310,3 +310,25 @@ def test_the_rerun_command_is_one_the_trainer_accepts(preset, log):
     report = json.loads(run_cli("doctor", preset, f"tests/logs/{log}", "--json").stdout)
     assert report["command"], report
     assert_the_trainer_accepts(report["command"], preset)
+
+
+def test_a_long_context_oom_gets_deepspeed_alsts_rungs_keeping_the_global_batch():
+    """8B at 128k on 8 H100s without Ulysses and without tiled MLPs: no smaller micro-batch exists and a ZeRO stage up
+    alone does not fit; the cheapest change that fits is sequence parallelism, with the accumulation that keeps the
+    global batch, then the rest of ALST (tiled MLP, checkpoints in host memory), each priced by the planner."""
+    base = ["deepspeed.sequence_parallel_size=1", "model.tiled_mlp=0"]
+    d = run_doctor("8b_128k_8xh100", "cuda_oom.log", base)
+    assert d.proposal.step.startswith("3d. sequence parallel 1 -> 2"), d.proposal.step
+    assert d.proposal.overrides == ["deepspeed.sequence_parallel_size=2", "train.grad_accum=16"]
+    after = resolved("8b_128k_8xh100", with_overrides(base, d.proposal.overrides))
+    assert after.batch.global_batch_size == resolved("8b_128k_8xh100", base).batch.global_batch_size
+    steps = [p.step.split(".")[0] for p in d.then]
+    assert "3c" in steps and "4c" in steps
+    offload = next(p for p in d.then if p.step.startswith("4c"))
+    assert offload.overrides == ["deepspeed.activation_checkpointing.cpu_checkpointing=true"]
+    assert all("fits" in p.estimate for p in [d.proposal, *d.then])
+
+
+def test_short_sequences_get_no_long_context_rungs():
+    d = run_doctor("7b_8xa100", "cuda_oom.log")
+    assert not any(p.step.split(".")[0] in ("3b", "3c", "3d") for p in [d.proposal, *d.then])

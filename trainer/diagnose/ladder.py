@@ -1,9 +1,13 @@
 """The OOM ladder, priced by the planner: every rung is the preset with one change, estimated with the same
 `plan_for_resolved` that `python -m trainer plan` prints, and the cheapest change that fits comes first.
 
-The rungs, in order of cost (seed step 7.1): 1 smaller micro-batch (same global batch), 2 activation
-checkpointing, 3 ZeRO stage up (0/1 -> 2 -> 3), 4 optimizer offload to CPU, 4b parameter offload, 5 smaller
-stage-3 buffers, 6 NVMe offload, 7 LoRA. The phase decides which rungs can help at all: before the first step
+The rungs, in order of cost (seed step 7.1, with DeepSpeed ALST's for long sequences where the planner puts them):
+1 smaller micro-batch (same global batch), 2 activation checkpointing, 3 ZeRO stage up (0/1 -> 2 -> 3), 3b tiled
+logits + loss, 3c tiled MLP, 3d sequence parallelism (same global batch), 4 optimizer offload to CPU, 4b parameter
+offload, 4c activation checkpoints in host memory, 5 smaller stage-3 buffers, 6 NVMe offload, 7 LoRA. The
+long-context rungs (3b-3d, 4c) exist only for long sequences, where one rank's share of one sequence spans two of
+ALST's MLP tiles (2 x hidden_size tokens) or more, and only where they change something (a rank's logits of 1 GiB
+or more, a larger valid Ulysses size); like every rung, each is proposed only where it fits. The phase decides which rungs can help at all: before the first step
 and at the optimizer step no activations are live (only model states can move), and a ZeRO-3 gather is
 bounded by the prefetch and live-parameter limits first.
 
@@ -23,8 +27,9 @@ from typing import Callable, Optional
 from .. import ds as dsc
 from .. import hardware
 from ..errors import UserError
-from ..plan.estimate import Estimate, gb
-from ..resolve import Resolved
+from ..plan.estimate import Estimate, gb, inputs_for_resolved
+from ..plan.inputs import sequence_parallel_sizes
+from ..resolve import LOGITS_TILE_BYTES, Resolved, alst_mlp_tiles
 from .findings import Found, Proposal, Reresolve, first_error_line, planned
 
 Rung = Callable[[Resolved], Optional[Proposal]]
@@ -65,6 +70,61 @@ def stage_up(r: Resolved) -> Optional[Proposal]:
     return Proposal(f"3. ZeRO stage {stage} -> {target}", dsc.zero_overrides(r.ds, new),
                     f"stage {target} shards {what} across the {r.world_size} ranks"
                     + (" (same communication as stage 1)" if target == 2 else " (~1.5x communication)"))
+
+
+def long_sequence(r: Resolved) -> bool:
+    """One rank's share of one sequence spans at least two of ALST's MLP tiles (hidden_size tokens each)."""
+    return alst_mlp_tiles(r.config.model.hidden_size, r.config.data.seq_len, dsc.sequence_parallel_size(r.ds), 1) >= 2
+
+
+def tiled_logits(r: Resolved) -> Optional[Proposal]:
+    m, sp = r.config.model, dsc.sequence_parallel_size(r.ds)
+    logits = 4 * r.config.data.seq_len // sp * r.batch.micro_batch_size * m.vocab_size  # fp32, one rank's share
+    if not long_sequence(r) or (m.tiled_logits or 0) >= 2 or logits < LOGITS_TILE_BYTES or m.tie_word_embeddings \
+            or m.liger:
+        return None
+    if dsc.precision(r.ds) == "fp16" or r.config.data.task == "preference":
+        return None
+    tiles = -(-logits // LOGITS_TILE_BYTES)
+    return Proposal("3b. tiled logits + loss", [f"model.tiled_logits={tiles}"],
+                    f"the LM head and loss in {tiles} tiles along the sequence (DeepSpeed's TiledFusedLogitsLoss): "
+                    f"one tile's fp32 logits exist at a time instead of {logits / GIB:.1f} GiB")
+
+
+def tiled_mlp(r: Resolved) -> Optional[Proposal]:
+    m, sp = r.config.model, dsc.sequence_parallel_size(r.ds)
+    tiles = alst_mlp_tiles(m.hidden_size, r.config.data.seq_len, sp, r.batch.micro_batch_size)
+    if not long_sequence(r) or m.tiled_mlp >= 2 or not m.gradient_checkpointing or m.num_experts:
+        return None
+    return Proposal("3c. tiled MLP", [f"model.tiled_mlp={tiles}"],
+                    f"each MLP in {tiles} tiles of ~hidden_size tokens (DeepSpeed's TiledMLP): no layer keeps its "
+                    f"SwiGLU tensors whole; one more MLP forward per layer in backward")
+
+
+def sequence_parallel(r: Resolved) -> Optional[Proposal]:
+    """The next Ulysses size that can work, with the accumulation that keeps the global batch: an SP group of n
+    ranks trains one sequence, so the data-parallel ranks drop by n / sp."""
+    sp, accum = dsc.sequence_parallel_size(r.ds), r.batch.grad_accum
+    larger = [n for n in sequence_parallel_sizes(inputs_for_resolved(r)) if n > sp and n % sp == 0]
+    if not long_sequence(r) or not larger or dsc.autotp_size(r.ds) > 1 or dsc.autoep_size(r.ds) > 1 \
+            or r.config.data.task == "preference":
+        return None
+    n = larger[0]
+    return Proposal(f"3d. sequence parallel {sp} -> {n}", [f"deepspeed.sequence_parallel_size={n}",
+                                                           f"train.grad_accum={accum * n // sp}"],
+                    f"DeepSpeed Ulysses: each GPU holds {r.config.data.seq_len // n} of the {r.config.data.seq_len} "
+                    f"tokens' activations (an all-to-all per attention); grad_accum {accum} -> {accum * n // sp} "
+                    f"keeps the global batch ({r.batch.global_batch_size})")
+
+
+def checkpoint_offload(r: Resolved) -> Optional[Proposal]:
+    if not long_sequence(r) or not r.config.model.gradient_checkpointing or dsc.cpu_checkpointing(r.ds):
+        return None
+    return Proposal("4c. activation checkpoints in host memory",
+                    dsc.activation_checkpointing_overrides(r.config.deepspeed, True, offload=True),
+                    "DeepSpeed's cpu_checkpointing keeps every layer's checkpointed input but the newest in pinned "
+                    "host RAM until its backward (ALST's checkpoint offload): PCIe traffic of all of them, twice "
+                    "a micro-step")
 
 
 def optimizer_offload(r: Resolved) -> Optional[Proposal]:
@@ -112,13 +172,15 @@ def lora(r: Resolved) -> Optional[Proposal]:
                     f"train low-rank adapters only: gradients and Adam states shrink to <1% of the model{note}")
 
 
-OOM_LADDER: list[Rung] = [smaller_micro_batch, activation_checkpointing, stage_up, optimizer_offload, param_offload,
-                          smaller_buffers, nvme_offload, lora]
+OOM_LADDER: list[Rung] = [smaller_micro_batch, activation_checkpointing, stage_up, tiled_logits, tiled_mlp,
+                          sequence_parallel, optimizer_offload, param_offload, checkpoint_offload, smaller_buffers,
+                          nvme_offload, lora]
 # Before the first step and at the optimizer step no activations are live: only model states can move.
 STATES_LADDER: list[Rung] = [stage_up, optimizer_offload, param_offload, nvme_offload, lora]
 # A ZeRO-3 gather holds the prefetched and live parameters: their limits first, then the usual ladder.
-GATHER_LADDER: list[Rung] = [smaller_buffers, smaller_micro_batch, activation_checkpointing, param_offload,
-                             optimizer_offload, nvme_offload, lora]
+GATHER_LADDER: list[Rung] = [smaller_buffers, smaller_micro_batch, activation_checkpointing, tiled_logits, tiled_mlp,
+                             sequence_parallel, param_offload, optimizer_offload, checkpoint_offload, nvme_offload,
+                             lora]
 LADDERS = {"init": STATES_LADDER, "step": STATES_LADDER, "gather": GATHER_LADDER}
 
 
