@@ -35,9 +35,11 @@ says what it would do, which is why each is an error here.
 | sequence parallelism needs sdpa or flash attention | raises at model setup ('eager' needs a 4D mask) |
 | sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
 | model.tiled_logits not with fp16, tied embeddings or preference tuning | fp16: the LM head's gradient misses the loss scale; tied: reduced twice (ZeRO-1/2 assert) or partly lost (ZeRO-3); DPO: unused |
+| preference.* only with data.task=preference; label_smoothing < 0.5 and only with loss=sigmoid; reference=adapter needs LoRA; reference_offload needs a reference engine at ZeRO-3 | (the trainer's own keys) ignored, or refused only after the engine is built |
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable
@@ -239,6 +241,32 @@ def tiled_logits_supported(cfg: Config, ds: dict, world: int) -> list[str]:
     return problems
 
 
+def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
+    """The preference section's combinations that would be ignored, or refused only once the engines are built
+    (train/preference.py reads these values; its reference kinds are 'auto' = adapter for LoRA, else engine)."""
+    p, lora = cfg.preference, cfg.model.lora.enabled
+    if cfg.data.task != "preference":
+        changed = [f"preference.{f.name}" for f in dataclasses.fields(p) if getattr(p, f.name) != f.default]
+        return [f"{', '.join(changed)} set, but data.task={cfg.data.task}: the preference section is only read for "
+                f"preference pairs; set data.task=preference or remove it"] if changed else []
+    problems = []
+    if p.label_smoothing >= 0.5:
+        problems.append(f"preference.label_smoothing={p.label_smoothing}: at 0.5 or more the flipped pairs outweigh "
+                        f"the rest; use a value below 0.5")
+    if p.label_smoothing and p.loss != "sigmoid":
+        problems.append(f"preference.label_smoothing={p.label_smoothing} with preference.loss={p.loss}: only the "
+                        f"sigmoid (cDPO) loss reads it; set label_smoothing=0 or loss=sigmoid")
+    if p.reference == "adapter" and not lora:
+        problems.append("preference.reference=adapter uses the LoRA base model as the reference, but "
+                        "model.lora.enabled is false: enable LoRA or set preference.reference=engine (or auto)")
+    engine = p.reference == "engine" or (p.reference in ("auto", "precomputed") and not lora)
+    if p.reference_offload and (not engine or dsc.zero_stage(ds) != 3):
+        problems.append(f"preference.reference_offload offloads a reference engine's parameters at ZeRO-3, but "
+                        f"{'stage is ' + str(dsc.zero_stage(ds)) if engine else 'the reference is the LoRA base (no engine)'}"
+                        f": set deepspeed.zero_optimization.stage=3 with preference.reference=engine, or remove it")
+    return problems
+
+
 def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
     lora = cfg.model.lora
     if not lora.enabled or _model_type(cfg) not in LLAMA_LIKE:
@@ -250,7 +278,7 @@ def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
 
 
 def model_family_buildable(cfg: Config, ds: dict, world: int) -> list[str]:
-    return family_problems(cfg.model)
+    return family_problems(cfg.model, _model_type(cfg))
 
 
 def zero3_leaf_modules_need_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
@@ -304,7 +332,7 @@ RULES: list[Rule] = [
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
-    sequence_parallel_supported, tiled_logits_supported, lora_targets_exist, model_family_buildable,
+    sequence_parallel_supported, tiled_logits_supported, preference_settings, lora_targets_exist, model_family_buildable,
     zero3_leaf_modules_need_stage3, expert_parallel_fits,
 ]
 
