@@ -440,6 +440,9 @@ def moe_cases() -> list[Case]:
         ("--model", "{S}/moe_nan/config.json"): "NaN",
         ("--model", str(REPO / "presets/models/qwen3_30b_a3b/config.json"), "--expert-parallel", "7"): "expert-parallel",
         ("--model", str(REPO / "presets/models/qwen3_30b_a3b/config.json"), "--expert-parallel", "8"): None,
+        ("--model", "mixtral-8x7b", "--task", "dpo-lora", "--expert-parallel", "8"): "--task dpo-lora",
+        ("--model", "mixtral-8x7b", "--task", "lora", "--expert-parallel", "2"): "--task lora",
+        ("--model", "mixtral-8x7b", "--sequence-parallel", "2", "--expert-parallel", "2"): "--sequence-parallel 2",
     }
     cases += [Case("moe", [*plan, *f], "handled" if says is None else "refuse", says or "") for f, says in flags.items()]
     return cases
@@ -514,6 +517,8 @@ def preference_cases() -> list[Case]:
         ("--task", "dpo_lora"): "task", ("--task", "ppo"): "task", ("--task", ""): "task",
         ("--task", "dpo", "--inference"): "inference",
         ("--task", "dpo", "--expert-parallel", "2"): "expert-parallel",
+        ("--task", "dpo", "--sequence-parallel", "2"): "--sequence-parallel 2: the DPO loss",
+        ("--task", "dpo", "--seq-len", "131072"): None,  # fits nowhere: sequence parallelism is not planned for DPO
     }
     cases += [Case("dpo", [*plan, *f], "handled" if says is None else "refuse", says or "") for f, says in flags.items()]
     return cases

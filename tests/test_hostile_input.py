@@ -438,6 +438,25 @@ def test_plan_refuses_an_moe_config_json_it_cannot_count(config, fragment, tmp_p
             f"--model {tmp_path / 'config.json'}: ", fragment)
 
 
+@pytest.mark.parametrize("flags,fragment", [
+    (["--model", "8b", "--task", "dpo", "--sequence-parallel", "2"], "--sequence-parallel 2: the DPO loss"),
+    (["--model", "mixtral-8x7b", "--task", "dpo-lora", "--expert-parallel", "8"],
+     "--expert-parallel 8 with --task dpo-lora"),
+    (["--model", "mixtral-8x7b", "--sequence-parallel", "2", "--expert-parallel", "2"],
+     "--sequence-parallel 2: the trainer wires AutoEP on data-parallel ranks only"),
+], ids=["sp with dpo", "ep with lora", "sp with ep"])
+def test_plan_refuses_flags_the_trainer_would_refuse_together(flags, fragment, capsys):
+    """The planner used to choose these, and the launch line it printed was then refused by the trainer's rules."""
+    refused(capsys, ["plan", *flags, "--gpu", "h100-80g", "--gpus-per-node", "8"], fragment)
+
+
+def test_plan_does_not_pick_sequence_parallelism_for_dpo(capsys):
+    assert main(["plan", "--model", "8b", "--gpu", "h100-80g", "--gpus-per-node", "8", "--task", "dpo",
+                 "--seq-len", "131072", "--json"]) == 1  # fits nowhere without it
+    plan = json.loads(capsys.readouterr().out)
+    assert not plan["fits"] and "sequence parallelism: the DPO loss" in " ".join(plan["walk"]), plan["walk"]
+
+
 @pytest.mark.parametrize("reference,fragment", [
     ("missing", "--reference '{d}/missing': no such file or directory"),
     ("config.json", "--reference {d}/config.json: a regular file, not a directory"),

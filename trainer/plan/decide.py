@@ -24,7 +24,7 @@ from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
     micro_batch_options, planned_mlp_tiles
 )
-from .inputs import PlanInputs, sequence_parallel_sizes
+from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
 
 def offloads(candidate: Candidate) -> bool:
@@ -139,6 +139,8 @@ def smallest_sequence_parallel(inputs: PlanInputs, candidates: tuple[Candidate, 
     on-GPU ones first, then the offloading ones), and for each candidate the smallest size that fits: SP adds an
     all-to-all per attention and divides the data-parallel ranks."""
     sizes = sequence_parallel_sizes(inputs)[1:]
+    if sequence_parallel_blocked(inputs):
+        return inputs, None, [f"sequence parallelism: {sequence_parallel_blocked(inputs)}"]
     if not sizes:
         return inputs, None, ["sequence parallelism: no size > 1 divides the GPUs, the heads and the sequence"]
     lines = []
