@@ -48,7 +48,10 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         plan.notes.append(f"micro-batch {inputs.micro_batch} fits nowhere; planning the largest micro-batch that fits")
         chosen, lines = walk_tree(inputs, 1)
         plan.walk += lines
-    if inputs.sequence_parallel is None and (chosen is None or only_offload_fits(inputs, chosen)):
+    wants_sequence_parallel = inputs.sequence_parallel is None and (chosen is None or only_offload_fits(inputs, chosen))
+    if wants_sequence_parallel and sequence_parallel_blocked(inputs):
+        plan.walk.append(f"sequence parallelism: {sequence_parallel_blocked(inputs)}")
+    elif wants_sequence_parallel:
         found = sequence_parallel_before_offload(inputs, chosen)
         plan.walk += found[2]
         if found[1] is not None and found[0].sp > 1:
@@ -139,8 +142,6 @@ def smallest_sequence_parallel(inputs: PlanInputs, candidates: tuple[Candidate, 
     on-GPU ones first, then the offloading ones), and for each candidate the smallest size that fits: SP adds an
     all-to-all per attention and divides the data-parallel ranks."""
     sizes = sequence_parallel_sizes(inputs)[1:]
-    if sequence_parallel_blocked(inputs):
-        return inputs, None, [f"sequence parallelism: {sequence_parallel_blocked(inputs)}"]
     if not sizes:
         return inputs, None, ["sequence parallelism: no size > 1 divides the GPUs, the heads and the sequence"]
     lines = []
