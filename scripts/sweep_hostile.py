@@ -387,6 +387,7 @@ def moe_cases() -> list[Case]:
         "model.zero3_leaf_modules=[1, 2]": "zero3_leaf_modules",
         "model.lora.target_parameters=experts.gate_up_proj": "target_parameters",
         "model.lora.target_parameters=[1]": "target_parameters",
+        "model.tiled_mlp=4": "tiled_mlp",  # an MoE's fused experts: nothing would be tiled
     }
     def base(item: str) -> list[str]:  # MOE without the key the item sets (a key given twice is its own error)
         key = item.split("=")[0]

@@ -164,6 +164,10 @@ CASES = {
         ["model.name_or_path=meta-llama/Llama-2-7b-hf", "model.num_experts=8"],
         ["model.num_experts: MoE settings, but the pretrained model's model_type llama is a dense family"],
         ["model.num_experts=null"], where="rules.model_family_buildable"),
+    "tiled_mlp_has_dense_mlps": Case(
+        ["model.family=mixtral", "model.num_experts=4", "model.tiled_mlp=4"],
+        ["model.tiled_mlp=4 with the MoE model mixtral", "set model.tiled_mlp=0"],
+        ["model.tiled_mlp=0"]),
     "preference_settings": Case(
         ["preference.beta=0.5"],
         ["preference.beta set, but data.task=pretrain", "set data.task=preference or remove it"],
