@@ -360,7 +360,9 @@ def sequence_parallel_cases() -> list[Case]:
 
 
 def moe_cases() -> list[Case]:
-    """deepspeed.expert_parallel, MoE model keys, LoRA on experts, plan --expert-parallel / --model config.json."""
+    """deepspeed.expert_parallel, MoE model keys, LoRA on experts, plan --expert-parallel / --model config.json.
+    Known bad (round four, not fixed): the other keys of DeepSpeed's dict-parsed blocks are checked by name, not by
+    type (use_grouped_mm: 'no' is truthy to DeepSpeed); learning their types needs a learned-cache schema change."""
     ep = "deepspeed.expert_parallel="
     items = {
         ep + "{enabled: true, autoep_size: 3}": "autoep_size",
@@ -372,6 +374,7 @@ def moe_cases() -> list[Case]:
         ep + "{enabled: true, autoep_size: true}": "autoep_size",
         ep + "{enabled: yes please, autoep_size: 2}": "enabled",
         ep + "{enabled: true, autoep_sise: 2}": "autoep_sise",
+        ep + "{enabled: true, autoep_size: 2, use_grouped_mm: 'no'}": "use_grouped_mm",  # left bad: see moe_cases
         ep + "{autoep_size: 2}": "enabled",
         ep + "[2]": "expert_parallel", ep + "2": "expert_parallel",
         ep + "{enabled: true, autoep_size: 2}": None,
