@@ -360,9 +360,7 @@ def sequence_parallel_cases() -> list[Case]:
 
 
 def moe_cases() -> list[Case]:
-    """deepspeed.expert_parallel, MoE model keys, LoRA on experts, plan --expert-parallel / --model config.json.
-    Known bad (round four, not fixed): the other keys of DeepSpeed's dict-parsed blocks are checked by name, not by
-    type (use_grouped_mm: 'no' is truthy to DeepSpeed); learning their types needs a learned-cache schema change."""
+    """deepspeed.expert_parallel, MoE model keys, LoRA on experts, plan --expert-parallel / --model config.json."""
     ep = "deepspeed.expert_parallel="
     items = {
         ep + "{enabled: true, autoep_size: 3}": "autoep_size",
@@ -374,7 +372,8 @@ def moe_cases() -> list[Case]:
         ep + "{enabled: true, autoep_size: true}": "autoep_size",
         ep + "{enabled: yes please, autoep_size: 2}": "enabled",
         ep + "{enabled: true, autoep_sise: 2}": "autoep_sise",
-        ep + "{enabled: true, autoep_size: 2, use_grouped_mm: 'no'}": "use_grouped_mm",  # left bad: see moe_cases
+        ep + "{enabled: true, autoep_size: 2, use_grouped_mm: 'no'}": "use_grouped_mm",
+        ep + "{enabled: true, autoep_size: 2, comm_num_sm: '12'}": "comm_num_sm",
         ep + "{autoep_size: 2}": "enabled",
         ep + "[2]": "expert_parallel", ep + "2": "expert_parallel",
         ep + "{enabled: true, autoep_size: 2}": None,

@@ -159,7 +159,12 @@ CASES = {
     "expert_parallel_enabled_is_a_bool": Case(
         ["model.family=mixtral", "model.num_experts=4", "deepspeed.expert_parallel={enabled: 'no', autoep_size: 2}"],
         ["deepspeed.expert_parallel.enabled: 'no' must be true or false"],
-        ["deepspeed.expert_parallel={enabled: true, autoep_size: 2}"], where="rules.expert_parallel_fits"),
+        ["deepspeed.expert_parallel={enabled: true, autoep_size: 2}"], where="ds.check"),
+    "expert_parallel_flags_are_bools": Case(
+        ["model.family=mixtral", "model.num_experts=4",
+         "deepspeed.expert_parallel={enabled: true, autoep_size: 2, use_grouped_mm: 'no'}"],
+        ["deepspeed.expert_parallel.use_grouped_mm: 'no' must be true or false"],
+        ["deepspeed.expert_parallel={enabled: true, autoep_size: 2, use_grouped_mm: false}"], where="ds.check"),
     "moe_keys_on_a_pretrained_dense_model": Case(
         ["model.name_or_path=meta-llama/Llama-2-7b-hf", "model.num_experts=8"],
         ["model.num_experts: MoE settings, but the pretrained model's model_type llama is a dense family"],

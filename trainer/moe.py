@@ -91,10 +91,7 @@ def expert_parallel_problems(ds_block: dict, world: int, model_type: str, num_ex
     key, size = "deepspeed.expert_parallel", ds_block.get("autoep_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         return [f"{key}.autoep_size: {size!r} must be a whole number of ranks (1 = every rank holds every expert)"]
-    enabled = ds_block.get("enabled", False)
-    if not isinstance(enabled, bool):  # DeepSpeed reads it by truth: 'no' or 'yes please' would turn AutoEP on
-        return [f"{key}.enabled: {enabled!r} must be true or false"]
-    if not enabled:
+    if not ds_block.get("enabled"):  # a bool: ds.check refused any other value (DeepSpeed reads it by truth)
         return [f"{key}.autoep_size={size} without {key}.enabled=true: DeepSpeed ignores the section; set "
                 f"enabled: true, or remove the section"] if size > 1 else []
     problems = []
