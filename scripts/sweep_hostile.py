@@ -324,7 +324,8 @@ def sequence_parallel_cases() -> list[Case]:
         "sequence_parallel.nope=1": "nope", "sequence_parallel=5": "sequence_parallel",
         "sequence_parallel.gradient_scale=maybe": "gradient_scale",
     }
-    cases = [Case("seqpar", [*SHOW_SP, item], "ok" if says is None else "refuse", says or "") for item, says in items.items()]
+    cases = [Case("seqpar", [*SHOW_SP, item], "ok" if says is None else "refuse", says or "")
+             for item, says in items.items()]
     combos = [  # several --set items together
         (["deepspeed.sequence_parallel_size=2", "model.num_heads=3", "model.num_kv_heads=3", "model.hidden_size=192"],
          "num_heads"),
@@ -342,7 +343,8 @@ def sequence_parallel_cases() -> list[Case]:
         cases.append(Case("seqpar", argv, "handled" if says is None else "refuse", says or ""))
     cases.append(Case("seqpar", ["launch", "tiny_cpu", "--dry-run", "--set", "deepspeed.sequence_parallel_size=4"],
                       says="sequence_parallel_size"))
-    cases.append(Case("seqpar", ["lint", "tiny_cpu", "--set", "deepspeed.sequence_parallel_size=2", "--world-size", "3"],
+    cases.append(Case("seqpar", ["lint", "tiny_cpu", "--set", "deepspeed.sequence_parallel_size=2",
+                                 "--world-size", "3"],
                       says="sequence_parallel_size"))
     plan = ["plan", "--model", "8b", "--gpu", "h100-80g", "--gpus-per-node", "8"]
     flags = {  # plan flags: fragment
@@ -355,7 +357,8 @@ def sequence_parallel_cases() -> list[Case]:
         ("--seq-len", "99999999999999999999999"): "seq-len",
         ("--seq-len", "131072", "--sequence-parallel", "8", "--inference"): None,
     }
-    cases += [Case("seqpar", [*plan, *f], "handled" if says is None else "refuse", says or "") for f, says in flags.items()]
+    cases += [Case("seqpar", [*plan, *f], "handled" if says is None else "refuse", says or "")
+              for f, says in flags.items()]
     return cases
 
 
@@ -378,7 +381,8 @@ def moe_cases() -> list[Case]:
         ep + "[2]": "expert_parallel", ep + "2": "expert_parallel",
         ep + "{enabled: true, autoep_size: 2}": None,
         "model.num_experts=0": "num_experts", "model.num_experts=-4": "num_experts",
-        "model.num_experts=1e9": None,  # weak: accepted; lint has no memory check on CPU ranks (any model size) "model.num_experts_per_tok=0": "num_experts_per_tok",
+        "model.num_experts=1e9": None,  # weak: accepted; lint has no memory check on CPU ranks (any model size)
+        "model.num_experts_per_tok=0": "num_experts_per_tok",
         "model.num_experts_per_tok=5": "num_experts_per_tok", "model.router_aux_loss_coef=-1": "router_aux_loss_coef",
         "model.router_aux_loss_coef=.nan": "router_aux_loss_coef",
         "model.router_aux_loss_coef=.inf": "router_aux_loss_coef",
@@ -441,13 +445,15 @@ def moe_cases() -> list[Case]:
         ("--model", "{S}/moe_topk_gt/config.json"): "experts",
         ("--model", "{S}/moe_nohidden/config.json"): "hidden_size",
         ("--model", "{S}/moe_nan/config.json"): "NaN",
-        ("--model", str(REPO / "presets/models/qwen3_30b_a3b/config.json"), "--expert-parallel", "7"): "expert-parallel",
+        ("--model", str(REPO / "presets/models/qwen3_30b_a3b/config.json"), "--expert-parallel", "7"):
+            "expert-parallel",
         ("--model", str(REPO / "presets/models/qwen3_30b_a3b/config.json"), "--expert-parallel", "8"): None,
         ("--model", "mixtral-8x7b", "--task", "dpo-lora", "--expert-parallel", "8"): "--task dpo-lora",
         ("--model", "mixtral-8x7b", "--task", "lora", "--expert-parallel", "2"): "--task lora",
         ("--model", "mixtral-8x7b", "--sequence-parallel", "2", "--expert-parallel", "2"): "--sequence-parallel 2",
     }
-    cases += [Case("moe", [*plan, *f], "handled" if says is None else "refuse", says or "") for f, says in flags.items()]
+    cases += [Case("moe", [*plan, *f], "handled" if says is None else "refuse", says or "")
+              for f, says in flags.items()]
     return cases
 
 
@@ -495,7 +501,8 @@ def preference_cases() -> list[Case]:
         "pref_dupkey.jsonl": "chosen", "pref_msgs_role.jsonl": "role", "pref_msgs_notlist.jsonl": None,
         "pref_msgs_nocontent.jsonl": "content", "pref_msgs_lastuser.jsonl": "", "pref_array.jsonl": "line 1",
         "pref_msgs_str.jsonl": "messages", "pref_msgs_empty.jsonl": None,
-        "pref_emptystr.jsonl": None,  # an empty response is its EOS: one token, a valid pair "pref_trunc.jsonl": "line 2", "pref_pretrain.jsonl": "chosen",
+        "pref_emptystr.jsonl": None,  # an empty response is its EOS: one token, a valid pair
+        "pref_trunc.jsonl": "line 2", "pref_pretrain.jsonl": "chosen",
         "pref_extra.jsonl": None,
     }
     cases += [Case("dpo", [*pd, "--source", f"{{S}}/{name}", "--out", f"{{S}}/out/pd_{name}"],
@@ -515,7 +522,8 @@ def preference_cases() -> list[Case]:
     plan = ["plan", "--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "8"]
     flags = {
         ("--task", "dpo", "--reference", "nonsense"): "reference", ("--task", "dpo", "--reference", ""): "reference",
-        ("--task", "dpo", "--reference", "adapter"): "adapter", ("--task", "full", "--reference", "engine"): "reference",
+        ("--task", "dpo", "--reference", "adapter"): "adapter",
+        ("--task", "full", "--reference", "engine"): "reference",
         ("--task", "DPO"): None, ("--task", "dpo-lora", "--reference", "precomputed"): None,
         ("--task", "dpo_lora"): "task", ("--task", "ppo"): "task", ("--task", ""): "task",
         ("--task", "dpo", "--inference"): "inference",
@@ -523,7 +531,8 @@ def preference_cases() -> list[Case]:
         ("--task", "dpo", "--sequence-parallel", "2"): "--sequence-parallel 2: the DPO loss",
         ("--task", "dpo", "--seq-len", "131072"): None,  # fits nowhere: sequence parallelism is not planned for DPO
     }
-    cases += [Case("dpo", [*plan, *f], "handled" if says is None else "refuse", says or "") for f, says in flags.items()]
+    cases += [Case("dpo", [*plan, *f], "handled" if says is None else "refuse", says or "")
+              for f, says in flags.items()]
     return cases
 
 
@@ -584,6 +593,7 @@ def feature_sandbox(s: Path) -> None:
     for tokenizer_file in (REPO / "data" / "tiny" / "tokenizer").iterdir():
         shutil.copy(tokenizer_file, s / "hfmodel" / tokenizer_file.name)
     pair = {"prompt": "Q: hi\nA:", "chosen": " hello", "rejected": " bye"}
+    user = [{"role": "user", "content": "q"}]
     chat = "".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}], "chosen": "hello",
                                "rejected": "bye"}) + "\n" for i in range(30))
     rows = "".join(json.dumps({**pair, "prompt": f"Q: {i}\nA:"}) + "\n" for i in range(30))
@@ -597,13 +607,13 @@ def feature_sandbox(s: Path) -> None:
         "pref_huge_prompt.jsonl": rows + json.dumps({**pair, "prompt": "word " * 200000}) + "\n",
         "pref_empty.jsonl": "", "pref_bom.jsonl": "\ufeff" + rows,
         "pref_dupkey.jsonl": '{"prompt": "a", "chosen": " b", "chosen": " c", "rejected": " d"}\n' * 30,
-        "pref_msgs_role.jsonl": chat + json.dumps({"messages": [{"role": "user", "content": "q"}], "chosen": [{"role": "wizard", "content": "x"}],
+        "pref_msgs_role.jsonl": chat + json.dumps({"messages": user, "chosen": [{"role": "wizard", "content": "x"}],
                                                    "rejected": [{"role": "assistant", "content": "y"}]}) + "\n",
-        "pref_msgs_notlist.jsonl": chat + json.dumps({"messages": [{"role": "user", "content": "q"}], "chosen": {"role": "assistant", "content": "x"},
+        "pref_msgs_notlist.jsonl": chat + json.dumps({"messages": user, "chosen": {"role": "assistant", "content": "x"},
                                                       "rejected": [{"role": "assistant", "content": "y"}]}) + "\n",
-        "pref_msgs_nocontent.jsonl": chat + json.dumps({"messages": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant"}],
+        "pref_msgs_nocontent.jsonl": chat + json.dumps({"messages": user, "chosen": [{"role": "assistant"}],
                                                         "rejected": [{"role": "assistant", "content": "y"}]}) + "\n",
-        "pref_msgs_lastuser.jsonl": chat + json.dumps({"messages": [{"role": "user", "content": "q"}], "chosen": [{"role": "user", "content": "x"}],
+        "pref_msgs_lastuser.jsonl": chat + json.dumps({"messages": user, "chosen": [{"role": "user", "content": "x"}],
                                                        "rejected": [{"role": "user", "content": "y"}]}) + "\n",
         "pref_msgs_str.jsonl": chat + json.dumps({"messages": "hello", "chosen": "a", "rejected": "b"}) + "\n",
         "pref_msgs_empty.jsonl": chat + json.dumps({"messages": [], "chosen": "a", "rejected": "b"}) + "\n",

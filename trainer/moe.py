@@ -37,7 +37,8 @@ def family_problems(model_cfg: ModelConfig, pretrained_type: Optional[str] = Non
     m = model_cfg
     if m.name_or_path:
         dense = (pretrained_type or m.family) in LLAMA_LIKE
-        return _moe_keys_on_dense(m, f"the pretrained model's model_type {pretrained_type or m.family}") if dense else []
+        which = f"the pretrained model's model_type {pretrained_type or m.family}"
+        return _moe_keys_on_dense(m, which) if dense else []
     if m.family not in FAMILIES:
         return [f"model.family {m.family!r} is not a family the trainer builds from an inline architecture"
                 f"{closest(m.family, FAMILIES)}; supported: {', '.join(FAMILIES)} (or give model.name_or_path)"]

@@ -36,7 +36,7 @@ says what it would do, which is why each is an error here.
 | sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
 | model.tiled_logits not with fp16, tied embeddings or preference tuning | fp16: the LM head's gradient misses the loss scale; tied: reduced twice (ZeRO-1/2 assert) or partly lost (ZeRO-3); DPO: unused |
 | model.tiled_mlp only on dense families | (the trainer's own key) an MoE's fused experts are not tiled: nothing would be |
-| preference.* only with data.task=preference; label_smoothing < 0.5 and only with loss=sigmoid; reference=adapter needs LoRA; reference_offload needs a reference engine at ZeRO-3 | (the trainer's own keys) ignored, or refused only after the engine is built |
+| preference.* only with data.task=preference; label_smoothing < 0.5, only with loss=sigmoid; reference=adapter needs LoRA; reference_offload needs a reference engine at ZeRO-3 | (the trainer's own keys) ignored, or refused only once the engines are built |
 """
 from __future__ import annotations
 
@@ -274,9 +274,9 @@ def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
                         "model.lora.enabled is false: enable LoRA or set preference.reference=engine (or auto)")
     engine = p.reference == "engine" or (p.reference in ("auto", "precomputed") and not lora)
     if p.reference_offload and (not engine or dsc.zero_stage(ds) != 3):
-        problems.append(f"preference.reference_offload offloads a reference engine's parameters at ZeRO-3, but "
-                        f"{'stage is ' + str(dsc.zero_stage(ds)) if engine else 'the reference is the LoRA base (no engine)'}"
-                        f": set deepspeed.zero_optimization.stage=3 with preference.reference=engine, or remove it")
+        why = f"stage is {dsc.zero_stage(ds)}" if engine else "the reference is the LoRA base (no engine)"
+        problems.append(f"preference.reference_offload offloads a reference engine's parameters at ZeRO-3, but {why}: "
+                        f"set deepspeed.zero_optimization.stage=3 with preference.reference=engine, or remove it")
     return problems
 
 
@@ -345,8 +345,8 @@ RULES: list[Rule] = [
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
-    sequence_parallel_supported, tiled_logits_supported, tiled_mlp_has_dense_mlps, preference_settings, lora_targets_exist, model_family_buildable,
-    zero3_leaf_modules_need_stage3, expert_parallel_fits,
+    sequence_parallel_supported, tiled_logits_supported, tiled_mlp_has_dense_mlps, preference_settings,
+    lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3, expert_parallel_fits,
 ]
 
 
