@@ -486,6 +486,8 @@ def preference_cases() -> list[Case]:
         Case("dpo", [*pref, "--set", "preference.reference=adapter"], says="lora"),
         Case("dpo", ["show", "tiny_cpu", "--set", "preference.beta=0.5"], says="preference"),
         Case("dpo", ["show", "tiny_cpu", "--set", "data.task=dpo"], says="data.task"),
+        Case("dpo", [*pref, "--set", "data.rejected_field=chosen"], says="data.chosen_field"),
+        Case("dpo", [*pref, "--set", "data.prompt_field=rejected"], says="data.prompt_field"),
         Case("dpo", ["show", "7b_dpo_8xa100", "--set", "preference.reference=precomputd"], says="reference"),
         Case("dpo", ["show", "7b_dpo_lora_1x4090", "--set", "model.lora.enabled=false"], says="adapter"),
         Case("dpo", ["lint", "7b_dpo_8xa100", "--set", "preference.beta=-1"], says="beta"),

@@ -185,6 +185,10 @@ CASES = {
         [*PREFERENCE, "preference.loss=ipo", "preference.label_smoothing=0.1"],
         ["preference.label_smoothing=0.1 with preference.loss=ipo", "label_smoothing=0 or loss=sigmoid"],
         ["preference.label_smoothing=0"], where="rules.preference_settings"),
+    "preference_columns_differ": Case(
+        [*PREFERENCE, "data.rejected_field=chosen"],
+        ["data.chosen_field='chosen' is also data.rejected_field", "name the column that holds each"],
+        ["data.rejected_field=rejected"], where="rules.preference_settings"),
     "preference_adapter_needs_lora": Case(
         [*PREFERENCE, "preference.reference=adapter"],
         ["preference.reference=adapter", "model.lora.enabled is false", "preference.reference=engine"],

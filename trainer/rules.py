@@ -262,7 +262,12 @@ def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
         changed = [f"preference.{f.name}" for f in dataclasses.fields(p) if getattr(p, f.name) != f.default]
         return [f"{', '.join(changed)} set, but data.task={cfg.data.task}: the preference section is only read for "
                 f"preference pairs; set data.task=preference or remove it"] if changed else []
-    problems = []
+    d = cfg.data
+    problems = [f"data.{name}_field={column!r} is also data.{other}_field: a record's {name} and {other} would be the "
+                f"same text; name the column that holds each" for name, other, column in (
+                    ("chosen", "rejected", d.chosen_field), ("prompt", "chosen", d.prompt_field),
+                    ("prompt", "rejected", d.prompt_field))
+                if column == getattr(d, f"{other}_field")]
     if p.label_smoothing >= 0.5:
         problems.append(f"preference.label_smoothing={p.label_smoothing}: at 0.5 or more the flipped pairs outweigh "
                         f"the rest; use a value below 0.5")
