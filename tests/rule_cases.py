@@ -22,6 +22,7 @@ class Case:
 
 
 ZERO = "deepspeed.zero_optimization"
+PREFERENCE = ["data.task=preference", f"data.source={ROOT / 'data' / 'tiny' / 'preference.jsonl'}"]
 
 CASES = {
     "offload_param_needs_stage3": Case(
@@ -155,6 +156,47 @@ CASES = {
         ["model.family=mixtral", "model.num_experts=6", "deepspeed.expert_parallel={enabled: true, autoep_size: 4}"],
         ["deepspeed.expert_parallel.autoep_size=4 must divide the world size 2", "use one of [1, 2]"],
         ["deepspeed.expert_parallel={enabled: true, autoep_size: 2}"]),
+    "expert_parallel_enabled_is_a_bool": Case(
+        ["model.family=mixtral", "model.num_experts=4", "deepspeed.expert_parallel={enabled: 'no', autoep_size: 2}"],
+        ["deepspeed.expert_parallel.enabled: 'no' must be true or false"],
+        ["deepspeed.expert_parallel={enabled: true, autoep_size: 2}"], where="ds.check"),
+    "expert_parallel_flags_are_bools": Case(
+        ["model.family=mixtral", "model.num_experts=4",
+         "deepspeed.expert_parallel={enabled: true, autoep_size: 2, use_grouped_mm: 'no'}"],
+        ["deepspeed.expert_parallel.use_grouped_mm: 'no' must be true or false"],
+        ["deepspeed.expert_parallel={enabled: true, autoep_size: 2, use_grouped_mm: false}"], where="ds.check"),
+    "moe_keys_on_a_pretrained_dense_model": Case(
+        ["model.name_or_path=meta-llama/Llama-2-7b-hf", "model.num_experts=8"],
+        ["model.num_experts: MoE settings, but the pretrained model's model_type llama is a dense family"],
+        ["model.num_experts=null"], where="rules.model_family_buildable"),
+    "tiled_mlp_has_dense_mlps": Case(
+        ["model.family=mixtral", "model.num_experts=4", "model.tiled_mlp=4"],
+        ["model.tiled_mlp=4 with the MoE model mixtral", "set model.tiled_mlp=0"],
+        ["model.tiled_mlp=0"]),
+    "preference_settings": Case(
+        ["preference.beta=0.5"],
+        ["preference.beta set, but data.task=pretrain", "set data.task=preference or remove it"],
+        [*PREFERENCE]),
+    "preference_label_smoothing_below_half": Case(
+        [*PREFERENCE, "preference.label_smoothing=0.5"],
+        ["preference.label_smoothing=0.5", "use a value below 0.5"],
+        ["preference.label_smoothing=0.1"], where="rules.preference_settings"),
+    "preference_label_smoothing_only_with_sigmoid": Case(
+        [*PREFERENCE, "preference.loss=ipo", "preference.label_smoothing=0.1"],
+        ["preference.label_smoothing=0.1 with preference.loss=ipo", "label_smoothing=0 or loss=sigmoid"],
+        ["preference.label_smoothing=0"], where="rules.preference_settings"),
+    "preference_columns_differ": Case(
+        [*PREFERENCE, "data.rejected_field=chosen"],
+        ["data.chosen_field='chosen' is also data.rejected_field", "name the column that holds each"],
+        ["data.rejected_field=rejected"], where="rules.preference_settings"),
+    "preference_adapter_needs_lora": Case(
+        [*PREFERENCE, "preference.reference=adapter"],
+        ["preference.reference=adapter", "model.lora.enabled is false", "preference.reference=engine"],
+        ["preference.reference=engine"], where="rules.preference_settings"),
+    "preference_reference_offload_needs_an_engine_at_stage3": Case(
+        [*PREFERENCE, "preference.reference_offload=true"],
+        ["preference.reference_offload", "stage is 2", "deepspeed.zero_optimization.stage=3"],
+        [f"{ZERO}.stage=3"], where="rules.preference_settings"),
     "zero3_leaf_modules_need_stage3": Case(
         ["model.zero3_leaf_modules=[LlamaMLP]"],
         ["model.zero3_leaf_modules only matters at ZeRO stage 3", "stage is 2", "zero_optimization.stage=3"],

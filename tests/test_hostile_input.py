@@ -423,6 +423,61 @@ def test_missing_scenario_suggests_one_that_exists(capsys):
     assert (ROOT / suggested).is_file()
 
 
+# --- round four of scripts/sweep_hostile.py: sequence parallelism, MoE/AutoEP, preference tuning ---------------
+
+MIXTRAL = {**HF_CONFIG, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize("config,fragment", [
+    ({**MIXTRAL, "num_local_experts": 0}, "model.num_experts=0 must be >= 1"),
+    ({**MIXTRAL, "num_experts_per_tok": 9}, "model.num_experts_per_tok=9 exceeds model.num_experts=8"),
+], ids=["no experts", "top-k over experts"])
+def test_plan_refuses_an_moe_config_json_it_cannot_count(config, fragment, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    refused(capsys, ["plan", "--model", str(tmp_path / "config.json"), "--gpu", "a100-80g"],
+            f"--model {tmp_path / 'config.json'}: ", fragment)
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--model", "8b", "--task", "dpo", "--sequence-parallel", "2"], "--sequence-parallel 2: the DPO loss"),
+    (["--model", "mixtral-8x7b", "--task", "dpo-lora", "--expert-parallel", "8"],
+     "--expert-parallel 8 with --task dpo-lora"),
+    (["--model", "mixtral-8x7b", "--sequence-parallel", "2", "--expert-parallel", "2"],
+     "--sequence-parallel 2: the trainer wires AutoEP on data-parallel ranks only"),
+], ids=["sp with dpo", "ep with lora", "sp with ep"])
+def test_plan_refuses_flags_the_trainer_would_refuse_together(flags, fragment, capsys):
+    """The planner used to choose these, and the launch line it printed was then refused by the trainer's rules."""
+    refused(capsys, ["plan", *flags, "--gpu", "h100-80g", "--gpus-per-node", "8"], fragment)
+
+
+def test_plan_does_not_pick_sequence_parallelism_for_dpo(capsys):
+    assert main(["plan", "--model", "8b", "--gpu", "h100-80g", "--gpus-per-node", "8", "--task", "dpo",
+                 "--seq-len", "131072", "--json"]) == 1  # fits nowhere without it
+    plan = json.loads(capsys.readouterr().out)
+    assert not plan["fits"] and "sequence parallelism: the DPO loss" in " ".join(plan["walk"]), plan["walk"]
+
+
+@pytest.mark.parametrize("reference,fragment", [
+    ("missing", "--reference '{d}/missing': no such file or directory"),
+    ("config.json", "--reference {d}/config.json: a regular file, not a directory"),
+    ("", "--reference is empty"),
+], ids=["missing", "a file", "empty"])
+def test_evaluate_names_a_bad_reference_as_reference_not_model(reference, fragment, tmp_path, capsys):
+    """A bad --reference used to be reported as '--model ...' (and an empty one silently meant the default)."""
+    (tmp_path / "config.json").write_text(json.dumps({**HF_CONFIG, "hidden_size": 64, "num_hidden_layers": 1,
+                                                      "num_attention_heads": 2, "num_key_value_heads": 2}))
+    for file in (ROOT / "data" / "tiny" / "tokenizer").iterdir():  # the model's tokenizer loads before --reference
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    target = str(tmp_path / reference) if reference else ""
+    refused(capsys, ["evaluate", "--model", str(tmp_path), "--data", str(ROOT / "data" / "tiny" / "preference.jsonl"),
+                     "--task", "preference", "--reference", target], fragment.format(d=tmp_path))
+
+
+def test_a_word_for_an_optional_number_says_null_is_the_other_choice(capsys):
+    refused(capsys, ["show", "tiny_cpu", "--set", "model.tiled_logits=auto"],
+            "model.tiled_logits: expected an integer or null, got 'auto'")
+
+
 # ============================================================ training-time inputs (train.py, one rank)
 
 TINY_RUN = ["--world-size", "1", "--set", "model.num_layers=2", "--set", "model.hidden_size=64",

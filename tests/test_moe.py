@@ -269,7 +269,8 @@ EP2 = "deepspeed.expert_parallel={enabled: true, autoep_size: 2}"
     (["model.num_experts=3", EP2], 2, "autoep_size=2 must divide the 3 experts per layer"),
     ([EP2], 3, "autoep_size=2 must divide the world size 3"),
     (["deepspeed.expert_parallel={autoep_size: 2}"], 2, "without deepspeed.expert_parallel.enabled=true"),
-    (["deepspeed.expert_parallel={enabled: true, autoep_size: two}"], 2, "'two' must be a whole number of ranks"),
+    (["deepspeed.expert_parallel={enabled: true, autoep_size: two}"], 2,
+     "deepspeed.expert_parallel.autoep_size: 'two' must be a whole number"),  # ds.check: AutoEP's parser's types
     (["model.name_or_path=org/tiny-mixtral", "model.lora.enabled=true", "model.lora.dropout=0", EP2], 2,
      "AutoEP replaces the expert modules PEFT adapts"),
     (["deepspeed.tensor_parallel={autotp_size: 2}", EP2], 2, "with tensor_parallel.autotp_size"),

@@ -30,19 +30,20 @@ def is_moe(model_cfg: ModelConfig) -> bool:
     return model_cfg.family in MOE_FAMILIES
 
 
-def family_problems(model_cfg: ModelConfig) -> list[str]:
+def family_problems(model_cfg: ModelConfig, pretrained_type: Optional[str] = None) -> list[str]:
     """An inline architecture the trainer cannot build (unknown family, MoE settings on a dense family, an MoE family
-    without its experts), one message each naming the key."""
+    without its experts), one message each naming the key. With model.name_or_path the pretrained config decides the
+    architecture; only MoE settings on a dense one (`pretrained_type`: its model_type) are refused: never read."""
     m = model_cfg
-    if m.name_or_path:  # a pretrained model's own config.json decides its architecture
-        return []
+    if m.name_or_path:
+        dense = (pretrained_type or m.family) in LLAMA_LIKE
+        which = f"the pretrained model's model_type {pretrained_type or m.family}"
+        return _moe_keys_on_dense(m, which) if dense else []
     if m.family not in FAMILIES:
         return [f"model.family {m.family!r} is not a family the trainer builds from an inline architecture"
                 f"{closest(m.family, FAMILIES)}; supported: {', '.join(FAMILIES)} (or give model.name_or_path)"]
     if not is_moe(m):
-        set_here = [f"model.{name}" for name in MOE_FIELDS if getattr(m, name) is not None]
-        return [f"{', '.join(set_here)}: MoE settings, but model.family={m.family} is a dense family; remove them or "
-                f"use an MoE family ({', '.join(MOE_FAMILIES)})"] if set_here else []
+        return _moe_keys_on_dense(m, f"model.family={m.family}")
     if m.num_experts is None:
         return [f"model.num_experts is required for the MoE family {m.family} (experts per layer, e.g. 8)"]
     top_k = m.num_experts_per_tok or 2
@@ -50,6 +51,12 @@ def family_problems(model_cfg: ModelConfig) -> list[str]:
         return [f"model.num_experts_per_tok={top_k} exceeds model.num_experts={m.num_experts}: a token cannot be "
                 f"routed to more experts than there are"]
     return []
+
+
+def _moe_keys_on_dense(m: ModelConfig, which: str) -> list[str]:
+    set_here = [f"model.{name}" for name in MOE_FIELDS if getattr(m, name) is not None]
+    return [f"{', '.join(set_here)}: MoE settings, but {which} is a dense family; remove them or use an MoE family "
+            f"({', '.join(MOE_FAMILIES)})"] if set_here else []
 
 
 def router_settings(model_cfg: ModelConfig) -> dict[str, Any]:
@@ -85,7 +92,7 @@ def expert_parallel_problems(ds_block: dict, world: int, model_type: str, num_ex
     key, size = "deepspeed.expert_parallel", ds_block.get("autoep_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         return [f"{key}.autoep_size: {size!r} must be a whole number of ranks (1 = every rank holds every expert)"]
-    if not ds_block.get("enabled"):
+    if not ds_block.get("enabled"):  # a bool: ds.check refused any other value (DeepSpeed reads it by truth)
         return [f"{key}.autoep_size={size} without {key}.enabled=true: DeepSpeed ignores the section; set "
                 f"enabled: true, or remove the section"] if size > 1 else []
     problems = []

@@ -35,9 +35,12 @@ says what it would do, which is why each is an error here.
 | sequence parallelism needs sdpa or flash attention | raises at model setup ('eager' needs a 4D mask) |
 | sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
 | model.tiled_logits not with fp16, tied embeddings or preference tuning | fp16: the LM head's gradient misses the loss scale; tied: reduced twice (ZeRO-1/2 assert) or partly lost (ZeRO-3); DPO: unused |
+| model.tiled_mlp only on dense families | (the trainer's own key) an MoE's fused experts are not tiled: nothing would be |
+| preference.* only with data.task=preference; label_smoothing < 0.5, only with loss=sigmoid; reference=adapter needs LoRA; reference_offload needs a reference engine at ZeRO-3 | (the trainer's own keys) ignored, or refused only once the engines are built |
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable
@@ -46,7 +49,7 @@ from . import ds as dsc
 from . import hardware
 from .config import LLAMA_LIKE, LORA_TARGETS, Config
 from .errors import closest
-from .moe import expert_parallel_problems, family_problems
+from .moe import MOE_FAMILIES, expert_parallel_problems, family_problems
 
 
 Rule = Callable[[Config, dict, int], list[str]]
@@ -239,9 +242,52 @@ def tiled_logits_supported(cfg: Config, ds: dict, world: int) -> list[str]:
     return problems
 
 
+def tiled_mlp_has_dense_mlps(cfg: Config, ds: dict, world: int) -> list[str]:
+    """train.sequence_parallel.tile_mlps tiles dense MLPs (gate/up/down projections); an MoE's experts are fused
+    3D weights it does not touch, so the setting would do nothing (the planner plans no MLP tiles for MoEs)."""
+    tiles = cfg.model.tiled_mlp
+    dense_layers = pretrained_config(cfg).get("mlp_only_layers")  # a Qwen3-MoE's dense layers would be tiled
+    if tiles >= 2 and model_type(cfg) in MOE_FAMILIES and not dense_layers:
+        return [f"model.tiled_mlp={tiles} with the MoE model {model_type(cfg)}: TiledMLP tiles dense MLPs, and the "
+                f"experts here are fused weights it does not run, so nothing would be tiled; set model.tiled_mlp=0 "
+                f"(sequence parallelism or activation checkpointing cut long-sequence memory instead)"]
+    return []
+
+
+def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
+    """The preference section's combinations that would be ignored, or refused only once the engines are built
+    (train/preference.py reads these values; its reference kinds are 'auto' = adapter for LoRA, else engine)."""
+    p, lora = cfg.preference, cfg.model.lora.enabled
+    if cfg.data.task != "preference":
+        changed = [f"preference.{f.name}" for f in dataclasses.fields(p) if getattr(p, f.name) != f.default]
+        return [f"{', '.join(changed)} set, but data.task={cfg.data.task}: the preference section is only read for "
+                f"preference pairs; set data.task=preference or remove it"] if changed else []
+    d = cfg.data
+    problems = [f"data.{name}_field={column!r} is also data.{other}_field: a record's {name} and {other} would be the "
+                f"same text; name the column that holds each" for name, other, column in (
+                    ("chosen", "rejected", d.chosen_field), ("prompt", "chosen", d.prompt_field),
+                    ("prompt", "rejected", d.prompt_field))
+                if column == getattr(d, f"{other}_field")]
+    if p.label_smoothing >= 0.5:
+        problems.append(f"preference.label_smoothing={p.label_smoothing}: at 0.5 or more the flipped pairs outweigh "
+                        f"the rest; use a value below 0.5")
+    if p.label_smoothing and p.loss != "sigmoid":
+        problems.append(f"preference.label_smoothing={p.label_smoothing} with preference.loss={p.loss}: only the "
+                        f"sigmoid (cDPO) loss reads it; set label_smoothing=0 or loss=sigmoid")
+    if p.reference == "adapter" and not lora:
+        problems.append("preference.reference=adapter uses the LoRA base model as the reference, but "
+                        "model.lora.enabled is false: enable LoRA or set preference.reference=engine (or auto)")
+    engine = p.reference == "engine" or (p.reference in ("auto", "precomputed") and not lora)
+    if p.reference_offload and (not engine or dsc.zero_stage(ds) != 3):
+        why = f"stage is {dsc.zero_stage(ds)}" if engine else "the reference is the LoRA base (no engine)"
+        problems.append(f"preference.reference_offload offloads a reference engine's parameters at ZeRO-3, but {why}: "
+                        f"set deepspeed.zero_optimization.stage=3 with preference.reference=engine, or remove it")
+    return problems
+
+
 def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
     lora = cfg.model.lora
-    if not lora.enabled or _model_type(cfg) not in LLAMA_LIKE:
+    if not lora.enabled or model_type(cfg) not in LLAMA_LIKE:
         return []
     if not lora.target_modules:
         return [f"model.lora.target_modules is empty: LoRA would train nothing; name some of {', '.join(LORA_TARGETS)}"]
@@ -250,7 +296,7 @@ def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
 
 
 def model_family_buildable(cfg: Config, ds: dict, world: int) -> list[str]:
-    return family_problems(cfg.model)
+    return family_problems(cfg.model, model_type(cfg))
 
 
 def zero3_leaf_modules_need_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
@@ -267,7 +313,7 @@ def zero3_leaf_modules_need_stage3(cfg: Config, ds: dict, world: int) -> list[st
 
 
 def expert_parallel_fits(cfg: Config, ds: dict, world: int) -> list[str]:
-    return expert_parallel_problems(dsc.expert_parallel(ds), world, _model_type(cfg), _num_experts(cfg),
+    return expert_parallel_problems(dsc.expert_parallel(ds), world, model_type(cfg), _num_experts(cfg),
                                     cfg.model.lora.enabled, dsc.autotp_size(ds), dsc.sequence_parallel_size(ds))
 
 
@@ -292,7 +338,7 @@ def _num_experts(cfg: Config):
     return saved.get("num_local_experts") or saved.get("num_experts") or cfg.model.num_experts
 
 
-def _model_type(cfg: Config) -> str:
+def model_type(cfg: Config) -> str:
     """The pretrained model's model_type when its config.json is on disk, else model.family (a hub id is assumed
     to be what the preset says)."""
     return str(pretrained_config(cfg).get("model_type", cfg.model.family))
@@ -304,8 +350,8 @@ RULES: list[Rule] = [
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
-    sequence_parallel_supported, tiled_logits_supported, lora_targets_exist, model_family_buildable,
-    zero3_leaf_modules_need_stage3, expert_parallel_fits,
+    sequence_parallel_supported, tiled_logits_supported, tiled_mlp_has_dense_mlps, preference_settings,
+    lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3, expert_parallel_fits,
 ]
 
 

@@ -95,6 +95,12 @@ def convert(tp, value: Any, path: str, problems: list[str]):
             return None
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:  # Optional[X]: X's own problems (a nested unknown key), not "is not X or null"
+            if options[0] in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                # a word where a number or null goes ('auto'): say null is the other choice (the field's doc says
+                # what null means)
+                problems.append(f"{path}: expected {'an integer' if options[0] is int else 'a number'} or null, "
+                                f"got {short(value)}")
+                return value
             return convert(options[0], value, path, problems)
         for option in args:
             trial: list[str] = []

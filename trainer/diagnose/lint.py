@@ -296,7 +296,10 @@ def sequence_parallel(r: Resolved) -> list[Finding]:
                            f"keep a group inside a node (a size dividing {hw.gpus_per_node})"))
     tokens = r.config.data.seq_len // sp * r.batch.micro_batch_size
     tiles = alst_mlp_tiles(m.hidden_size, r.config.data.seq_len, sp, r.batch.micro_batch_size)
-    if m.tiled_mlp == 0 and tiles >= 2 and r.config.data.seq_len >= LONG_SEQUENCE:
+    from ..moe import MOE_FAMILIES
+    from ..rules import model_type
+    dense = model_type(r.config) not in MOE_FAMILIES  # an MoE's experts are not tiled (rules.tiled_mlp_has_dense_mlps)
+    if m.tiled_mlp == 0 and tiles >= 2 and r.config.data.seq_len >= LONG_SEQUENCE and dense:
         out.append(Finding("info", "sequence parallel", f"each rank runs its MLPs over {tokens} tokens at once "
                            f"(4 x intermediate_size activations each); model.tiled_mlp={tiles} (DeepSpeed's "
                            f"TiledMLP, tiles of ~hidden_size tokens) keeps one tile's"))

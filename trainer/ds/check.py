@@ -14,6 +14,8 @@ DeepSpeed runs across fields - those the live check still applies before anythin
 """
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import math
 import re
@@ -51,6 +53,7 @@ def check_keys(ds: dict, typed: bool = True, live: bool | None = None) -> list[s
                 if sub not in dict_blocks[key]:
                     problems.append(f"deepspeed.{key}.{sub}: not read by DeepSpeed (it would be silently ignored)"
                                     f"{closest(sub, dict_blocks[key])}{_renamed_hint(key, sub)}")
+            problems += _dict_block_types(key, value)
     for sub, message in known["removed_zero"].items():
         if isinstance(ds.get("zero_optimization"), dict) and sub in zero(ds):
             problems.append(f"deepspeed.zero_optimization.{sub}: {message}")
@@ -59,6 +62,46 @@ def check_keys(ds: dict, typed: bool = True, live: bool | None = None) -> list[s
     problems += _check_optimizer(ds, known["optimizers"])
     problems += _check_scheduler(ds, known["schedulers"])
     return _dedupe(problems)  # a key reported above (removed, not a mapping) is not repeated less helpfully
+
+
+# Dict-parsed blocks whose parser reads each key as `param_dict.get("key", default)` with a literal default, in this
+# module of DeepSpeed: the default's type is the key's (DeepSpeed checks none of them; it reads a flag by truth)
+PARSERS_WITH_LITERAL_DEFAULTS = {"expert_parallel": "deepspeed.module_inject.auto_ep_config"}
+
+
+def _dict_block_types(block: str, values: dict) -> list[str]:
+    """A true/false or whole-number key of a dict-parsed block given something else: DeepSpeed would take 'no' as
+    true and pass '8' on as a string."""
+    kinds = parser_default_kinds(block)
+    problems = []
+    for key, value in values.items():
+        if kinds.get(key) is bool and not isinstance(value, bool):
+            problems.append(f"deepspeed.{block}.{key}: {short(value)} must be true or false (DeepSpeed reads it by "
+                            f"its truth: 'no' would be true)")
+        elif kinds.get(key) is int and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(f"deepspeed.{block}.{key}: {short(value)} must be a whole number")
+    return problems
+
+
+@functools.lru_cache(maxsize=None)
+def parser_default_kinds(block: str) -> dict[str, type]:
+    """key -> bool or int: the literal defaults of the block's parser, read from the installed DeepSpeed's source
+    (not imported); {} for a block not listed in PARSERS_WITH_LITERAL_DEFAULTS or a source that cannot be read."""
+    if block not in PARSERS_WITH_LITERAL_DEFAULTS:
+        return {}
+    try:
+        path = learned.module_file(learned.deepspeed_root(), PARSERS_WITH_LITERAL_DEFAULTS[block])
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    kinds = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "param_dict"
+                and len(node.args) == 2 and all(isinstance(a, ast.Constant) for a in node.args)
+                and isinstance(node.args[1].value, int)):  # bool is an int: both kept, told apart below
+            kinds[node.args[0].value] = bool if isinstance(node.args[1].value, bool) else int
+    return kinds
 
 
 def _renamed_hint(block: str, key: str) -> str:

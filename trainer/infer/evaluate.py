@@ -66,7 +66,7 @@ def evaluate(args) -> int:
     request = check_arguments(args)
     cfg = data_config(args, request.source.config, int(request.hf_config.max_position_embeddings))
     preference = cfg.data.task == "preference"
-    if args.reference and not preference:
+    if args.reference is not None and not preference:
         raise UserError("--reference is the reference model of preference pairs; the data here is "
                         f"data.task={cfg.data.task}: drop --reference, or evaluate pairs with --task preference")
     reference = reference_source(args, request) if preference else None
@@ -121,8 +121,8 @@ def score_preferences(args, request: Request, session, cfg: Config, reference: R
 def reference_source(args, request: Request) -> ReferenceSource:
     """--reference SRC, else the weights the run started from (its saved config's model section)."""
     dtype = DTYPES[request.dtype]
-    if args.reference:
-        source = resolve_source(args.reference, args.trust_remote_code)
+    if args.reference is not None:  # "" too: a named error, not the default reference
+        source = resolve_source(args.reference, args.trust_remote_code, "--reference")
         hf_config = architecture(source)
         if hf_config.vocab_size != request.hf_config.vocab_size:  # log-ratios compare the same tokens' probabilities
             raise UserError(f"--reference {args.reference} has a vocabulary of {hf_config.vocab_size} tokens and "

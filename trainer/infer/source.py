@@ -44,8 +44,9 @@ class ModelSource:
     trust_remote_code: bool = False  # the user's --trust-remote-code (never a saved config's)
 
 
-def resolve_source(src: str, trust_remote_code: bool = False) -> ModelSource:
-    source = _resolve(src)
+def resolve_source(src: str, trust_remote_code: bool = False, flag: str = "--model") -> ModelSource:
+    """What `src` names; `flag` is the option that gave it (--model, or evaluate's --reference), for the errors."""
+    source = _resolve(src, flag)
     source.trust_remote_code = trust_remote_code
     if source.config is not None:
         saved = source.config.model.trust_remote_code
@@ -54,19 +55,22 @@ def resolve_source(src: str, trust_remote_code: bool = False) -> ModelSource:
     return source
 
 
-def _resolve(src: str) -> ModelSource:
+def _resolve(src: str, flag: str = "--model") -> ModelSource:
+    if not src.strip():  # Path("") is the current directory: never what an empty value meant
+        raise UserError(f"{flag} is empty; give an HF model directory, a run directory (train.output_dir), a "
+                        f"checkpoint directory or a hub id")
     path = Path(src).expanduser()
     found = what_is(path)
     if found == "missing":
-        if looks_like_path(src) or not src.strip():
-            raise UserError(f"--model {src!r}: no such file or directory; give an HF model directory, a run directory "
+        if looks_like_path(src):
+            raise UserError(f"{flag} {src!r}: no such file or directory; give an HF model directory, a run directory "
                             f"(train.output_dir), a checkpoint directory or a hub id")
         return ModelSource("hub", src, f"hub model {src}")
     if found != "a directory":
-        raise UserError(f"--model {src}: {found}, not a directory; give the directory that holds config.json (an HF "
+        raise UserError(f"{flag} {src}: {found}, not a directory; give the directory that holds config.json (an HF "
                         f"model), a run directory, or a checkpoint directory")
     if (path / "config.json").exists() and what_is(path / "config.json") != "a regular file":
-        raise UserError(f"--model {src}: its config.json is {what_is(path / 'config.json')}, not a file")
+        raise UserError(f"{flag} {src}: its config.json is {what_is(path / 'config.json')}, not a file")
     if (path / "config.json").is_file():
         read_json_object(path / "config.json", "model config")  # a JSON object, before transformers reads it
         return ModelSource("hf", str(path), f"HF model {path}")
@@ -77,28 +81,28 @@ def _resolve(src: str) -> ModelSource:
     if (path / "latest").is_file() or list(path.glob("step_*")):
         found = checkpoint.find_resume("auto", path)
         if found is None:
-            raise UserError(f"--model {src}: a checkpoints directory without a complete checkpoint (none has "
-                            f"{checkpoint.COMPLETE}); point --model at a finished run or an HF export")
+            raise UserError(f"{flag} {src}: a checkpoints directory without a complete checkpoint (none has "
+                            f"{checkpoint.COMPLETE}); point {flag} at a finished run or an HF export")
         return checkpoint_source(found, f"newest complete checkpoint {found}")
     if (path / "config.resolved.yaml").is_file() or (path / "checkpoints").is_dir():
-        return run_source(path)
-    raise UserError(f"--model {src}: neither an HF model directory (config.json), a LoRA adapter "
+        return run_source(path, flag)
+    raise UserError(f"{flag} {src}: neither an HF model directory (config.json), a LoRA adapter "
                     f"(adapter_config.json), a run directory (config.resolved.yaml, checkpoints/) nor a checkpoint "
-                    f"(COMPLETE, {checkpoint.STATE_FILE}); point --model at one of those")
+                    f"(COMPLETE, {checkpoint.STATE_FILE}); point {flag} at one of those")
 
 
-def run_source(run_dir: Path) -> ModelSource:
+def run_source(run_dir: Path, flag: str = "--model") -> ModelSource:
     """A run's HF export, unless a complete checkpoint is newer than it (a run continued past its export)."""
     export = run_dir / "hf"
     newest = checkpoint.find_resume("auto", run_dir / "checkpoints")
     exported = (export / "config.json").is_file() or (export / "adapter_config.json").is_file()
     if exported and (newest is None or export_step(export) >= checkpoint_step(newest)):
-        source = _resolve(str(export))
+        source = _resolve(str(export), flag)
         source.described = f"run {run_dir}: its HF export {export}"
         source.config = run_config(run_dir)
         return source
     if newest is None:
-        raise UserError(f"--model {run_dir}: the run has no HF export (hf/) and no complete checkpoint yet; "
+        raise UserError(f"{flag} {run_dir}: the run has no HF export (hf/) and no complete checkpoint yet; "
                         f"train it to its end, or to its first save (train.save_every)")
     return checkpoint_source(newest, f"run {run_dir}: its newest complete checkpoint {newest.name}")
 

@@ -27,7 +27,7 @@ from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
     micro_batch_options, planned_mlp_tiles
 )
-from .inputs import PlanInputs, sequence_parallel_sizes
+from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
 
 def offloads(candidate: Candidate) -> bool:
@@ -51,7 +51,10 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         plan.notes.append(f"micro-batch {inputs.micro_batch} fits nowhere; planning the largest micro-batch that fits")
         chosen, lines = walk_tree(inputs, 1)
         plan.walk += lines
-    if inputs.sequence_parallel is None and (chosen is None or only_offload_fits(inputs, chosen)):
+    wants_sequence_parallel = inputs.sequence_parallel is None and (chosen is None or only_offload_fits(inputs, chosen))
+    if wants_sequence_parallel and sequence_parallel_blocked(inputs):
+        plan.walk.append(f"sequence parallelism: {sequence_parallel_blocked(inputs)}")
+    elif wants_sequence_parallel:
         found = sequence_parallel_before_offload(inputs, chosen)
         plan.walk += found[2]
         if found[1] is not None and found[0].sp > 1:

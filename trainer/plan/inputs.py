@@ -196,10 +196,25 @@ def reference_problems(task: str, reference: str, flag) -> list[str]:
     return []
 
 
+def sequence_parallel_blocked(inputs: PlanInputs) -> str:
+    """Why the trainer would refuse any sequence parallelism for this plan ('' when it would not): the runs the
+    trainer's rules refuse (rules.sequence_parallel_supported, moe.expert_parallel_problems) are not planned."""
+    if inputs.preference:
+        return ("the DPO loss sums each response's log-probs over the whole sequence and is not sharded yet (the "
+                "trainer refuses deepspeed.sequence_parallel_size with data.task=preference)")
+    if inputs.expert_parallel > 1:
+        return ("the trainer wires AutoEP on data-parallel ranks only (it refuses deepspeed.expert_parallel with "
+                "sequence_parallel_size); keep one of --expert-parallel and --sequence-parallel")
+    return ""
+
+
 def sequence_parallel_sizes(inputs: PlanInputs) -> list[int]:
     """Ulysses sizes that can work: each divides the world (whole SP groups), the query heads (the all-to-all hands
     each rank whole heads) and the sequence (equal shards), and divides the key/value heads or is a multiple of
-    them (DeepSpeed then replicates a kv head on several ranks: ulysses_sp.py)."""
+    them (DeepSpeed then replicates a kv head on several ranks: ulysses_sp.py); only 1 where the trainer refuses
+    sequence parallelism for the run (sequence_parallel_blocked)."""
+    if sequence_parallel_blocked(inputs):
+        return [1]
     m = inputs.model.config
     kv_heads = m.num_kv_heads or m.num_heads
     return [n for n in range(1, inputs.world_size + 1)
@@ -211,6 +226,8 @@ def sequence_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
     sp = inputs.sequence_parallel
     if sp is None or sp in sequence_parallel_sizes(inputs):
         return []
+    if sequence_parallel_blocked(inputs):
+        return [f"{flag('sequence_parallel')} {sp}: {sequence_parallel_blocked(inputs)}"]
     m = inputs.model.config
     return [f"{flag('sequence_parallel')} {sp} must divide the {inputs.world_size} GPUs, the {m.num_heads} attention "
             f"heads and --seq-len {inputs.seq_len}, and divide the {m.num_kv_heads or m.num_heads} key/value heads or be "
@@ -229,6 +246,9 @@ def expert_parallel_problems(inputs: PlanInputs, flag) -> list[str]:
     if ep not in fits:
         return [f"{flag('expert_parallel')} {ep} must divide the {inputs.world_size} GPUs and the {m.num_experts} "
                 f"experts per layer: sizes that work here: {', '.join(map(str, fits))}"]
+    if inputs.lora_enabled:  # as the trainer refuses deepspeed.expert_parallel with model.lora.enabled
+        return [f"{flag('expert_parallel')} {ep} with --task {inputs.task}: AutoEP replaces the expert modules LoRA "
+                f"adapts, and the trainer refuses the two together; plan LoRA without it, or --task full with it"]
     return []
 
 

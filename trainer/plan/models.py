@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import numbers
+from .. import numbers, strict
 from ..config import ModelConfig
 from ..errors import UserError, closest, short
 from ..files import read_json_object
-from ..moe import MOE_FAMILIES
+from ..moe import MOE_FAMILIES, family_problems
 from ..presets import PRESET_DIR, config_from_dict, list_presets, load_preset
 
 
@@ -93,6 +93,10 @@ def _parse_count(text: str) -> Optional[float]:
 def _checked_model(m: ModelConfig, where: str) -> ModelConfig:
     if min(m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.vocab_size) <= 0:
         raise UserError(f"{where}: hidden_size, num_layers, num_heads, intermediate_size and vocab_size must be > 0")
+    # each number's range (0 experts, a top-k of 0), and an MoE's experts against its top-k: the trainer's own checks
+    problems = strict.out_of_range(m, "model") + (family_problems(m) if m.family in MOE_FAMILIES else [])
+    if problems:
+        raise UserError(f"{where}: {'; '.join(problems)}")
     if m.num_experts and m.family not in MOE_FAMILIES:
         raise UserError(f"{where}: the planner counts MoE models of the families {', '.join(MOE_FAMILIES)}; "
                         f"{m.family!r} is not counted yet")
@@ -127,7 +131,7 @@ def model_from_hf_config(path: Path, where: str) -> ModelConfig:
                            "vocab_size") if k not in raw]
     if missing:
         raise UserError(f"{where}: {path} lacks {', '.join(missing)}")
-    return model_from_hf_fields(raw, where)
+    return model_from_hf_fields(raw, f"{where} {path}")
 
 
 def model_from_hf_fields(raw: dict, where: str) -> ModelConfig:

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from .. import ds as dsc
 from ..config import PreferenceConfig
-from ..errors import UserError
 from . import router
 from .sequence_parallel import loss_of
 
@@ -151,9 +150,6 @@ def make_objective(engine, cfg, reference_engine=None) -> Objective:
     """The run's objective: the model's loss, or the preference loss against the reference the config chose."""
     if cfg.data.task != "preference":
         return Objective(engine, cfg.model.tiled_logits or 0)
-    if cfg.preference.label_smoothing >= 0.5:
-        raise UserError(f"preference.label_smoothing={cfg.preference.label_smoothing}: at 0.5 or more the flipped "
-                        f"pairs outweigh the rest; use a value below 0.5")
     if reference_kind(cfg) == "adapter":
         return PreferenceObjective(engine, adapter_disabled(engine), cfg.preference)
     if reference_kind(cfg) == "precomputed":  # the batches carry the reference log-probs
@@ -163,14 +159,11 @@ def make_objective(engine, cfg, reference_engine=None) -> Objective:
 
 
 def reference_kind(cfg) -> str:
-    """'adapter', 'engine' or 'precomputed' (preference.reference, with 'auto' decided); 'adapter' without LoRA is an
-    error."""
+    """'adapter', 'engine' or 'precomputed' (preference.reference, with 'auto' decided; 'adapter' without LoRA, and
+    the other settings' combinations, were refused when the config was resolved: rules.preference_settings)."""
     kind = cfg.preference.reference
     if kind == "auto":
         return "adapter" if cfg.model.lora.enabled else "engine"
-    if kind == "adapter" and not cfg.model.lora.enabled:
-        raise UserError("preference.reference=adapter uses the LoRA base model as the reference, but "
-                        "model.lora.enabled is false: enable LoRA or set preference.reference=engine (or auto)")
     return kind
 
 
