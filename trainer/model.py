@@ -174,7 +174,7 @@ def enable_gradient_checkpointing(model, ds: dict) -> None:
             # DeepSpeed 0.19.8's blocking cpu_checkpointing path (a synchronized accelerator has no side stream)
             # copies each input with .to("cpu"), which on the CPU is the tensor itself, then empties that tensor:
             # the recompute reads a 0-d input ("Dimension out of range"). There is nothing to move there anyway.
-            ds = {**ds, "activation_checkpointing": {**ds["activation_checkpointing"], "cpu_checkpointing": False}}
+            ds = dsc.without_cpu_checkpointing(ds)
         deepspeed.checkpointing.configure(None, deepspeed_config=ds)
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
 

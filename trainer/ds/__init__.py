@@ -26,7 +26,7 @@ from .build import (
     min_loss_scale_override, precision_overrides, rehearsal_changes,
     set_override, smaller_stage3_buffers, torch_adam_on_cpu_overrides, unpinned_offload_overrides,
     with_checkpoint_writer, with_expert_parallel, with_sequence_parallel, with_universal_load,
-    with_zero3_leaf_classes, with_zeropp,
+    with_zero3_leaf_classes, with_zeropp, without_cpu_checkpointing,
     zero_block, zero_overrides,
 )
 from .check import REMOVED_OPTIMIZERS, check_keys
@@ -59,7 +59,7 @@ __all__ = [
     "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config",
     "unpinned_offload_overrides", "with_checkpoint_writer", "with_expert_parallel", "with_sequence_parallel",
     "with_universal_load",
-    "with_zeropp", "with_zero3_leaf_classes", "without_autotuning", "without_tensor_parallel", "zero",
+    "with_zeropp", "without_cpu_checkpointing", "with_zero3_leaf_classes", "without_autotuning", "without_tensor_parallel", "zero",
     "zero3_leaf_block", "zero_block", "zero_inference_config", "zero_key",
     "zero_overrides", "zero_setting", "zero_stage",
 ]

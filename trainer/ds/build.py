@@ -77,6 +77,11 @@ def base_config(stage: int, offload_optimizer: str = "none", offload_param: str 
     return ds
 
 
+def without_cpu_checkpointing(ds: dict) -> dict:
+    """A copy whose activation checkpoints stay where they are computed."""
+    return {**ds, "activation_checkpointing": {**ds["activation_checkpointing"], "cpu_checkpointing": False}}
+
+
 def checkpointing_block(checkpoint_offload: bool = False) -> dict:
     return {"partition_activations": False, "cpu_checkpointing": checkpoint_offload}
 
