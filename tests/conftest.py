@@ -6,12 +6,17 @@ engine fixture takes."""
 from __future__ import annotations
 
 import os
+import random
+import sys
 import time
+from collections import defaultdict
 
 import pytest
 
+import distributed
+import ports
 import processes
-from distributed import USED_PORTS, last_wins, remove_shm_buffers, run_many  # pytest puts tests/ on sys.path
+from distributed import last_wins, run_many  # pytest puts tests/ on sys.path
 
 STEPS = 6
 TINY = [
@@ -111,8 +116,10 @@ def engine_runs(tmp_path_factory, pretrained_dir):
 
 
 
-# What `trainer.distributed.start_distributed` writes into os.environ for an in-process (one-rank) run
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE")
+# What a launcher gives a rank (and `trainer.distributed.start_distributed` writes into os.environ for an in-process
+# one-rank run). None of them may reach a job the suite starts from a value it did not choose.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE", "LOCAL_WORLD_SIZE",
+                  "GROUP_RANK", "NODE_RANK", "CROSS_RANK", "CROSS_SIZE", "TORCHELASTIC_RUN_ID")
 
 
 @pytest.fixture(autouse=True)
@@ -134,12 +141,112 @@ def no_shared_memory_left():
     """Jobs the tests kill cannot remove their DeepSpeed shared-memory buffers; on a 24 GB machine a
     suite's worth of them (69 MB per rank per job) is RAM."""
     yield
-    for port in USED_PORTS:
-        remove_shm_buffers(port)
+    distributed.remove_every_jobs_buffers()
+    ports.release_all()
+
+
+# --- tiers -------------------------------------------------------------------------------------------------------
+# `pytest -m quick` is every test not marked `slow`, `multirank` or `gpu`: the schema, resolve, the planner, the
+# data layer, the doctor, lint, docs, parsers and hostile inputs, in under two minutes. What keeps a test out of it
+# is a marker, and what keeps the marker honest is the guard below: a quick test that starts ranks, builds ops or
+# trains in a subprocess fails and says which marker it needs.
+HEAVY = ("slow", "multirank", "gpu")
+QUICK_SLOWEST_S = 2.0  # a quick test slower than this is listed at the end of a quick run
+
+
+def _refuse(what: str) -> None:
+    pytest.fail(f"a quick-tier test {what}: mark it @pytest.mark.multirank (ranks) or @pytest.mark.slow (an engine, a "
+                f"training, op builds), or make it cheaper", pytrace=False)
+
+
+LAUNCHERS = {"deepspeed", "torchrun", "train.py", "train_with_faults.py", "run_many.py", "build_ops.py"}
+
+
+def _heavy_command(cmd) -> str:
+    """What a command line would do that the quick tier does not ('' when nothing): start ranks (the deepspeed or
+    torchrun launchers, the test workers), train (train.py, `trainer train|launch`), build ops."""
+    words = [os.path.basename(str(word)) for word in ([cmd] if isinstance(cmd, (str, bytes)) else cmd)]
+    if LAUNCHERS & set(words):
+        return "starts ranks, trains or builds ops in a subprocess"
+    for i in range(len(words) - 2):
+        command = words[i + 2] if words[i:i + 2] == ["-m", "trainer"] else None
+        if command == "train":
+            return "runs `trainer train` in a subprocess"
+        printed_only = "--dry-run" in words or "--launcher=slurm" in words or \
+            any(words[j:j + 2] == ["--launcher", "slurm"] for j in range(len(words)))  # slurm: a script for sbatch
+        if command in ("launch", "autotune") and not printed_only:
+            return f"runs `trainer {command}` (it starts ranks) in a subprocess"
+    return ""
+
+
+def _install_guard(patch: pytest.MonkeyPatch) -> None:
+    """While a quick test's fixtures and body run, every process start is looked at (subprocess.Popen, which
+    subprocess.run and the harness's run_group use) and so is every process group started in-process (each rank,
+    engine or in-process training starts one): either fails the test, naming the marker it needs."""
+    import subprocess
+    import sys
+
+    import torch.distributed  # imported at collection already (the gpu check)
+
+    class CheckedPopen(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            heavy = _heavy_command(args)
+            if heavy:
+                _refuse(f"{heavy} ({' '.join(map(str, args))[:200]})")
+            super().__init__(args, *rest, **kwargs)
+    patch.setattr(subprocess, "Popen", CheckedPopen)
+    patch.setattr(torch.distributed, "init_process_group",
+                  lambda *a, **k: _refuse("starts a process group in-process (a training, an engine)"))
+    if "deepspeed" in sys.modules:
+        patch.setattr(sys.modules["deepspeed"], "initialize",
+                      lambda *a, **k: _refuse("builds a DeepSpeed engine in-process"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The guard covers a quick test's whole protocol - its fixtures' set-up too, module and session ones included
+    (a fixture that launches ranks for a quick test is the same cost)."""
+    if "quick" not in item.keywords:
+        yield
+        return
+    patch = pytest.MonkeyPatch()
+    _install_guard(patch)
+    try:
+        yield
+    finally:
+        patch.undo()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--order", default="file", choices=("file", "reverse", "shuffle"),
+                     help="test order: as written (default), reversed, or shuffled with --order-seed (modules are "
+                          "shuffled and so are the tests inside each; a module's tests stay together, so module "
+                          "fixtures are built once)")
+    parser.addoption("--order-seed", type=int, default=None, help="the shuffle's seed (default: printed, random)")
 
 
 def pytest_configure(config):
-    """Progress lines (tests/processes.py) go to the terminal as they happen, past pytest's output capture."""
+    """The session's environment without rank variables (every subprocess inherits os.environ); the order's
+    seed, one for the controller and every xdist worker (they must collect the same order); progress lines
+    (tests/processes.py) to the terminal as they happen, past pytest's output capture."""
+    inherited = sorted(name for name in RANK_VARIABLES if name in os.environ)
+    for name in inherited:
+        del os.environ[name]
+    config._inherited_rank_variables = inherited
+    seed = config.getoption("--order-seed")
+    if seed is None:  # the controller draws it; xdist workers inherit its environment
+        seed = int(os.environ.setdefault("TRAINER_TEST_ORDER_SEED", str(random.SystemRandom().randrange(10**6))))
+    config._order_seed = seed
+    processes.progress = _progress_printer(config)
+
+
+def _progress_printer(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # an xdist worker has no terminal of its own: its stderr reaches the terminal
+        def to_stderr(line: str) -> None:
+            print(f"[{time.strftime('%H:%M:%S')}] [{worker}] {line}", file=sys.__stderr__, flush=True)
+        return to_stderr
+
     def to_terminal(line: str) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         capture = config.pluginmanager.get_plugin("capturemanager")
@@ -150,12 +257,60 @@ def pytest_configure(config):
             return
         with capture.global_and_fixture_disabled():
             reporter.write_line(f"[{time.strftime('%H:%M:%S')}] {line}")
-    processes.progress = to_terminal
+    return to_terminal
 
 
+def pytest_report_header(config):
+    lines = [f"test order: {config.getoption('--order')}"]
+    if config.getoption("--order") == "shuffle":
+        lines[0] += f" (--order-seed {config._order_seed})"
+    if config._inherited_rank_variables:
+        lines.append(f"removed from the test environment: {', '.join(config._inherited_rank_variables)} (a "
+                     f"launcher's rank variables: no job the suite starts inherits them)")
+    return lines
+
+
+# xdist (`-n 2 --dist loadgroup`, pyproject's addopts): a worker takes whole groups. A module is one group, so its
+# module fixtures are built once; the modules whose tests share the session's `engine_runs` launch are one group,
+# so that launch runs once.
+SHARED_SESSION_FIXTURES = ("engine_runs",)
+
+
+def _assign_groups(items) -> None:
+    joined = {item.nodeid.split("::", 1)[0] for item in items
+              if any(name in getattr(item, "fixturenames", ()) for name in SHARED_SESSION_FIXTURES)}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "engine_runs" if module in joined else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _ordered(items, how: str, seed: int):
+    by_module = defaultdict(list)
+    for item in items:
+        by_module[item.nodeid.split("::", 1)[0]].append(item)
+    modules = list(by_module)
+    if how == "reverse":
+        return [item for module in reversed(modules) for item in reversed(by_module[module])]
+    rng = random.Random(seed)
+    rng.shuffle(modules)
+    for module in modules:
+        rng.shuffle(by_module[module])
+    return [item for module in modules for item in by_module[module]]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA (flash-attn, Liger, fp16, ZeRO++ quantized weights): skip them, with the
-    reason, on CPU machines such as CI."""
+    """Tiers (`quick` for every test not marked slow, multirank or gpu), the order, and `gpu` tests skipped with the
+    reason on CPU machines such as CI (flash-attn, Liger, fp16, ZeRO++ quantized weights need CUDA)."""
+    quick = pytest.mark.quick
+    for item in items:
+        if not any(marker in item.keywords for marker in HEAVY):
+            item.add_marker(quick)
+    _assign_groups(items)
+    how = config.getoption("--order")
+    if how != "file":
+        items[:] = _ordered(items, how, config._order_seed)
     import torch
     if torch.cuda.is_available():
         return
@@ -164,3 +319,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_quick_slowest: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and "quick" in report.keywords and report.duration > QUICK_SLOWEST_S:
+        _quick_slowest.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _quick_slowest:
+        terminalreporter.write_sep("-", f"quick-tier tests slower than {QUICK_SLOWEST_S:g} s (candidates for `slow`)")
+        for duration, nodeid in sorted(_quick_slowest, reverse=True)[:20]:
+            terminalreporter.write_line(f"{duration:6.1f} s  {nodeid}")

@@ -7,33 +7,26 @@ times out or fails (`run_group`, `stop_tree`; tests/processes.py). While a launc
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from ports import take_port, taken
 from processes import run_group, say
+from trainer import shm_buffers
 
 REPO = Path(__file__).resolve().parent.parent
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
-# TRAINER_TEST_PORT: the first --master_port (several people testing on one machine each take their own range)
-_ports = itertools.count(int(os.environ.get("TRAINER_TEST_PORT") or 29600 + (os.getpid() % 40) * 10))
-
-
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     """`python -m trainer <args>` from the repository root, as a user types it."""
     return run_group([sys.executable, "-m", "trainer", *args], cwd=REPO, timeout=120, merge=False)
 
 
-USED_PORTS: list[int] = []
-
-
 def new_port() -> int:
-    """A --master_port for one job (each launch gets its own; the session cleans up after them)."""
-    USED_PORTS.append(next(_ports))
-    return USED_PORTS[-1]
+    """A --master_port for one job, held for the session (tests/ports.py): never another job's, never reused."""
+    return take_port()
 
 
 # Every op the suite's launches load (tiny_cpu: the CPU all-reduce and fused_adam; CPU offload: cpu_adam; NVMe:
@@ -84,11 +77,16 @@ def with_faults(script_args: list[str]) -> list[str]:
     return ["tests/workers/train_with_faults.py" if arg == "train.py" else arg for arg in script_args]
 
 
-def remove_shm_buffers(port="*") -> None:
-    """DeepSpeed's CPU all-reduce buffers (69 MB each in /dev/shm) that a killed job leaves behind; a
+def remove_shm_buffers(port) -> None:
+    """DeepSpeed's CPU all-reduce buffers (69 MB each in /dev/shm) that a killed job on `port` leaves behind; a
     finished run removes its own (trainer.distributed.end_distributed)."""
-    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*"):
-        path.unlink(missing_ok=True)
+    shm_buffers.remove(shm_buffers.job_buffers(port))
+
+
+def remove_every_jobs_buffers() -> None:
+    """What every job of this session left in /dev/shm (conftest runs it when the session ends)."""
+    for port in taken():
+        remove_shm_buffers(port)
 
 
 def launch(script_args: list[str], timeout: int = 1500, ranks: int = 2, env: dict | None = None) -> str:

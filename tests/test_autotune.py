@@ -33,6 +33,7 @@ def dry_run(*args):
     return json.loads("\n".join(config_lines)), command.split(" "), result.stderr
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_tuning_config_and_the_command_deepspeed_reads(tmp_path):
     config, command, log = dry_run("7b_8xa100", "--dir", str(tmp_path))
     # the planner's cut: 7B with Adam needs ~16 bytes/param = 108 GB replicated (ZeRO-0) > 80 GB; stages 1-3 fit
@@ -64,6 +65,7 @@ def test_dry_run_prints_the_tuning_config_and_the_command_deepspeed_reads(tmp_pa
     assert len(experiments) == 3 * 6 and all(dsc.check_keys(e) == [] for e in experiments)
 
 
+@pytest.mark.slow
 def test_an_experiment_config_becomes_the_presets_deepspeed_section():
     config, _, _ = dry_run("7b_8xa100")
     experiment = next(e for e in dsc.experiment_configs(config)
@@ -85,6 +87,7 @@ def test_cpu_refusals_name_why():
     assert "ZeRO-3: does not fit" in nothing.stderr and "not tunable" in nothing.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_without_cuda_autotune_refuses_and_writes_nothing(tmp_path):
     result = run_cli("autotune", "7b_8xa100", "--dir", str(tmp_path / "at"))
@@ -122,6 +125,7 @@ def choose_optimal(results: Path, scored: list[tuple[str, float]]) -> None:
     Autotuner.write_optimal_config(tuner)
 
 
+@pytest.mark.slow
 def test_results_dir_becomes_a_preset_with_the_measured_throughput(tmp_path):
     config, _, _ = dry_run("7b_8xa100")
     experiments = {(e["zero_optimization"]["stage"], e["train_micro_batch_size_per_gpu"]): e
@@ -158,6 +162,7 @@ def test_results_dir_becomes_a_preset_with_the_measured_throughput(tmp_path):
     assert launch == f"Launch: {command_for(resolved, out.stem, [])}"
 
 
+@pytest.mark.slow
 def test_a_results_dir_without_a_winner_is_named(tmp_path):
     result = run_cli("autotune", "7b_8xa100", "--from-results", str(tmp_path), "-o", str(tmp_path / "x.yaml"))
     assert result.returncode == 2 and "no ds_config_optimal.json" in result.stderr and "stderr.log" in result.stderr

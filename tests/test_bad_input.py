@@ -406,6 +406,7 @@ def refused_runs(checkpoint_run, tmp_path_factory):
     return report, before, root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", REFUSED)
 def test_refused_run(case, refused_runs):
     report, _, _ = refused_runs
@@ -419,6 +420,7 @@ def test_refused_run(case, refused_runs):
         assert not Path(result["output_dir"]).exists(), f"{case} created {result['output_dir']}"
 
 
+@pytest.mark.slow
 def test_refused_runs_leave_the_checkpoint_run_byte_identical(refused_runs, checkpoint_run):
     # resumes by path from its step_00000002 and `--resume auto` in the run's own directory with another
     # model shape: no file of the run changed (config.resolved.yaml, metrics.jsonl, the checkpoint), none added
@@ -427,6 +429,7 @@ def test_refused_runs_leave_the_checkpoint_run_byte_identical(refused_runs, chec
     assert tree(run_dir) == before["run_dir"]
 
 
+@pytest.mark.slow
 def test_refused_runs_write_nothing_next_to_their_inputs(refused_runs):
     # the regular file under which output_dir was asked for, the missing nvme_path, the data, the tokenizer
     _, before, root = refused_runs
@@ -436,6 +439,7 @@ def test_refused_runs_write_nothing_next_to_their_inputs(refused_runs):
         k: v for k, v in before["root"].items() if k != "report.json"}
 
 
+@pytest.mark.slow
 def test_refused_run_as_a_real_process(tmp_path):
     # the malformed JSONL case end to end: exit status 2, one line of error, no traceback, no run directory
     data = tmp_path / "bad.jsonl"
@@ -484,11 +488,13 @@ def test_transformers_gets_trust_remote_code_only_when_asked(flag, monkeypatch):
     assert calls == [flag == "true"] * 2
 
 
+@pytest.mark.slow
 def test_the_run_log_says_trust_remote_code_is_on(checkpoint_run):
     _, log = checkpoint_run
     assert "notice: trust_remote_code is ON" in log
 
 
+@pytest.mark.slow
 def test_no_secret_in_any_file_the_run_writes(checkpoint_run):
     run_dir, log = checkpoint_run
     files = [p for p in run_dir.rglob("*") if p.is_file()]
@@ -505,6 +511,7 @@ def test_no_secret_in_any_file_the_run_writes(checkpoint_run):
     assert resolved["model"]["trust_remote_code"] is True
 
 
+@pytest.mark.slow
 def test_trainer_and_rng_state_in_checkpoints_is_json(checkpoint_run):
     run_dir, _ = checkpoint_run
     step = run_dir / STEP_DIR

@@ -29,6 +29,7 @@ LLAMA_8B = {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_head
 MILLIONS = {"model": LLAMA_8B, "gpu": "h100-80g", "gpus_per_node": 8, "seq_len": 2 * 1024 * 1024}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers, micro, seq", [(4, 2, 32), (3, 1, 48)])
 def test_deepspeed_offloads_what_the_planner_counts_and_the_gradients_do_not_change(layers, micro, seq):
     ensure_ops_built()

@@ -115,6 +115,7 @@ def described(case: dict) -> str:
            f"{case['stderr'][-600:]}"
 
 
+@pytest.mark.slow
 def test_the_fuzz_covers_every_command(fuzz_report):
     _, results = fuzz_report
     parser, _ = build_parser()

@@ -292,6 +292,7 @@ def test_a_file_replaced_after_the_check_is_not_read(cached, tokenizer):
 
 # --- the cache key: the source's content ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_source_edited_with_its_mtime_kept_is_prepared_again(tmp_path, tokenizer, monkeypatch):
     source = tmp_path / "pretrain.jsonl"
     shutil.copyfile(CORPUS, source)

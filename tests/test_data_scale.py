@@ -95,6 +95,7 @@ def test_the_eval_split_holds_whole_documents_never_seen_in_training(tmp_path, t
     assert not train & held_out
 
 
+@pytest.mark.slow
 def test_prepare_data_killed_midway_and_rerun_gives_the_same_bytes(tmp_path):
     source = write_corpus(tmp_path / "corpus.jsonl", 60_000)
     common = ["--source", source, "--tokenizer", TOKENIZER, "--records-per-shard", "1000", "--num-proc", "1"]
@@ -132,6 +133,7 @@ def build_error(cfg: DataConfig, tokenizer) -> str:
     return str(err.value)
 
 
+@pytest.mark.slow
 def test_a_truncated_or_missing_shard_is_named_at_start(prepared, tokenizer):
     shard = prepared / "train" / "00000.tokens"
     size = shard.stat().st_size
@@ -142,6 +144,7 @@ def test_a_truncated_or_missing_shard_is_named_at_start(prepared, tokenizer):
     assert f"{shard} is missing" in build_error(DataConfig(source=str(prepared), seq_len=16), tokenizer)
 
 
+@pytest.mark.slow
 def test_data_prepared_with_another_tokenizer_is_refused(prepared, tokenizer):
     from transformers import AutoTokenizer
     other = AutoTokenizer.from_pretrained(TOKENIZER)
@@ -150,11 +153,13 @@ def test_data_prepared_with_another_tokenizer_is_refused(prepared, tokenizer):
     assert f"its tokenizer has {len(tokenizer)} tokens, this run's has {len(other)}" in message
 
 
+@pytest.mark.slow
 def test_data_prepared_for_another_task_is_refused(prepared, tokenizer):
     message = build_error(DataConfig(task="sft", source=str(prepared), seq_len=16), tokenizer)
     assert "prepared for task 'pretrain', this run's data.task is 'sft'" in message
 
 
+@pytest.mark.slow
 def test_an_output_directory_that_holds_something_else_is_refused(tmp_path):
     source = write_corpus(tmp_path / "corpus.jsonl", 10)
     out = tmp_path / "busy"

@@ -91,6 +91,7 @@ def shard_files(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.glob("*/*")) if not p.name.startswith(".")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_shard, num_proc", [(100_000, 1), (777, 2), (50, 1)])
 def test_streamed_shards_are_the_bytes_of_the_whole_split_tokenized_at_once(corpus, tmp_path, tokenizer, per_shard,
                                                                             num_proc):

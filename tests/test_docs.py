@@ -277,6 +277,7 @@ def scratch(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line", RUNNABLE, ids=[line.where for line in RUNNABLE])
 def test_every_unmarked_command_runs_here(line, scratch):
     call = trainer_call(line)

@@ -275,6 +275,7 @@ def test_train_command_layouts():
         train_command("7b_8xa100", launcher="mpirun")
 
 
+@pytest.mark.slow
 def test_cli_text_json_and_exit_codes():
     text = run_cli("doctor", "7b_8xa100", "tests/logs/cuda_oom.log")
     assert text.returncode == 0

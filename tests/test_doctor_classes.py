@@ -98,6 +98,7 @@ def test_a_version_outside_the_broken_range_rules_the_row_out():
     assert any("the module 'torch._six' is not installed" in a for a in d.advice)
 
 
+@pytest.mark.slow
 def test_the_run_record_supplies_the_versions_a_log_does_not_print(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -163,6 +164,7 @@ def test_an_unrecognised_failure_still_says_what_where_and_what_to_report():
     assert any("https://github.com/deepspeedai/DeepSpeed/issues (attach `ds_report`)" in a for a in d.advice)
 
 
+@pytest.mark.slow
 def test_a_gzipped_log_is_read_and_random_bytes_are_named_binary(tmp_path):
     with gzip.open(tmp_path / "run.log.gz", "wt") as handle:
         handle.write(OOM)

@@ -168,6 +168,7 @@ def git(repo: Path, *args: str) -> str:
                           env=env).stdout.strip()
 
 
+@pytest.mark.slow
 def test_provenance_of_a_clean_and_a_dirty_tree(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -255,6 +256,7 @@ TRACKER_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("enabled", [False, True])
 def test_tensorboard_is_imported_only_when_on(tmp_path, enabled):
     proc = subprocess.run([sys.executable, "-c", TRACKER_PROBE, str(tmp_path), str(enabled).lower()], cwd=REPO,

@@ -88,6 +88,7 @@ def assert_parsed_as_resolved(config, resolved):
         assert (str(getattr(block.device, "value", block.device)) if block is not None else "none") == device
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_cpu", "70b_32xa100"])
 def test_export_command_writes_json_deepspeed_accepts(name, tmp_path, DeepSpeedConfig):
     out = tmp_path / "ds.json"
@@ -108,6 +109,7 @@ def test_export_to_stdout_is_pure_json():
     assert json.loads(result.stdout)["train_batch_size"] == 16
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_exported_preset_is_accepted_by_deepspeed(name, tmp_path, DeepSpeedConfig):
     out = tmp_path / f"{name}.json"
@@ -119,6 +121,7 @@ def test_every_exported_preset_is_accepted_by_deepspeed(name, tmp_path, DeepSpee
     assert_parsed_as_resolved(parse(DeepSpeedConfig, ds, deepspeed_world(resolved)), resolved)
 
 
+@pytest.mark.slow
 def test_deepspeed_rejects_the_export_at_another_world_size(DeepSpeedConfig):
     # proves the check above has teeth: the triad is checked against the mpu's size
     resolved = resolve(load_preset("7b_8xa100"))
@@ -129,6 +132,7 @@ def test_deepspeed_rejects_the_export_at_another_world_size(DeepSpeedConfig):
     assert_parsed_as_resolved(parse(DeepSpeedConfig, resolved4.ds, 4), resolved4)
 
 
+@pytest.mark.slow
 def test_export_with_world_size_and_overrides(tmp_path, DeepSpeedConfig):
     out = tmp_path / "ds.json"
     assert main(["export", "7b_8xa100", "--world-size", "16", "--set", "deepspeed.zero_optimization.stage=3",
@@ -153,6 +157,7 @@ train: {{micro_batch_size: 2, grad_accum: 4, lr: 1.0e-4, warmup_steps: 10, max_s
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template", ["zero2.json", "zero2_offload.json", "zero3.json", "zero3_offload.json",
                                       "zero3_nvme.json", "zeropp.json"])
 def test_each_template_filled_for_a_world_size_is_accepted(template, tmp_path, DeepSpeedConfig):
@@ -183,6 +188,7 @@ def test_each_template_filled_for_a_world_size_is_accepted(template, tmp_path, D
         assert config.aio_config["intra_op_parallelism"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_autotp_export_is_accepted_with_the_global_world_size(world, tmp_path, DeepSpeedConfig):
     path = write_preset(tmp_path, "zero2.json", world=world,
@@ -200,6 +206,7 @@ def test_autotp_export_is_accepted_with_the_global_world_size(world, tmp_path, D
         DeepSpeedConfig(ds, mpu=Mpu(world // 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,sp", [(2, 2), (8, 4)])
 def test_sequence_parallel_export_is_accepted_with_world_over_sp(world, sp, tmp_path, DeepSpeedConfig):
     """An SP group consumes one sample: the data-parallel size, the global batch and tokens/step count groups, and

@@ -63,6 +63,7 @@ def test_unknown_item_is_refused_naming_the_known_ones(capsys):
     assert "unknown item(s) memroy" in err and "throughput" in err and "gpu_tests" in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present: the script does not refuse here")
 def test_refuses_on_cpu_without_the_dry_run_flag(tmp_path):
     report = tmp_path / "report.json"
@@ -72,6 +73,7 @@ def test_refuses_on_cpu_without_the_dry_run_flag(tmp_path):
     assert not report.exists()
 
 
+@pytest.mark.slow
 def test_an_unwritable_report_path_is_refused_before_any_work(tmp_path):
     proc = run_script("--cpu-dry-run", "-o", str(tmp_path / "missing" / "r.json"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
@@ -303,6 +305,7 @@ def test_the_trainers_kernels_line_is_read_from_a_launch_log(tmp_path):
 
 # ============================================================================================ end to end
 
+@pytest.mark.slow
 def test_cpu_dry_run_end_to_end(tmp_path):
     report_path = tmp_path / "report.json"
     proc = run_script("--cpu-dry-run", "-o", str(report_path), "--workdir", str(tmp_path / "work"))

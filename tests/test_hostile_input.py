@@ -356,6 +356,7 @@ def test_alias_bomb_is_refused_fast_with_a_short_message(levels, tmp_path, capsy
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_recursive_alias_and_deep_nesting_are_refused(tmp_path, capsys):
     path = tmp_path / "loop.yaml"
     path.write_text("train: &t\n  again: *t\n")
@@ -530,6 +531,7 @@ def run_train(args: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["tokenizer", "data", "set"])
 def test_train_py_refuses_bad_inputs_with_exit_2(case, tmp_path):
     out = tmp_path / "run"

@@ -114,6 +114,7 @@ def test_evaluate_a_plain_model_needs_data(capsys, tiny_models):
     assert "--data" in message and "--preset" in message
 
 
+@pytest.mark.slow
 def test_generate_and_evaluate_a_plain_hf_model(capsys, tiny_models, tmp_path):
     """The good path in one process, on a random model: a completion per prompt, and a perplexity from --data."""
     out = tmp_path / "out.jsonl"
@@ -156,6 +157,7 @@ def test_zero_inference_auto_follows_the_planner(monkeypatch, size, ram_gb, expe
         assert session.planned_zero_mode(config, 1, "bf16", 1) == expected
 
 
+@pytest.mark.slow
 def test_chat_prompts_are_rendered_with_the_template(capsys, tiny_models, tmp_path):
     """--chat wraps a plain prompt in the template; a `messages` line is rendered with it anyway. The model sees
     the template's text: the prompt tokens of a chat prompt are more than the bare text's."""
@@ -232,6 +234,7 @@ def test_a_fifo_is_named_a_fifo(capsys, tmp_path):
     assert "a FIFO, not a directory" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated_weights", "other_shapes"])
 def test_weights_that_do_not_load_are_a_named_error(tiny_models, tmp_path, damage):
     """Found while loading the weights (the ranks are up): still exit 2, the directory named, no traceback."""

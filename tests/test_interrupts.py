@@ -55,6 +55,7 @@ def assert_clean_interrupt(code: int, err: str, command: str) -> None:
     assert err.count("interrupted (Ctrl-C)") == 1 and f"{command}: interrupted" in err, err[-3000:]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_commands_import(tmp_path):
     """`evaluate` imports torch and transformers before it parses its flags (the light commands no longer import
     anything heavy, so they end before a signal could reach their imports)."""
@@ -63,6 +64,7 @@ def test_ctrl_c_while_the_commands_import(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_prepare_data_with_worker_processes(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     with open(corpus, "w") as out:

@@ -72,6 +72,7 @@ RUNS = {"train": ([sys.executable, "train.py", "--preset", "tiny_cpu", "--world-
                        "preflight", "--preset", "tiny_cpu"], OP)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run_name", sorted(RUNS))
 def test_a_planted_lock_is_named_before_the_ops_load_and_while_the_rank_waits(run_name, tmp_path):
     command, op = RUNS[run_name]

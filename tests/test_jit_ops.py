@@ -117,6 +117,7 @@ def shm_builder():
     return ShareMemCommBuilder()
 
 
+@pytest.mark.slow
 def test_an_op_build_is_announced_and_measured(tmp_path, monkeypatch, shm_builder):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -214,6 +215,7 @@ def announced_ops(output: str) -> list[str]:
     return list(dict.fromkeys(re.findall(r"op (\w+): (?:not built|built before)", output)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["z2", "z2_cpu_offload"])
 def test_a_one_rank_training_loads_the_ops_its_config_names_and_says_so(stage, tmp_path):
     """The prediction setup.sh builds from is what a real run loads (one rank: no comm op); the first eval says
@@ -245,6 +247,7 @@ def tiny_model(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["generate", "--prompt", "Once upon", "--max-new-tokens", "4"],
                                      ["evaluate", "--data", "data/tiny/pretrain.jsonl", "--eval-sequences", "4",
                                       "--seq-len", "32"]], ids=["generate", "evaluate"])
@@ -260,6 +263,7 @@ def test_a_one_rank_generate_or_evaluate_builds_nothing(command, tiny_model, tmp
     print(f"one-rank {command[0]} with an empty extensions directory: {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.slow
 def test_two_ranks_still_use_the_shared_memory_op(tmp_path, tiny_model):
     """The one-rank shortcut is for one rank only: two ranks load the comm op (from this environment's root)."""
     port = new_port()
@@ -274,6 +278,7 @@ def test_two_ranks_still_use_the_shared_memory_op(tmp_path, tiny_model):
     assert announced_ops(proc.stdout) == ["deepspeed_shm_comm"]
 
 
+@pytest.mark.slow
 def test_build_ops_builds_what_a_preset_needs(tmp_path):
     """scripts/build_ops.py (what `scripts/setup.sh tiny_cpu` runs), against this environment's root, where the
     suite's runs have built or will build them anyway: every op ready, each announced."""

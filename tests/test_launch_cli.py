@@ -99,6 +99,7 @@ def test_a_world_size_the_batch_triad_cannot_use_is_refused(tmp_path):
 ZERO3 = ["--set", "deepspeed.zero_optimization.stage=3"]
 
 
+@pytest.mark.slow
 def test_hpz_that_spans_nodes_or_does_not_divide_the_world_is_refused(tmp_path):
     path = hostfile(tmp_path, "a slots=2\nb slots=2\n")
     spans = dry_run("tiny_cpu", "--hostfile", path, *ZERO3, "--set",
@@ -157,6 +158,7 @@ def test_single_node_deepspeed_dry_run_prints_the_command_and_writes_nothing(tmp
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_positional_and_flag_preset_are_one_preset():
     assert command_line(dry_run("--preset", "tiny_cpu")) == command_line(dry_run("tiny_cpu"))
     both = dry_run("tiny_cpu", "--preset", "7b_8xa100")
@@ -168,6 +170,7 @@ def test_cpu_offload_binds_cores_to_ranks():
     assert "--bind_cores_to_rank" in command_line(proc).split()
 
 
+@pytest.mark.slow
 def test_hostfile_dry_run_names_the_hostfile_the_fabric_and_the_deepspeed_env(tmp_path):
     path = hostfile(tmp_path, "localhost slots=1\n127.0.0.1 slots=1\n")
     out = tmp_path / "run"
@@ -183,6 +186,7 @@ def test_hostfile_dry_run_names_the_hostfile_the_fabric_and_the_deepspeed_env(tm
     assert not out.exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_torchrun_static_and_dynamic_rendezvous():
     static = command_line(dry_run("tiny_cpu", "--launcher", "torchrun", "--nnodes", "2", "--nproc-per-node", "1",
                                   "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "30251"))
@@ -295,6 +299,7 @@ def test_slurm_without_sbatch_is_named(tmp_path):
     assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr
 
 
+@pytest.mark.slow
 def test_launch_json_is_written_before_the_ranks_start(tmp_path):
     """With a launcher that exits at once (deepspeed's runner: no sshd on that port), launch.json is already
     there, whole, naming the command, the hostfile and the fabric."""

@@ -132,6 +132,7 @@ def test_a_hostile_sbatch_directive_value_is_refused_by_its_flag(tmp_path, flag,
     assert markers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_names_and_run_directories_that_would_be_commands_are_refused_by_key(tmp_path):
     """A preset name or an output directory that lands in `#SBATCH` lines; a newline in a config string is
     refused at resolve time, by key, for every launcher."""
@@ -198,6 +199,7 @@ def test_real_host_names_and_addresses_are_accepted():
         assert host_problem(host) is None, host
 
 
+@pytest.mark.slow
 def test_a_proxycommand_host_never_reaches_ssh(tmp_path):
     """DeepSpeed's own parser takes `-oProxyCommand=...` as a host and its ssh check would hand it to ssh as an
     option; the launch refuses the file first, naming file:line, and nothing runs."""
@@ -214,12 +216,14 @@ def test_a_proxycommand_host_never_reaches_ssh(tmp_path):
     assert markers(tmp_path) == [] and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_master_addr_that_is_not_a_host_is_refused():
     for launcher in ("local", "torchrun", "deepspeed"):
         proc = launch(["tiny_cpu", "--launcher", launcher, "--master-addr=-oProxyCommand=id", "--dry-run"])
         assert proc.returncode == 2 and "error: --master-addr '-oProxyCommand=id': it starts with '-'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_arguments_deepspeeds_pdsh_runner_would_paste_into_a_shell_are_refused(tmp_path):
     """Over pdsh DeepSpeed writes each training argument into the node's shell command (quoted only when it
     holds a space): a `$(...)` there would run on every node. Refused for that launcher, by the word; the same
@@ -272,6 +276,7 @@ def assert_no_secret_under(folder: Path) -> None:
             assert not any(v.encode() in data for v in SECRETS.values()), f"a secret value is in {path}"
 
 
+@pytest.mark.slow
 def test_secrets_in_the_users_deepspeed_env_reach_pdsh_but_not_the_run_directory_nor_the_output(tmp_path):
     home, out = fake_home(tmp_path), tmp_path / "run"
     net = tmp_path / "net"
@@ -306,6 +311,7 @@ def test_secrets_in_the_users_deepspeed_env_reach_pdsh_but_not_the_run_directory
     assert not Path(record["path"]).is_relative_to(out) and not Path(record["path"]).exists()  # removed after
 
 
+@pytest.mark.slow
 def test_a_line_of_the_users_deepspeed_env_that_would_run_on_every_node_is_refused(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -461,6 +467,7 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pid_1", [False, True], ids=["process", "pid_1"])
 def test_a_sigterm_while_the_launch_imports_starts_no_rank(tmp_path, pid_1):
     """The reported attack: SIGTERM as soon as the launch catches it (it then still imports torch and DeepSpeed
@@ -485,6 +492,7 @@ def test_a_sigterm_while_the_launch_imports_starts_no_rank(tmp_path, pid_1):
     assert not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["local", "deepspeed", "slurm"])
 def test_a_sigterm_at_the_last_moment_before_the_ranks_start_stops_the_launch(tmp_path, launcher):
     hold = tmp_path / "hold"

@@ -74,6 +74,7 @@ LIGHT = {  # name: (argv, what the command wrote or said when it did its work)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LIGHT))
 def test_a_light_command_imports_neither_torch_nor_deepspeed(name, cache_home, tmp_path):
     argv, evidence = LIGHT[name]

@@ -64,6 +64,7 @@ PIECES = [b'{"step": 1, "loss": 2}', b"", b" ", b"\xff\xfe", b'{"step": 3', '{"s
           '{"step": 2, "a": "é"}'.encode()[:-3], b"[1]", b'{"step": 1, "step": 2}', b"\x00\x00", b"\r"]
 
 
+@pytest.mark.slow
 def test_backward_reads_the_lines_forward_reads_in_any_block_size(tmp_path, monkeypatch):
     """Report reads backward, the rewind forward: the same Lines (numbers, bytes, problems), whatever the block
     size and line limit, for files of torn, foreign, over-long and blank lines."""
@@ -107,6 +108,7 @@ HOSTILE_VALUES = [  # literal, what the report does with it: drawn, a gap (with 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("literal, outcome", HOSTILE_VALUES, ids=[v[:24] for v, _ in HOSTILE_VALUES])
 def test_each_hostile_value_is_drawn_a_gap_or_its_line_named(tmp_path, literal, outcome):
     keys = ("loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_gb", "eval_loss")
@@ -138,6 +140,7 @@ EXTREMES = [("1e300", "-1e300"), ("5e-324", "1e300"), ("-5e-324", "1e-300"), ("1
             ("1e300", "1e300")]
 
 
+@pytest.mark.slow
 def test_extreme_values_that_are_drawn_share_an_axis_without_overflow(tmp_path):
     """Pairs at the ends of what is drawn (+-1e300, the smallest subnormal) on linear and log axes, at steps 0
     and 2**53: every figure renders."""
@@ -175,6 +178,7 @@ FOREIGN_LINES = [  # a line that is no metrics line, and what its note says
 ]
 
 
+@pytest.mark.slow
 def test_lines_that_are_no_metrics_lines_are_skipped_and_named_and_the_rest_is_drawn(tmp_path):
     data = [good(1)]
     for foreign, _ in FOREIGN_LINES:
@@ -293,6 +297,7 @@ def history_file(rng: random.Random) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 def test_fuzzed_files_draw_the_forward_history_or_say_why_not(tmp_path):
     """200 seeded crash-loop files, mutated: report never fails but with a named error (nothing to draw), and
     what it keeps (each series, skipped steps, spikes, resumes) is exactly the forward rewind of the lines it
@@ -341,6 +346,7 @@ def test_a_long_series_keeps_a_bounded_number_of_points_with_its_extremes():
     assert exact.steps == list(range(1, MAX_BUCKETS + 1)) and exact.values == [float(s) for s in exact.steps]
 
 
+@pytest.mark.slow
 def test_a_crash_loop_of_resumes_draws_a_bounded_number_of_marks(tmp_path):
     """1,000 steps then 30,000 resume events at random steps: at most MAX_MARKS marks per panel, merged ones as
     bands, the count in the table and the notes, and the loss drawn up to the lowest resume."""

@@ -48,6 +48,7 @@ def rows_per_rank(run_dir) -> dict[int, set]:
     return seen
 
 
+@pytest.mark.slow
 def test_mixtral_under_zero3_with_leaf_blocks_trains_every_step_on_different_rows_per_rank(leaf_run):
     run_dir, output = leaf_run
     assert "ZeRO-3 leaf modules (gathered whole" in output and "2 x MixtralSparseMoeBlock" in output
@@ -60,6 +61,7 @@ def test_mixtral_under_zero3_with_leaf_blocks_trains_every_step_on_different_row
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3  # it learns
 
 
+@pytest.mark.slow
 def test_every_log_line_of_an_moe_run_carries_router_health(leaf_run):
     run_dir, _ = leaf_run
     train_rows, _ = read_metrics(run_dir)
@@ -69,6 +71,7 @@ def test_every_log_line_of_an_moe_run_carries_router_health(leaf_run):
         assert row["expert_share_max_over_mean"] >= 1.0 >= row["expert_share_min_over_mean"] >= 0.0
 
 
+@pytest.mark.slow
 def test_the_moe_export_loads_in_plain_transformers_with_every_expert(leaf_run):
     from transformers import AutoModelForCausalLM
     run_dir, _ = leaf_run
@@ -82,6 +85,7 @@ def test_the_moe_export_loads_in_plain_transformers_with_every_expert(leaf_run):
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
 
+@pytest.mark.slow
 def test_without_leaf_modules_transformers_fused_experts_still_train_the_same_steps(leaf_run, tmp_path):
     """model.zero3_leaf_modules=[]: no leaf module at all (DeepSpeed's own default list is replaced too). In
     transformers 5.x all experts of a layer are 3D parameters of one module, which every rank enters whatever it
@@ -94,6 +98,7 @@ def test_without_leaf_modules_transformers_fused_experts_still_train_the_same_st
     assert no_leaf == pytest.approx(leaf, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_qwen3_moe_lora_on_the_experts_under_zero3_with_deepspeed_activation_checkpointing(tmp_path):
     """The other family, the other paths: pretrained weights (saved by the builder), LoRA on the fused expert
     weights, DeepSpeed's activation checkpointing, ZeRO-3 on 2 ranks: it trains every step, logs router health and

@@ -45,6 +45,7 @@ def test_the_required_scenarios_ship():
         assert path.read_text().startswith("# "), f"{path.name} needs a comment header"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_gets_its_expected_recommendation(path, plans):
     expect, plan = read_scenario(str(path))["expect"], plans[path.stem]
@@ -400,6 +401,7 @@ def test_qwen3_30b_a3b_counts_as_transformers_builds_it_and_expert_parallelism_s
     assert bool(said) == (expert_parallel > 1)
 
 
+@pytest.mark.slow
 def test_the_plan_cli_plans_qwen3_30b_a3b_from_its_config_json_with_expert_parallelism():
     proc = run_cli("plan", "--model", QWEN3_30B_A3B, "--gpu", "h100-80g", "--gpus-per-node", "8", "--task", "full",
                    "--expert-parallel", "8")

@@ -69,6 +69,7 @@ def test_a_micro_batch_of_pairs_holds_twice_the_sequences():
     assert pairs.activations.layers - sequences.activations.layers == 32 * BF16 * 4 * 2048 * 2048
 
 
+@pytest.mark.slow
 def test_plan_json_names_the_reference_and_says_why():
     proc = run_cli("plan", "--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "8", "--task", "dpo", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]

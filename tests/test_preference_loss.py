@@ -160,6 +160,7 @@ def test_at_the_start_the_policy_is_its_reference_for_both_kinds_of_reference():
     assert not torch.allclose(lora(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [PreferenceConfig(beta=0.3), PreferenceConfig(loss="ipo", beta=0.4)],
                          ids=["sigmoid", "ipo"])
 def test_the_loss_and_rewards_equal_trls_dpo_trainer_on_the_same_batch(settings):

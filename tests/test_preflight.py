@@ -40,6 +40,7 @@ def test_sizes_parse_binary_units_and_bad_ones_are_named():
         parse_sizes("0,ten,1M")
 
 
+@pytest.mark.slow
 def test_bad_settings_are_refused_before_any_rank_starts():
     result = run_cli("preflight", "--iters", "0")
     assert result.returncode == 2

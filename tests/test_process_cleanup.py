@@ -22,6 +22,7 @@ from processes import leftovers, run_group, stop_tree
 BUILDING = re.compile(r"op deepspeed_shm_comm: still building \(pid|deepspeed_shm_comm is being built by pid")
 
 
+@pytest.mark.slow
 def test_a_timed_out_two_rank_launch_leaves_no_process_and_no_lock(tmp_path):
     """Stopped while its ranks compile DeepSpeed's comm op (in a private extensions directory: this test kills a
     build midway), as a timeout would: nothing that carried the run's marker is left, nor the build's lock."""
@@ -39,6 +40,7 @@ def test_a_timed_out_two_rank_launch_leaves_no_process_and_no_lock(tmp_path):
     assert list(ext.glob("*/lock")) == [], "the killed build's lock would make every later run wait"
 
 
+@pytest.mark.slow
 def test_what_a_finished_command_left_in_its_session_is_stopped(tmp_path):
     """A command that exits leaving a child behind (a daemon, a rank its launcher forgot) does not leave it to the
     rest of the suite."""
@@ -49,6 +51,7 @@ def test_what_a_finished_command_left_in_its_session_is_stopped(tmp_path):
     assert leftovers(marker) == []
 
 
+@pytest.mark.slow
 def test_stop_tree_follows_children_that_left_the_session(tmp_path):
     """A descendant in a session of its own (as sshd gives each login) is still stopped with its ancestor."""
     marker = f"setsid-{uuid.uuid4().hex[:12]}"

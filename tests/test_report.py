@@ -252,6 +252,7 @@ def test_a_missing_run_or_metrics_file_is_named_with_a_fix(tmp_path):
     assert f"run directory {tmp_path / 'empty'} has no metrics.jsonl: is it a run's train.output_dir?" in message
 
 
+@pytest.mark.slow
 def test_every_bad_line_is_named_as_file_and_line_and_the_others_draw(tmp_path):
     run = run_dir(tmp_path, "run", GOOD, '{"step": 2, "loss": 6.8', "[1, 2]", '{"loss": 6.7}',
                   '{"step": 5, "loss": "low"}', '{"step": 6, "event": "resume"}', GOOD.replace('"step": 1', '"step": 7'),
@@ -372,6 +373,7 @@ def test_chart_bars_are_the_plans_numbers_and_the_choice_is_outlined(scenario):
     assert bold == [chosen_name]
 
 
+@pytest.mark.slow
 def test_plan_chart_from_the_cli_and_a_plan_that_fits_nowhere(tmp_path):
     out = tmp_path / "plan.png"
     result = run_cli("plan", "scenarios/seed2_70b_8xa100.yaml", "--json", "--chart", str(out))

@@ -3,6 +3,7 @@ phases): no `datasets` import when the data is prepared, and py-cpuinfo's subpro
 twice per DeepSpeed op."""
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 from distributed import REPO
 
 
+@pytest.mark.slow
 def test_the_modules_a_training_imports_before_its_first_step_leave_datasets_out():
     """`datasets` (with pandas) costs ~0.8 s per rank; a training from prepared shards never calls it."""
     code = ("import json, sys; import trainer.train.run, trainer.data, trainer.data.prepare, trainer.model; "
@@ -29,6 +31,7 @@ def test_the_lazy_module_is_the_real_one_on_first_use(tmp_path):
     assert [row["text"] for row in loaded] == ["one", "two"]
 
 
+@pytest.mark.slow
 def test_deepspeed_asks_py_cpuinfo_once_per_process_and_gets_the_same_flags(monkeypatch):
     import cpuinfo
     from deepspeed.accelerator import get_accelerator
@@ -62,6 +65,7 @@ def _threads_in_a_rank(env: dict) -> tuple[int, str]:
     return int(threads), omp
 
 
+@pytest.mark.slow
 def test_ranks_on_one_node_share_its_cores_instead_of_each_taking_all_of_them():
     """DeepSpeed's launcher sets OMP_NUM_THREADS only with --bind_cores_to_rank: without this, 2 CPU ranks ran 2 x
     cores threads and a TP=2 generate was 3-10x slower. A user's OMP_NUM_THREADS is kept."""

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import jit_ops, ranks
+from . import jit_ops, ranks, shm_buffers
 from .errors import UserError
 
 
@@ -121,18 +121,14 @@ def end_distributed(succeeded: bool = True) -> None:
 
 
 def shm_buffer_path() -> Path:
-    """DeepSpeed's CPU shared-memory all-reduce buffer of this rank (69 MB in /dev/shm), which DeepSpeed
-    0.19.8 never unlinks (its shm.cpp names it uid_addr_port_rank): every CPU job would leave one per rank."""
-    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{os.environ.get('RANK', '0')}")
-    return Path("/dev/shm") / name
+    """DeepSpeed's CPU shared-memory all-reduce buffer of this rank (trainer/shm_buffers.py), which DeepSpeed
+    0.19.8 never unlinks: every CPU job would leave one per rank."""
+    return shm_buffers.buffer_path(os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""),
+                                   os.environ.get("RANK", "0"))
 
 
 def remove_shm_buffer() -> None:
-    try:
-        shm_buffer_path().unlink()
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        pass
+    shm_buffers.remove([shm_buffer_path()])
 
 
 def comm_device():

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Optional
 
-from .. import numbers
+from .. import numbers, shm_buffers
 from ..errors import UserError
 from ..redact import redact_argv
 from .shell import join
@@ -69,7 +69,21 @@ def launch(args, extra: list[str] = ()) -> int:
     stopped = GUARD.stop_code()
     if stopped is not None:
         return stopped
-    return Supervisor({}, args.failure_grace_s, processes=start_ranks(train_args, nproc, args)).run()
+    code = Supervisor({}, args.failure_grace_s, processes=start_ranks(train_args, nproc, args)).run()
+    if code != 0:
+        remove_crashed_buffers(args, nproc)
+    return code
+
+
+def remove_crashed_buffers(args, nproc: int) -> None:
+    """A rank that crashed or was killed never removes its DeepSpeed CPU all-reduce buffer (69 MB of /dev/shm, i.e.
+    RAM, per rank: trainer/shm_buffers.py); every rank of this node has exited by now, so nobody reads them."""
+    first = args.node_rank * nproc
+    paths = [shm_buffers.buffer_path(args.master_addr, args.master_port, rank) for rank in range(first, first + nproc)]
+    removed = shm_buffers.remove(paths)
+    if removed:
+        print(f"launch: removed {removed} shared-memory buffer(s) the failed ranks left in /dev/shm",
+              file=sys.stderr, flush=True)
 
 
 def rank_arguments(args) -> list[str]:
