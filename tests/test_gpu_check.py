@@ -1,6 +1,8 @@
-"""scripts/gpu_check.py on CPU: arguments, the refusal without a GPU, the report and its fail-loudly exit codes,
-the planner rows it will compare, the synthetic data path, the time budget and a --cpu-dry-run end to end.
-Fast: in-process, plus two subprocesses of the script (no ranks)."""
+"""scripts/gpu_check.py on CPU: arguments, the refusal without a GPU, the plan (work counts, estimates, budgets,
+the total against 480 s), items measured in processes of their own and every outcome in the report, a forced
+tiny budget that leaves no process, what runs when flash-attn is missing, the ops preflight builds, versions vs
+pins, the arch list DeepSpeed can read, the planner rows and synthetic data it uses, and a --cpu-dry-run end to
+end. No ranks; the tests that start processes or build a model are marked slow."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -72,6 +74,7 @@ def test_unknown_item_is_refused_naming_the_known_ones(capsys):
     assert "unknown item(s) memroy" in err and "throughput" in err and "gpu_tests" in err
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present: the script does not refuse here")
 def test_refuses_on_cpu_without_the_dry_run_flag(tmp_path):
     report = tmp_path / "report.json"
@@ -81,6 +84,7 @@ def test_refuses_on_cpu_without_the_dry_run_flag(tmp_path):
     assert not report.exists()
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_an_unwritable_report_path_is_refused_before_any_work(tmp_path):
     proc = run_script("--cpu-dry-run", "-o", str(tmp_path / "missing" / "r.json"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
@@ -93,6 +97,7 @@ def ctx(tmp_path, dry_run=False) -> gc.Context:
     return gc.Context(tmp_path, dry_run)
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_each_item_runs_in_its_own_process_and_every_outcome_reaches_the_report(tmp_path):
     """Measured in spawned processes (the real path): passed, missed, a raising prepare, an unknown status, NaN
     measurements, a partly failed item keeping what it measured, and an item not asked for."""
@@ -172,6 +177,7 @@ def test_budgets_follow_the_work_counts_with_the_margin():
     assert gc.plan_table(rows, total=400).endswith("OVER")
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_a_timed_out_item_is_stopped_with_everything_it_started(tmp_path):
     """A forced tiny budget: the item ends `timeout`, and nothing carrying its marker runs afterwards (the
     child, its grandchild and the daemon that left the session)."""
@@ -202,6 +208,7 @@ def installed_here(tmp_path, flash: bool, liger: bool) -> gc.Context:
     return gc.Context(tmp_path, dry_run=False, device_name="NVIDIA H200", gpu_count=1, flash=flash, liger=liger)
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_memory_rows_cover_the_configurations_and_carry_the_planners_numbers(dry_ctx):
     prepared = gi.prepare_memory(dry_ctx)
     rows = prepared["rows"]
@@ -224,6 +231,7 @@ def test_memory_rows_cover_the_configurations_and_carry_the_planners_numbers(dry
             assert row["planned"]["logits"] == 12 * 4096 * row["micro_batch"] * 128256
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_throughput_plan_uses_the_1b_shape_and_a_micro_batch_that_fits(dry_ctx):
     prepared = gi.prepare_throughput(dry_ctx)
     assert prepared["num_params"] == mem.count_params(load_preset(gi.PRESET).model) == 1_235_814_400
@@ -342,6 +350,7 @@ def test_the_gpu_tests_work_is_read_from_their_source():
     assert set(gi.COVERED_BY_ITEMS) <= set(tests)
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_the_gpu_tests_item_deselects_what_cannot_run_or_an_item_runs(tmp_path):
     prepared = gi.prepare_gpu_tests(installed_here(tmp_path, flash=False, liger=True))
     assert set(prepared["deselected"]) == {"test_fp16_dynamic_loss_scaling_logs_the_scale",
@@ -397,6 +406,7 @@ SHRUNK = ["hardware.gpu=cpu", "train.precision=fp32", "model.hidden_size=64", "m
           "model.num_heads=4", "model.num_kv_heads=2", "model.vocab_size=1024", "data.seq_len=64"]
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels item itself runs this worker")
 def test_the_kernels_worker_on_cpu_sees_no_flash_or_liger_and_the_item_says_so(dry_ctx):
     """The worker's real plumbing (build_model, profiler, classification) on a shrunk model: on CPU flash-attn and
@@ -419,6 +429,7 @@ def test_pytest_summary_counts():
                                                                      "error": 1}
 
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_the_trainers_kernels_line_is_read_from_a_launch_log(tmp_path):
     from trainer.model import build_model, kernels_in_use
     cfg = resolve(load_preset("tiny_cpu", ["hardware.gpus_per_node=1"]), 1).config
@@ -430,6 +441,7 @@ def test_the_trainers_kernels_line_is_read_from_a_launch_log(tmp_path):
 
 # ============================================================================================ end to end
 
+@pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_cpu_dry_run_end_to_end(tmp_path):
     """The plan for one H200 with the full stack: every item's work, estimate and budget, the total against the
     480 s, and no measurement."""
