@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -181,16 +180,19 @@ def report_from(workdir: Path) -> int:
 
 
 def launch(cmd: list[str], env: dict, log: Path, timeout: int):
-    """Run one launcher in its own process group, so a timeout takes its ranks down with it."""
+    """Run one launcher in its own session; a timeout takes its ranks down with it, and whatever it left running
+    after it exited goes too (trainer.process_tree.stop_tree: the ranks and their compilers, not just the group)."""
+    from trainer.process_tree import stop_tree
     with open(log, "w") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             return "timeout"
+        finally:
+            stop_tree(proc.pid)
+            proc.wait()
 
 
 def code_version() -> str:

@@ -48,12 +48,13 @@ def main() -> int:
     return 0 if all(r["ratio"] >= 0.95 for r in rows) else 1
 
 
-def make_model(path: Path) -> str:
+def make_model(path: Path, kv_heads: int = 4) -> str:
+    """The bench model: a random 8-layer Llama (8 query heads, `kv_heads` key/value heads) and the tiny tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     torch.manual_seed(0)
     config = AutoConfig.for_model("llama", hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                                  num_key_value_heads=4, intermediate_size=1376, vocab_size=1024,
+                                  num_key_value_heads=kv_heads, intermediate_size=1376, vocab_size=1024,
                                   max_position_embeddings=512)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(REPO / "data" / "tiny" / "tokenizer").save_pretrained(path)

@@ -32,17 +32,34 @@ def new_port() -> int:
 # Every op the suite's launches load (tiny_cpu: the CPU all-reduce and fused_adam; CPU offload: cpu_adam; NVMe:
 # async_io), built before the first launch: on a fresh machine that takes ~10 min, which inside a launch would
 # count against its timeout (and a build stopped by a timeout would start over in the next launch).
-SUITE_OPS = ("deepspeed_shm_comm", "fused_adam", "cpu_adam", "async_io")
+# On a CUDA machine the launches are the GPU tests' (one rank, fused Adam on the GPU): the CPU ops would be built
+# for the wrong accelerator (deepspeed_shm_comm has no CUDA builder). TRAINER_TEST_OPS=op,... names them instead
+# (scripts/gpu_check.py passes the ops its preflight built).
+CPU_SUITE_OPS = ("deepspeed_shm_comm", "fused_adam", "cpu_adam", "async_io")
+GPU_SUITE_OPS = ("fused_adam",)
 _ops_ready = False
+
+
+def suite_ops() -> tuple[str, ...]:
+    named = os.environ.get("TRAINER_TEST_OPS")
+    if named is not None:
+        return tuple(op for op in named.split(",") if op)
+    import torch
+    on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") == "cuda"
+    return GPU_SUITE_OPS if on_gpu else CPU_SUITE_OPS
 
 
 def ensure_ops_built() -> None:
     global _ops_ready
     if _ops_ready:
         return
-    say(f"building or loading DeepSpeed's ops for the suite's launches ({', '.join(SUITE_OPS)}); "
+    ops = suite_ops()
+    if not ops:
+        _ops_ready = True
+        return
+    say(f"building or loading DeepSpeed's ops for the suite's launches ({', '.join(ops)}); "
         f"a fresh environment builds them once, ~10 min on 2 cores")
-    proc = run_group([sys.executable, "scripts/build_ops.py", "--ops", ",".join(SUITE_OPS)], cwd=REPO,
+    proc = run_group([sys.executable, "scripts/build_ops.py", "--ops", ",".join(ops)], cwd=REPO,
                      env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/build_ops.py failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")

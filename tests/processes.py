@@ -3,25 +3,19 @@
 `run_group` starts a command in its own session, streams its output (lines saying what a launch waits for -
 op builds, lock waits, a fixture's runs - and a line a minute reach the terminal through `progress`, which
 conftest sets), and on a timeout, a `stop_on` line or any exception stops the command with everything it
-started (`stop_tree`): the session and every descendant are frozen first (SIGSTOP: a frozen parent neither exits,
-orphaning its children to PID 1, nor starts new ones), then killed. A descendant can leave the session - ninja
-puts each compiler in a process group of its own, sshd gives each login a session - so both are followed. A JIT
-build killed that way leaves its `lock` file, which every later run would wait on: the lock of a build that was
-running in the stopped tree is removed with it.
+started (`stop_tree`, trainer/process_tree.py: frozen, then killed, its JIT build locks removed).
 """
 from __future__ import annotations
 
 import os
 import queue
 import re
-import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
-import psutil
+from trainer.process_tree import leftovers, stop_tree, tree  # noqa: F401 - the tests import them from here
 
 progress: Optional[Callable[[str], None]] = None  # set by conftest: a line on the terminal while a test runs
 HEARTBEAT_S = 60.0
@@ -111,87 +105,3 @@ def _drain(lines: queue.Queue, collected, stop_on) -> tuple[bool, bool]:
             said = True
         if stop_on is not None and stop_on.search(line):
             matched = True
-
-
-def tree(pid: int) -> dict[int, psutil.Process]:
-    """`pid`, its descendants, and every process in the sessions of those (an orphan stays in its session)."""
-    found: dict[int, psutil.Process] = {}
-    try:
-        root = psutil.Process(pid)
-        found[pid] = root
-        found.update({p.pid: p for p in root.children(recursive=True)})
-    except psutil.NoSuchProcess:
-        pass
-    sessions = {_session(p) for p in found.values()} | {pid}
-    sessions.discard(None)
-    sessions.discard(os.getsid(0))  # never the test runner's own session
-    for proc in psutil.process_iter():
-        if proc.pid not in found and proc.pid != os.getpid() and _session(proc) in sessions:
-            found[proc.pid] = proc
-    return found
-
-
-def _session(proc: psutil.Process) -> Optional[int]:
-    try:
-        return os.getsid(proc.pid)
-    except OSError:
-        return None
-
-
-def stop_tree(pid: int) -> int:
-    """Freeze, then kill, `pid` and everything it started (see `tree`); remove the lock files of the JIT builds
-    that were running in it. Returns how many processes were stopped."""
-    frozen: dict[int, psutil.Process] = {}
-    while True:  # until a pass finds no process that was not frozen yet
-        new = {p: proc for p, proc in tree(pid).items() if p not in frozen}
-        new.update({p: proc for f in list(frozen) for p, proc in tree(f).items() if p not in frozen})
-        if not new:
-            break
-        for proc in new.values():
-            _signal(proc, signal.SIGSTOP)
-        frozen.update(new)
-    locks = _build_locks(frozen.values())
-    for proc in frozen.values():
-        _signal(proc, signal.SIGKILL)
-    psutil.wait_procs(list(frozen.values()), timeout=10)
-    for lock in locks:
-        lock.unlink(missing_ok=True)
-    return len(frozen)
-
-
-def _signal(proc: psutil.Process, sig: int) -> None:
-    try:
-        proc.send_signal(sig)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        pass
-
-
-def _build_locks(procs) -> list[Path]:
-    """The `lock` files of torch JIT builds whose ninja or compiler is among `procs` (they work in the op's
-    directory): killing them leaves the file, and every later run that needs the op would wait on it."""
-    locks = []
-    for proc in procs:
-        try:
-            cwd = Path(proc.cwd())
-        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
-            continue
-        if (cwd / "lock").is_file() and (cwd / "build.ninja").is_file():
-            locks.append(cwd / "lock")
-    return locks
-
-
-def leftovers(marker: str) -> list[str]:
-    """Processes (other than this one) whose command line or environment holds `marker`, as 'pid name'."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            text = " ".join(proc.cmdline()) + "\0" + Path(f"/proc/{proc.pid}/environ").read_text(errors="replace")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
-            continue
-        if marker in text:
-            found.append(f"{proc.pid} {proc.name()}")
-    return found

@@ -61,15 +61,41 @@ def environment_ninja() -> Optional[Path]:
     return candidate if candidate.is_file() and os.access(candidate, os.X_OK) else None
 
 
+ARCH_LIST = "TORCH_CUDA_ARCH_LIST"
+ARCH_LIST_AS_SET = "TRAINER_TORCH_CUDA_ARCH_LIST_AS_SET"  # the value before arch_list_for_deepspeed rewrote it
+DEEPSPEED_ARCH = re.compile(r"^(\d+)\.(\d+)(\+PTX)?$")
+
+
+def arch_list_for_deepspeed(environ=os.environ) -> None:
+    """TORCH_CUDA_ARCH_LIST in the form DeepSpeed 0.19.8 parses. Its builder (OpBuilder.compute_capability_args)
+    reads each entry as integers around a dot, allowing only '+PTX'; an arch-specific entry such as '9.0a' (CUDA
+    images for Hopper set it) fails every op build with "invalid literal for int() with base 10: '0a'". The ops'
+    kernels use nothing arch-specific, so the suffix is dropped ('9.0a' -> '9.0'); the value as set is kept in
+    TRAINER_TORCH_CUDA_ARCH_LIST_AS_SET."""
+    value = environ.get(ARCH_LIST, "")
+    entries = [e for e in value.replace(" ", ";").split(";") if e]
+    if all(DEEPSPEED_ARCH.match(e) for e in entries):
+        return
+    fixed = []
+    for entry in entries:
+        found = re.match(r"^(\d+)\.(\d+)[a-z]*(\+PTX)?$", entry)
+        if found:
+            fixed.append(f"{found.group(1)}.{found.group(2)}{found.group(3) or ''}")
+    environ.setdefault(ARCH_LIST_AS_SET, value)
+    environ[ARCH_LIST] = ";".join(dict.fromkeys(fixed))
+
+
 def settle(environ=os.environ) -> None:
     """Give this process (and so every process it starts) the environment's extensions root, unless the user
-    chose one, and the environment's ninja first on PATH. Idempotent; cheap (no torch import).
+    chose one, the environment's ninja first on PATH, and a TORCH_CUDA_ARCH_LIST DeepSpeed can read
+    (arch_list_for_deepspeed). Idempotent; cheap (no torch import).
 
     A root another environment's trainer chose (a test run by one virtualenv starting another's python) is
     not the user's choice: it is replaced by this environment's."""
     if not environ.get(VARIABLE) or chosen_by_an_environment(environ):
         environ[VARIABLE] = str(environment_root())
         environ[CHOSEN_FOR] = str(environment_prefix())
+    arch_list_for_deepspeed(environ)
     ninja = environment_ninja()
     if ninja is None:
         return

@@ -48,14 +48,24 @@ def hf_config(model_cfg: ModelConfig, attn_implementation: str):
     )
 
 
+def flash_attention_available() -> bool:
+    """Whether transformers will run flash_attention_2 here, by its own test (is_flash_attn_2_available: the
+    flash-attn distribution, version >= 2.3.3, and CUDA). A bare `flash_attn` module that transformers rejects
+    (another distribution, an older version) would otherwise turn the promised sdpa fallback into an ImportError
+    or a hub-kernel download at from_pretrained; the GPU check and the GPU tests ask this same function."""
+    from transformers.utils import is_flash_attn_2_available
+    return bool(is_flash_attn_2_available())
+
+
 def choose_attention(model_cfg: ModelConfig) -> str:
-    """'auto' -> flash_attention_2 when flash-attn is installed and CUDA is present, else sdpa."""
+    """'auto' -> flash_attention_2 when transformers can run flash-attn here (flash_attention_available), else sdpa."""
     wanted = model_cfg.attn_implementation
-    flash_ok = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+    flash_ok = flash_attention_available()
     if wanted == "auto":
         return "flash_attention_2" if flash_ok else "sdpa"
     if wanted == "flash_attention_2" and not flash_ok:
-        log.warning("flash_attention_2 needs CUDA and the flash-attn package; using sdpa instead")
+        log.warning("flash_attention_2 needs CUDA and the flash-attn package (>= 2.3.3, as transformers checks it); "
+                    "using sdpa instead")
         return "sdpa"
     return wanted
 
