@@ -5,11 +5,15 @@ waits for and a line per fixture run (tests/processes.py), so `pytest -q` is not
 engine fixture takes."""
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import random
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -54,24 +58,51 @@ def nvme_overrides(path) -> list[str]:
             "overlap_events: true}"]
 
 
+def shared_dir(tmp_path_factory) -> Path:
+    """A directory every xdist worker of this test session sees (their base temporary directories share a parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def once_per_session(tmp_path_factory, name: str):
+    """Yields (directory, done) under an exclusive lock shared by every xdist worker: the first worker to get here
+    builds `directory` and marks it done; the others wait for the lock and reuse it (done=True). A session fixture
+    that launches ranks is then paid once per test session, not once per worker."""
+    root = shared_dir(tmp_path_factory)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        directory, marker = root / name, root / f"{name}.done"
+        done = marker.exists()
+        directory.mkdir(exist_ok=True)
+        yield directory, done
+        marker.touch()
+
+
 @pytest.fixture(scope="session")
 def pretrained_dir(tmp_path_factory):
     """The tiny architecture initialised once and saved: the 'pretrained weights' every run starts from."""
-    from trainer.model import hf_config, init_weights_by_name
-    from trainer.presets import load_preset
-    from transformers import AutoModelForCausalLM
-    cfg = load_preset("tiny_cpu", TINY)
-    model = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
-    init_weights_by_name(model, seed=7, std=0.02, rank=0)
-    path = tmp_path_factory.mktemp("pretrained")
-    model.save_pretrained(str(path))
+    with once_per_session(tmp_path_factory, "pretrained") as (path, done):
+        if not done:
+            from trainer.model import hf_config, init_weights_by_name
+            from trainer.presets import load_preset
+            from transformers import AutoModelForCausalLM
+            cfg = load_preset("tiny_cpu", TINY)
+            model = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
+            init_weights_by_name(model, seed=7, std=0.02, rank=0)
+            model.save_pretrained(str(path))
     return path
 
 
 @pytest.fixture(scope="session")
 def engine_runs(tmp_path_factory, pretrained_dir):
-    """Every non-TP run of this module in one launch; returns {name: run_dir} and the wandb report."""
-    root = tmp_path_factory.mktemp("engine")
+    """Every non-TP run of the engine tests in one launch, once per test session (every xdist worker shares it);
+    returns ({name: run_dir}, the runs' report)."""
+    with once_per_session(tmp_path_factory, "engine") as (root, done):
+        return _engine_runs(root, pretrained_dir, done)
+
+
+def _engine_runs(root: Path, pretrained_dir: Path, done: bool):
     runs, dirs = [], {}
 
     def add(name, overrides):
@@ -81,7 +112,7 @@ def engine_runs(tmp_path_factory, pretrained_dir):
 
     for name, overrides in STAGES.items():
         add(f"scratch_{name}", overrides)
-    (root / "nvme").mkdir()
+    (root / "nvme").mkdir(exist_ok=True)
     add("scratch_z3_nvme", nvme_overrides(root / "nvme"))
     for name in ("z0", "z2", "z3", "z3_cpu_offload"):
         add(f"pretrained_{name}", STAGES[name] + [f"model.name_or_path={pretrained_dir}"])
@@ -106,8 +137,10 @@ def engine_runs(tmp_path_factory, pretrained_dir):
         "base": last_wins(TINY + ["deepspeed.optimizer.params.torch_adam=true",
                                   "deepspeed.zero_force_ds_cpu_optimizer=false"]),
         "configs": {name: STAGES[name] for name in ROUNDTRIP_STAGES}}})
+    if done:  # another xdist worker ran them
+        return dirs, json.loads((root / "report.json").read_text())
     processes.say(f"engine_runs: {len(runs)} trainings in one 2-rank launch, the set-up of the engine, inference "
-                  f"and export tests (~20-30 min on 2 cores; a line per training follows)")
+                  f"and export tests (~1-2 min on 2 cores; a line per training follows)")
     started = time.monotonic()
     _, report = run_many(runs, root)
     processes.say(f"engine_runs: done in {(time.monotonic() - started) / 60:.1f} min")
@@ -270,19 +303,8 @@ def pytest_report_header(config):
     return lines
 
 
-# xdist (`-n 2 --dist loadgroup`, pyproject's addopts): a worker takes whole groups. A module is one group, so its
-# module fixtures are built once; the modules whose tests share the session's `engine_runs` launch are one group,
-# so that launch runs once.
-SHARED_SESSION_FIXTURES = ("engine_runs",)
-
-
-def _assign_groups(items) -> None:
-    joined = {item.nodeid.split("::", 1)[0] for item in items
-              if any(name in getattr(item, "fixturenames", ()) for name in SHARED_SESSION_FIXTURES)}
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "engine_runs" if module in joined else module
-        item.add_marker(pytest.mark.xdist_group(group))
+# xdist (`-n 2 --dist loadfile`, pyproject's addopts): a worker takes whole modules, so a module's fixtures are built
+# once; the session fixtures that launch ranks are built once for all workers (`once_per_session`).
 
 
 def _ordered(items, how: str, seed: int):
@@ -299,7 +321,6 @@ def _ordered(items, how: str, seed: int):
     return [item for module in modules for item in by_module[module]]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tiers (`quick` for every test not marked slow, multirank or gpu), the order, and `gpu` tests skipped with the
     reason on CPU machines such as CI (flash-attn, Liger, fp16, ZeRO++ quantized weights need CUDA)."""
@@ -307,7 +328,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(marker in item.keywords for marker in HEAVY):
             item.add_marker(quick)
-    _assign_groups(items)
     how = config.getoption("--order")
     if how != "file":
         items[:] = _ordered(items, how, config._order_seed)

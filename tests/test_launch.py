@@ -15,6 +15,7 @@ import pytest
 
 from conftest import STAGES, TINY
 from distributed import REPO, last_wins, new_port, read_metrics
+from trainer import shm_buffers
 from trainer.train import checkpoint
 
 pytestmark = pytest.mark.multirank
@@ -132,13 +133,20 @@ def test_a_dead_rank_stops_the_job_with_its_exit_code(tmp_path):
     """Rank 1 is SIGKILLed (the OOM killer, a node fault): rank 0, waiting for it in a collective, is killed
     after the grace period and the launcher exits with the dead rank's code."""
     out = tmp_path / "run"
-    with job(launch_command(out, "train.dist_timeout_s=600")) as proc:
+    cmd = launch_command(out, "train.dist_timeout_s=600")
+    port = cmd[cmd.index("--master-port") + 1]
+    with job(cmd) as proc:
         wait_for_step(out, 3, proc)
+        buffers = shm_buffers.job_buffers(port)
         ranks_of(proc.pid)[1].kill()
         code, output = finish(proc)
     assert code == 128 + signal.SIGKILL, output[-3000:]
     assert "launch: rank 1 exited with code 137; the other 1 rank(s) get 5s to exit, then are killed" in output
     assert "launch: failed: rank 1 exited with code 137" in output
+    # neither rank ran its clean-up; the launcher removed their DeepSpeed all-reduce buffers (69 MB of RAM each)
+    assert len(buffers) == 2, buffers
+    assert "launch: removed 2 shared-memory buffer(s) the failed ranks left in /dev/shm" in output
+    assert shm_buffers.job_buffers(port) == []
 
 
 def test_secrets_stay_out_of_the_launch_log_and_wandb(tmp_path):
