@@ -1,14 +1,17 @@
 """Where the suite's time goes: per file, per tier, and the slowest tests, from a pytest JUnit XML report.
 
     .venv/bin/python -m pytest -q tests --junitxml=/tmp/suite.xml
-    .venv/bin/python scripts/test_durations.py /tmp/suite.xml [--top 50] [--markdown]
+    .venv/bin/python scripts/test_durations.py /tmp/suite.xml [--top 50] [--markdown] [--write tests/durations.json]
 
 A test's time is its setup + call + teardown (pytest's default for JUnit), so a module or session fixture's launch
-is counted on the first test that needs it. `docs/tests.md`'s table is this script's --markdown output.
+is counted on the first test that needs it. `docs/tests.md`'s table is this script's --markdown output; --write
+saves the seconds per module that tests/conftest.py orders the modules by (longest first, so two xdist workers that
+each take whole modules end together).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import xml.etree.ElementTree as ElementTree
 from collections import defaultdict
@@ -32,6 +35,7 @@ def main() -> int:
     parser.add_argument("report", help="a pytest --junitxml file")
     parser.add_argument("--top", type=int, default=50, help="how many of the slowest tests to list")
     parser.add_argument("--markdown", action="store_true", help="markdown tables (for docs/tests.md)")
+    parser.add_argument("--write", metavar="JSON", help="save {module file: seconds} (tests/durations.json)")
     args = parser.parse_args()
     found = cases(args.report)
     total = sum(c["time"] for c in found)
@@ -39,6 +43,10 @@ def main() -> int:
     for case in found:
         by_file[case["file"]].append(case["time"])
     rows = sorted(by_file.items(), key=lambda item: -sum(item[1]))
+    if args.write:
+        with open(args.write, "w") as out:
+            json.dump({name: round(sum(times), 1) for name, times in rows}, out, indent=1)
+            out.write("\n")
     bar = "|" if args.markdown else ""
     print(f"{len(found)} tests, {total / 60:.1f} min in tests (setup + call + teardown)")
     print()

@@ -251,10 +251,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--order", default="file", choices=("file", "reverse", "shuffle"),
-                     help="test order: as written (default), reversed, or shuffled with --order-seed (modules are "
-                          "shuffled and so are the tests inside each; a module's tests stay together, so module "
-                          "fixtures are built once)")
+    parser.addoption("--order", default="longest-first", choices=("longest-first", "file", "reverse", "shuffle"),
+                     help="module order: longest-first (default: by tests/durations.json, so the two workers end "
+                          "together), as written, reversed, or shuffled with --order-seed (the tests inside each "
+                          "module too). A module's tests stay together, so module fixtures are built once")
     parser.addoption("--order-seed", type=int, default=None, help="the shuffle's seed (default: printed, random)")
 
 
@@ -275,9 +275,14 @@ def pytest_configure(config):
 
 def _progress_printer(config):
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:  # an xdist worker has no terminal of its own: its stderr reaches the terminal
+    if worker:  # an xdist worker's own output goes nowhere: it writes to the controller's stderr (Linux's /proc)
+        try:
+            stream = open(f"/proc/{os.getppid()}/fd/2", "a", buffering=1)
+        except OSError:
+            stream = sys.__stderr__
+
         def to_stderr(line: str) -> None:
-            print(f"[{time.strftime('%H:%M:%S')}] [{worker}] {line}", file=sys.__stderr__, flush=True)
+            print(f"\n[{time.strftime('%H:%M:%S')}] [{worker}] {line}", file=stream, flush=True)
         return to_stderr
 
     def to_terminal(line: str) -> None:
@@ -307,11 +312,20 @@ def pytest_report_header(config):
 # once; the session fixtures that launch ranks are built once for all workers (`once_per_session`).
 
 
+DURATIONS = Path(__file__).with_name("durations.json")  # module -> seconds, written by scripts/test_durations.py
+
+
 def _ordered(items, how: str, seed: int):
     by_module = defaultdict(list)
     for item in items:
         by_module[item.nodeid.split("::", 1)[0]].append(item)
     modules = list(by_module)
+    if how == "longest-first":
+        # two workers each taking the next whole module: the longest first, or one long module started last would
+        # leave the other worker idle for most of it (a new module counts as long: it is likely to launch ranks)
+        seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        modules.sort(key=lambda module: -seconds.get(Path(module).name, 60.0))
+        return [item for module in modules for item in by_module[module]]
     if how == "reverse":
         return [item for module in reversed(modules) for item in reversed(by_module[module])]
     rng = random.Random(seed)
