@@ -80,6 +80,7 @@ def launch(args) -> int:
     topology = topology_of(args, config)
     resolved = resolve_for(args, config, topology)
     check_output_dir(resolved)
+    resume_by_default(args, resolved, extra)
     train_args = supervisor.train_flags(args) + extra
     if args.launcher == "local":
         return run_local(args, resolved, topology, fabric, extra)
@@ -158,6 +159,24 @@ def changes_config(config_source, base: argparse.Namespace, dest: str, value) ->
         return config_source(changed) != config_source(base)
     except UserError:
         return True  # a value train could not even read changes it too
+
+
+PREEMPTIBLE = ("slurm", "local")  # the launchers a scheduler restarts: a requeued Slurm job, a rescheduled pod
+
+
+def resume_by_default(args, resolved: Resolved, extra: list[str]) -> None:
+    """A launcher that a scheduler restarts resumes by default: its script or command passes `--resume auto`, so a
+    requeued job continues from its newest checkpoint instead of starting over (a first start with nothing to
+    resume starts fresh and says so). Whatever the user chose wins: --resume (before or after `--`), a --set or
+    preset train.resume."""
+    chosen = args.resume is not None or resolved.config.train.resume is not None or any(
+        word == "--resume" or word.startswith("--resume=") for word in extra)
+    if args.launcher not in PREEMPTIBLE or chosen:
+        return
+    args.resume = "auto"
+    print(f"launch: --launcher {args.launcher} resumes by default (--resume auto: a restarted or requeued job "
+          f"continues from the newest checkpoint in {resolved.config.train.output_dir}/checkpoints; with none there "
+          f"it starts fresh); --resume off starts fresh every time", file=sys.stderr, flush=True)
 
 
 def check_output_dir(resolved: Resolved) -> None:
