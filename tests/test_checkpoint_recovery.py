@@ -274,21 +274,14 @@ def test_the_manifest_lists_every_file_with_size_and_sha256(base):
     assert entry["sha256"] == integrity.sha256_file(ckpt / "mp_rank_00_model_states.pt")
 
 
-def test_a_fresh_start_over_a_previous_run_says_where_that_run_goes(tmp_path, capsys):
-    """Rerunning the same command (train.resume off) in a directory that holds a finished run: one line says it
-    starts fresh, that the old checkpoints are set aside (not deleted) and what they hold on disk."""
+def test_a_fresh_start_refuses_a_directory_that_holds_no_run_on_every_rank(tmp_path):
+    """A fresh start (train.resume off) in a directory of someone else's files stops before anything is built, on
+    every rank alike (a run's own previous files are set aside instead: tests/test_run_dir.py)."""
+    from trainer.errors import UserError
     from trainer.presets import load_preset
     from trainer.train.run import checkpoint_to_resume
     cfg = load_preset("tiny_cpu", TINY)
-    ckpt_dir = tmp_path / "checkpoints"
-    assert checkpoint_to_resume(cfg, ckpt_dir, rank=0) == (None, 0)
-    assert "starting fresh" not in capsys.readouterr().out  # a new directory: nothing to say
-    for step in (3, 6):
-        (ckpt_dir / checkpoint.tag_for(step)).mkdir(parents=True)
-        (ckpt_dir / checkpoint.tag_for(step) / checkpoint.COMPLETE).write_text("{}")
-        (ckpt_dir / checkpoint.tag_for(step) / "weights.pt").write_bytes(b"\0" * (3 << 20))
-    assert checkpoint_to_resume(cfg, ckpt_dir, rank=0) == (None, 0)
-    line = capsys.readouterr().out
-    assert f"starting fresh (train.resume is off) although {ckpt_dir} holds a previous run" in line
-    assert "step_00000006 (it finished: that is train.max_steps)" in line
-    assert f"{ckpt_dir / 'abandoned'}/<time>/, not deleted (6 MB" in line and "--resume auto continues it" in line
+    assert checkpoint_to_resume(cfg, tmp_path / "new" / "checkpoints", rank=0) == (None, 0)
+    (tmp_path / "thesis.tex").write_text("mine")
+    with pytest.raises(UserError, match="holds files that no run of this trainer wrote"):
+        checkpoint_to_resume(cfg, tmp_path / "checkpoints", rank=1)

@@ -19,7 +19,7 @@ from . import supervisor
 from .command import Rendezvous, cpu_offloaded, train_argv
 from .dsenv import EnvFile, deepspeed_env_file, start_redacted
 from .fabric import Fabric
-from .record import print_command, record_launch, script_path
+from .record import print_command, record_launch, script_path, set_aside_for_a_fresh_launch
 from .shell import export_value_problem, pdsh_word_problem
 from .signals import GUARD
 from .slurm import SlurmJob, sbatch_script
@@ -54,6 +54,7 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
         return 0
     program = installed(words[len(env)])
     if topology.launcher != "torchrun" or not args.node_rank:  # torchrun runs on every node: node 0 records
+        set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
         record_launch(resolved, args, topology, fabric, words, extra_record)
     stopped = GUARD.stop_code()
     if stopped is not None:
@@ -187,6 +188,7 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
         note_if_missing("sbatch")
         return 0
     sbatch = installed("sbatch")
+    set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, script, flag="job.sbatch")
     record_launch(resolved, args, topology, fabric, words, {"sbatch_script": path})
