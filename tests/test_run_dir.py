@@ -115,11 +115,23 @@ def test_training_twice_into_one_directory_keeps_the_first_export(tmp_path):
 
     train("train.max_steps=2")
     first = (run / "hf" / "model.safetensors").read_bytes()
-    second = train("train.max_steps=3", "train.lr=1e-2")
+    # the second example: other data, lr and length (train.epochs, item 6: resolved from the data to max_steps)
+    lines = (REPO / "data" / "tiny" / "pretrain.jsonl").read_text().splitlines()[:40]
+    (tmp_path / "mine.jsonl").write_text("\n".join(lines) + "\n")
+    mine = [f"data.source={tmp_path / 'mine.jsonl'}", f"data.cache_dir={tmp_path / 'cache'}", "train.lr=1e-2"]
+    second = train(*mine, "train.epochs=1")
     [shelf] = (run / PREVIOUS).iterdir()
     assert (shelf / "hf" / "model.safetensors").read_bytes() == first
     assert (shelf / "checkpoints" / "step_00000002").is_dir() and (shelf / "config.resolved.yaml").is_file()
     assert (run / "hf" / "model.safetensors").read_bytes() != first
-    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_00000003"]
     assert "lr: 0.01" in (run / "config.resolved.yaml").read_text() and len(list((run / "configs").iterdir())) == 1
     assert f"train: starting fresh in {run}, which held a previous run" in second.stdout + second.stderr
+    # one epoch: every train sequence once, in ceil(sequences / global batch) steps
+    from trainer.options import resolve_run
+    from trainer.presets import load_preset
+    expected = resolve_run(load_preset("tiny_cpu", [f"train.output_dir={run}", "data.seq_len=64", *mine,
+                                                    "train.epochs=1", "train.warmup_steps=1"]), 1)
+    steps = expected.config.train.max_steps
+    assert f"-> train.max_steps={steps}" in second.stdout + second.stderr
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == \
+        [f"step_{steps:08d}"]

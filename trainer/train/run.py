@@ -22,6 +22,7 @@ from ..distributed import comm_device, seed_everything, start_distributed
 from ..errors import UserError
 from ..launch.fabric import report_network_env
 from ..presets import blamed, load_preset, preset_path, set_keys, with_overrides
+from ..options import resolve_run
 from ..redact import redact
 from ..resolve import Resolved, resolve
 from ..run_dir import check_not_foreign, previous_run, set_aside_previous_run
@@ -109,7 +110,7 @@ def configure(preset: str, overrides: list[str], rehearse: bool, world_size: int
         config, rehearsal_notices = rehearsal_config(config, dist.get_world_size(), set_keys(overrides))
     alone = None if rehearse else lambda: resolve(load_preset(preset), world_size)  # the preset without --set
     with blamed(str(preset_path(preset)), overrides, alone):
-        resolved = resolve(config, world_size)
+        resolved = resolve_run(config, world_size)  # train.epochs -> max_steps from the prepared data
     check_world_size(resolved)
     return resolved, rehearsal_notices
 
