@@ -69,11 +69,15 @@ def test_epochs_and_max_steps_are_one_or_the_other(tmp_path):
 
 
 @pytest.mark.slow  # prepares data (tokenizer, datasets)
-def test_show_prints_the_resolved_steps(small_data):
+def test_show_prints_the_resolved_steps_and_where_it_prepared_the_data(small_data, tmp_path):
+    """Also item 9: a raw source prepared on first use says where the prepared data went."""
     from distributed import run_cli
-    proc = run_cli("show", "tiny_cpu", *[w for item in small_data + ["train.epochs=2", "train.warmup_steps=1"]
-                                         for w in ("--set", item)], "--json")
+    items = [small_data[0], small_data[2], f"data.cache_dir={tmp_path / 'fresh'}", "train.epochs=2",
+             "train.warmup_steps=1"]
+    proc = run_cli("show", "tiny_cpu", *[w for item in items for w in ("--set", item)], "--json")
     assert proc.returncode == 0, proc.stderr
-    shown = json.loads(proc.stdout)
-    assert shown["train"]["epochs"] == 2 and shown["train"]["max_steps"] == resolve_run(
-        load_preset("tiny_cpu", small_data + ["train.epochs=2", "train.warmup_steps=1"])).config.train.max_steps
+    shown = json.loads(proc.stdout)  # stdout stays the document alone
+    assert shown["train"]["epochs"] == 2
+    assert shown["train"]["max_steps"] == resolve_run(load_preset("tiny_cpu", items)).config.train.max_steps
+    [entry] = [p for p in (tmp_path / "fresh").iterdir() if not p.name.startswith(".")]
+    assert f"data: prepared {small_data[0].split('=', 1)[1]} into {entry} (data.cache_dir;" in proc.stderr
