@@ -282,13 +282,14 @@ def test_the_manifest_lists_every_file_with_size_and_sha256(base):
 
 
 def test_a_fresh_start_refuses_a_directory_that_holds_no_run_on_every_rank(tmp_path):
-    """A fresh start (train.resume off) in a directory of someone else's files stops before anything is built, on
-    every rank alike (a run's own previous files are set aside instead: tests/test_run_dir.py)."""
+    """A fresh start (or a resume of another directory's checkpoint) in a directory of someone else's files stops
+    before anything is built, on every rank alike (a run's own previous files are set aside instead:
+    tests/test_run_dir.py); continuing the directory's own checkpoint touches nothing."""
     from trainer.errors import UserError
-    from trainer.presets import load_preset
-    from trainer.train.run import checkpoint_to_resume
-    cfg = load_preset("tiny_cpu", TINY)
-    assert checkpoint_to_resume(cfg, tmp_path / "new" / "checkpoints", rank=0) == (None, 0)
+    from trainer.train.run import starts_afresh
+    assert starts_afresh(tmp_path / "new", None)
     (tmp_path / "thesis.tex").write_text("mine")
-    with pytest.raises(UserError, match="holds files that no run of this trainer wrote"):
-        checkpoint_to_resume(cfg, tmp_path / "checkpoints", rank=1)
+    for elsewhere in (None, tmp_path / "other" / "checkpoints" / tag(4)):
+        with pytest.raises(UserError, match="holds files that no run of this trainer wrote"):
+            starts_afresh(tmp_path, elsewhere)
+    assert not starts_afresh(tmp_path, tmp_path / "checkpoints" / tag(4))

@@ -66,6 +66,7 @@ def test_epochs_and_max_steps_are_one_or_the_other(tmp_path):
     assert str(preset) in str(err.value)
     assert load_preset(str(preset), ["train.max_steps=7"]).train.epochs is None  # a --set replaces the file's other
     assert load_preset("tiny_cpu").train.epochs is None and load_preset("tiny_cpu").train.max_steps == 200
+    assert load_preset("tiny_cpu", ["train.epochs=null"]).train.max_steps == 200  # unset: the preset's length stays
 
 
 @pytest.mark.slow  # prepares data (tokenizer, datasets)

@@ -193,7 +193,9 @@ RUN_LENGTHS = ("max_steps", "epochs")  # train.*: each says how long the run tra
 def one_run_length(raw: dict, overrides: list[str], source: str) -> dict:
     """A --set of train.epochs replaces the preset's train.max_steps and the other way round (the preset's own
     length gives way to the one typed); both in the same place are refused."""
-    typed = [key for key in RUN_LENGTHS if f"train.{key}" in set_keys(overrides)]
+    values = {item.split("=", 1)[0].strip().rstrip(":"): item.split("=", 1)[1].strip() for item in overrides
+              if "=" in item}
+    typed = [key for key in RUN_LENGTHS if values.get(f"train.{key}", "null") not in ("null", "~", "")]
     if len(typed) == 2:
         raise ConfigError(["--set train.max_steps and --set train.epochs both say how long the run trains: give one"],
                           "the command line")

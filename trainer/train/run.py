@@ -60,6 +60,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     # before the run directory is created or anything in it is written.
     ckpt_dir = run_dir / "checkpoints"
     resume_path, resume_step = checkpoint_to_resume(cfg, ckpt_dir, rank)
+    fresh = starts_afresh(run_dir, resume_path)
     if resume_step == cfg.train.max_steps:
         print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
@@ -69,7 +70,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
                                                                      world_size)[0])
     cfg = resolved.config
     record = run_record(resolved) if rank == 0 else resolved.record()  # only rank 0 writes it (git runs once)
-    job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None, fresh=resume_path is None)
+    job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None, fresh=fresh)
     state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank, universal_dir)
 
     metrics = MetricsLogger(cfg, run_dir, rank, job.active_params, resolved.world_size, record,
@@ -303,7 +304,6 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     if path is None:
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
-        check_not_foreign(ckpt_dir.parent, previous_run(ckpt_dir.parent, keep_startup_files=True))  # on every rank
         return None, 0
     checkpoint.verify(path, comm_device())  # before any file in it is read, its own trainer state included
     saved_state, saved_config = checkpoint.read_trainer_state(path)
@@ -317,6 +317,16 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
         print0(f"notice: resuming {path.name} although newer checkpoints exist ({', '.join(newer)}); they are set "
                f"aside in {ckpt_dir / 'abandoned'} at this run's first save, not deleted", rank=rank)
     return path, saved_state.step
+
+
+def starts_afresh(run_dir: Path, resume_path: Path | None) -> bool:
+    """Whether this run starts its directory afresh (it resumes nothing, or another directory's checkpoint), so a
+    previous run there is set aside at the first write; a directory of someone else's files is refused here, on every
+    rank, before anything is built."""
+    if resume_path is not None and resume_path.parent.resolve() == (run_dir / "checkpoints").resolve():
+        return False
+    check_not_foreign(run_dir, previous_run(run_dir, keep_startup_files=True))
+    return True
 
 
 def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int,
