@@ -34,6 +34,8 @@ def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[
         words = launcher_words(args, resolved, topology, (), train_args)
         check_pdsh_words(words[words.index(script_path()):], words[0])
     run_dir = Path(resolved.config.train.output_dir)
+    if not args.dry_run and (topology.launcher != "torchrun" or not args.node_rank):  # before this launch's writes
+        set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
     with (deepspeed_env_file(fabric, run_dir, args.dry_run) if over_pdsh else contextlib.nullcontext()) as env_file:
         return start_launcher(args, resolved, topology, fabric, train_args, env_file)
 
@@ -54,7 +56,6 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
         return 0
     program = installed(words[len(env)])
     if topology.launcher != "torchrun" or not args.node_rank:  # torchrun runs on every node: node 0 records
-        set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
         record_launch(resolved, args, topology, fabric, words, extra_record)
     stopped = GUARD.stop_code()
     if stopped is not None:
