@@ -80,7 +80,7 @@ def test_a_fresh_launch_sets_the_previous_run_aside_and_a_resuming_one_does_not(
     def launch(*words: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "trainer", "launch", "tiny_cpu", "--launcher", "slurm",
                                "--set", f"train.output_dir={run}", *words], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=300)
 
     resumed = launch()
     assert resumed.returncode == 0, resumed.stderr
