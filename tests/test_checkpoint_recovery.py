@@ -251,8 +251,9 @@ def test_sigterm_between_boundaries_resumes_bitwise(cases, tmp_path):
     stopped = int((out / "checkpoints" / "latest").read_text().strip().split("_")[1])
     assert stopped in (5, 6, 7), stopped  # after the step-4 save, before the next one
     # what docs/checkpoints.md says of the README's `deepspeed` line: the ranks saved and exited 0, yet DeepSpeed's
-    # launcher (launcher/launch.py sigkill_handler) terminates them and exits 1; `python -m trainer launch` exits 0
-    assert proc.returncode == 1 and "Killing subprocess" in output and f"stopped at step {stopped}" in output, \
+    # per-node launcher (launcher/launch.py sigkill_handler) terminates them and exits 1, and its runner, with no
+    # handler of its own on one node, dies of the signal: the command fails; `python -m trainer launch` exits 0
+    assert proc.returncode != 0 and "Killing subprocess" in output and f"stopped at step {stopped}" in output, \
         output[-3000:]
     launch(train_args(out, *LOG_EVERY_5, "train.resume=auto"))
     straight, resumed = logged(dirs["log_straight"]), logged(out)

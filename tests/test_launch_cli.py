@@ -289,6 +289,7 @@ def test_slurm_gpu_preset_asks_for_gpus_and_refuses_a_bad_time():
     assert "--signal-grace-s 5: under 30 s leaves no time to save a checkpoint" in bad.stderr
 
 
+@pytest.mark.slow  # six launch dry runs
 def test_preemptible_launchers_resume_by_default_and_the_users_choice_wins():
     """Issue 37: a requeued Slurm job (or a rescheduled node-local launcher) continues its run; --resume off, a
     --resume after `--` or a --set train.resume is kept as given."""
