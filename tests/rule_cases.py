@@ -144,7 +144,7 @@ CASES = {
         ["model.tiled_logits=4 with data.task=preference", "set model.tiled_logits=0"],
         ["model.tiled_logits=0"], where="rules.tiled_logits_supported"),
     "lora_targets_exist": Case(
-        ["model.lora.enabled=true", "model.name_or_path=/models/llama", "model.lora.target_modules=[q_proj, qproj]"],
+        ["model.lora.enabled=true", "model.name_or_path=meta-llama/Llama-2-7b-hf", "model.lora.target_modules=[q_proj, qproj]"],
         ["model.lora.target_modules: 'qproj' names no module", "did you mean 'q_proj'?"],
         ["model.lora.target_modules=[q_proj, v_proj]"]),
     "model_family_buildable": Case(

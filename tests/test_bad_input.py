@@ -468,7 +468,7 @@ def test_trust_remote_code_is_off_unless_the_preset_turns_it_on(name):
 
 
 @pytest.mark.parametrize("flag", [None, "true"])
-def test_transformers_gets_trust_remote_code_only_when_asked(flag, monkeypatch):
+def test_transformers_gets_trust_remote_code_only_when_asked(flag, monkeypatch, tmp_path):
     import transformers
     from trainer.model import build_model
     calls = []
@@ -479,7 +479,7 @@ def test_transformers_gets_trust_remote_code_only_when_asked(flag, monkeypatch):
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    overrides = ["model.name_or_path=/nonexistent/pretrained"] + ([f"model.trust_remote_code={flag}"] if flag else [])
+    overrides = [f"model.name_or_path={tmp_path}"] + ([f"model.trust_remote_code={flag}"] if flag else [])
     cfg = resolve(load_preset("tiny_cpu", overrides)).config
     with pytest.raises(DataError):
         load_tokenizer(cfg.model)

@@ -21,6 +21,7 @@ produced it and its date, and every command's --help has a purpose, an example a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -35,6 +36,7 @@ from trainer.__main__ import build_parser, subcommands
 from trainer.commands import COMMANDS
 from trainer.paths import PathKind
 from trainer.presets import load_preset
+from trainer.provenance import VOLATILE
 from trainer.resolve import resolve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,6 +263,44 @@ def resolve_train_line(line: Line, args, launched: int | None):
     except Exception as err:  # UserError, or a bug the docs just found: either way, name the line
         raise AssertionError(f"{line.where}: {' '.join(line.words)}\n  does not resolve at world size {world}: "
                              f"{err}") from None
+
+
+def training_settings(line: Line, stand_ins: Path):
+    """(run directory, what it trains) of a line that trains -- `train` or `launch` -- else None. What it trains is
+    the config without the keys that say where or how this invocation runs (a resume, a shorter allocation)."""
+    call = trainer_call(line)
+    args = parse(line, call, stand_ins)
+    if args.command not in ("train", "launch") or {"-h", "--help"} & set(call.argv):
+        return None
+    preset = getattr(args, "preset_name", None) or args.preset
+    config = dataclasses.asdict(load_preset(preset, args.overrides))
+    run_dir = Path(config["train"]["output_dir"])
+    if args.rehearse and not any(item.startswith("train.output_dir=") for item in args.overrides):
+        run_dir = run_dir.parent / f"rehearse_{config['name']}"  # train/rehearse.py's own directory
+    for path in VOLATILE:
+        if len(path) == 2:  # ("provenance",) is no config key
+            config[path[0]].pop(path[1], None)
+    return str(run_dir), config
+
+
+def test_every_example_that_trains_writes_its_own_run_directory(tmp_path):
+    """Issue 37: a second example with other settings in the first one's run directory would start fresh there
+    (setting the first run aside): each example that trains names its own train.output_dir, and only a resume of
+    the same settings (`--resume auto`) shares one."""
+    first: dict[str, tuple[Line, dict]] = {}
+    clashes = []
+    for line in ALL:
+        found = training_settings(line, tmp_path)
+        if found is None:
+            continue
+        run_dir, settings = found
+        earlier = first.setdefault(run_dir, (line, settings))
+        if earlier[1] != settings:
+            changed = sorted(f"{section}.{key}" for section in settings if isinstance(settings[section], dict)
+                             for key in settings[section] if settings[section][key] != earlier[1][section].get(key))
+            clashes.append(f"{line.where} trains other settings ({', '.join(changed) or 'the preset'}) into "
+                           f"{run_dir}, the run directory of {earlier[0].where}: add --set train.output_dir=runs/NAME")
+    assert not clashes, "\n".join(clashes)
 
 
 RUNNABLE = [line for line in ALL if not line.not_run]

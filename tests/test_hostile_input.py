@@ -541,7 +541,7 @@ def test_train_py_refuses_bad_inputs_with_exit_2(case, tmp_path):
     if case == "data":
         os.mkfifo(tmp_path / "fifo.jsonl")
     result = run_train([*args, "--set", f"train.output_dir={out}"])
-    says = {"tokenizer": "cannot load a tokenizer from", "data": "fifo.jsonl: not a regular file",
+    says = {"tokenizer": "cannot load a tokenizer from", "data": "fifo.jsonl' is not a regular file (a FIFO",
             "set": "unknown key 'train.learning_rate' (did you mean 'lr'?) (from --set train.learning_rate=1e-3)"}
     assert result.returncode == 2, result.stderr[-3000:]
     assert "error: " in result.stderr and says[case] in result.stderr, result.stderr[-3000:]

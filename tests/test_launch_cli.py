@@ -293,6 +293,25 @@ def test_slurm_gpu_preset_asks_for_gpus_and_refuses_a_bad_time():
     assert "--signal-grace-s 5: under 30 s leaves no time to save a checkpoint" in bad.stderr
 
 
+@pytest.mark.slow  # six launch dry runs
+def test_preemptible_launchers_resume_by_default_and_the_users_choice_wins():
+    """Issue 37: a requeued Slurm job (or a rescheduled node-local launcher) continues its run; --resume off, a
+    --resume after `--` or a --set train.resume is kept as given."""
+    slurm = dry_run("70b_32xa100", "--launcher", "slurm", "--time", "2-00:00:00", "--partition", "gpu")
+    assert slurm.returncode == 0, slurm.stderr
+    srun = next(line for line in slurm.stdout.splitlines() if line.startswith("srun "))
+    assert srun.endswith("--resume auto'") and "resumes by default (--resume auto" in slurm.stderr
+    local = dry_run("tiny_cpu", "--nnodes", "2", "--node-rank", "1", "--master-addr", "head")
+    assert command_line(local).endswith("--world-size 4 --resume auto")
+    chosen = {("--resume", "off"): "--resume off", ("--set", "train.resume=null", "--", "--resume", "off"):
+              "--resume off", ("--set", "train.resume=/ckpt/step_00000010"): "--set train.resume=/ckpt/step_00000010"}
+    for words, kept in chosen.items():
+        line = command_line(dry_run("tiny_cpu", "--launcher", "local", *words))
+        assert "--resume auto" not in line and kept in line, (words, line)
+    plain = dry_run("tiny_cpu")  # deepspeed on one node: nothing restarts it, a rerun starts fresh as before
+    assert "--resume" not in command_line(plain) and "resumes by default" not in plain.stderr
+
+
 @pytest.mark.skipif(shutil.which("sbatch") is not None, reason="Slurm is installed here")
 def test_slurm_without_sbatch_is_named(tmp_path):
     proc = run_cli("launch", "tiny_cpu", "--launcher", "slurm", "--set", f"train.output_dir={tmp_path / 'r'}")

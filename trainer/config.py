@@ -190,6 +190,10 @@ class TrainConfig:
         "Global gradient-norm clip (DeepSpeed gradient_clipping); 0 disables.", 1.0, kind=NONNEGATIVE)
     warmup_steps: int = doc("Linear warmup steps.", 100, kind=COUNT_OR_ZERO)
     max_steps: int = doc("Optimizer steps to train.", 1000, kind=COUNT)
+    epochs: Optional[float] = doc(
+        "Passes over the training data, instead of max_steps (give one: a --set of either replaces the preset's "
+        "other): resolved to max_steps = ceil(epochs x the prepared train split's sequences / global_batch_size), "
+        "printed by show and at the start; None: max_steps says how long.", None, kind=POSITIVE)
     eval_every: int = doc("Evaluate every N optimizer steps (0 = only at the end).", 100, kind=COUNT_OR_ZERO)
     eval_sequences: int = doc("Sequences per evaluation: the first N of each eval split in a fixed order (all of it "
                               "when shorter), the same set at every world size and micro-batch.", 256, kind=COUNT)

@@ -30,7 +30,16 @@ def load_and_resolve(args) -> Resolved:
         config = load_preset(args.preset, args.overrides)
         with blamed(str(preset_path(args.preset)), args.overrides,
                     alone=lambda: resolve(load_preset(args.preset), args.world_size)):
-            return resolve(config, args.world_size)
+            return resolve_run(config, args.world_size)
+
+
+def resolve_run(config, world_size: Optional[int] = None) -> Resolved:
+    """`resolve`, and train.epochs turned into train.max_steps from the prepared data (trainer/data/epochs.py, imported
+    only then: it reads the data)."""
+    if config.train.epochs is None:
+        return resolve(config, world_size)
+    from .data.epochs import resolve_run as with_epochs
+    return with_epochs(config, world_size)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

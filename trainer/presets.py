@@ -173,6 +173,7 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
     # refuses to drop) the template's keys too, `:=` replaces all of it, and null removes a key
     in_deepspeed = [item for item in overrides if _override_key(item)[0][0] == "deepspeed" and
                     len(_override_key(item)[0]) > 1]
+    raw = one_run_length(raw, overrides, str(path))
     raw = apply_overrides(raw, [item for item in overrides if item not in in_deepspeed])
     raw.setdefault("name", path.stem)
     template = raw.get("deepspeed_template")
@@ -184,6 +185,29 @@ def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config
         raw = apply_overrides(raw, in_deepspeed, null_deletes=True)
         resolve_env_refs(raw)
         return config_from_dict(raw, source=str(path))
+
+
+RUN_LENGTHS = ("max_steps", "epochs")  # train.*: each says how long the run trains, so one is given
+
+
+def one_run_length(raw: dict, overrides: list[str], source: str) -> dict:
+    """A --set of train.epochs replaces the preset's train.max_steps and the other way round (the preset's own
+    length gives way to the one typed); both in the same place are refused."""
+    values = {item.split("=", 1)[0].strip().rstrip(":"): item.split("=", 1)[1].strip() for item in overrides
+              if "=" in item}
+    typed = [key for key in RUN_LENGTHS if values.get(f"train.{key}", "null") not in ("null", "~", "")]
+    if len(typed) == 2:
+        raise ConfigError(["--set train.max_steps and --set train.epochs both say how long the run trains: give one"],
+                          "the command line")
+    train = raw.get("train")
+    if not isinstance(train, dict):
+        return raw
+    if typed:
+        other = RUN_LENGTHS[1 - RUN_LENGTHS.index(typed[0])]
+        return {**raw, "train": {k: v for k, v in train.items() if k != other}}
+    if all(train.get(key) is not None for key in RUN_LENGTHS):
+        raise ConfigError(["train.max_steps and train.epochs both say how long the run trains: give one"], source)
+    return raw
 
 
 def with_overrides(overrides: list[str], changes: list[str]) -> list[str]:

@@ -16,6 +16,7 @@ from . import strict
 from .config import AUTO, Config
 from .errors import ConfigError, closest, short
 from .hardware import GPUS
+from .named_inputs import named_input_problems
 from .redact import redact
 from .rules import check_rules, notices
 
@@ -102,6 +103,7 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
     if batch and not problems:
         problems += dsc.check_keys(ds)  # now typed: DeepSpeed's models see real values
         problems += check_rules(cfg, ds, world)
+    problems += named_input_problems(cfg)  # the files it names: show, lint and launch --dry-run report them too
     if problems:
         raise ConfigError(problems, source or cfg.name)
     train = dataclasses.replace(cfg.train, micro_batch_size=batch.micro_batch_size, grad_accum=batch.grad_accum,

@@ -5,6 +5,7 @@ rank is the same error on every rank."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,9 @@ def ensure_prepared(cfg: DataConfig, source: str, tokenizer) -> Prepared:
                         f"prepare-data --preset <this preset>` (it writes {path}, where training looks), or "
                         f"`python -m trainer prepare-data --source {source} --out DIR` and set data.source to DIR")
     prepare_into_cache(cfg, source, tokenizer, path, RECORDS_PER_SHARD, wanted)
+    print(f"data: prepared {source} into {path} (data.cache_dir; reused while the source, the tokenizer and the data "
+          f"settings are unchanged; `python -m trainer prepare-data --preset NAME` prepares ahead of a run)",
+          file=sys.stderr, flush=True)
     return found
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from .. import numbers, paths
 from ..config import DataConfig, ModelConfig
 from ..errors import UserError
-from ..options import load_and_resolve
+from ..presets import blamed, load_preset, preset_path
+from ..resolve import resolve
 from . import RECORDS_PER_SHARD
 
 
@@ -64,8 +65,9 @@ def preset_jobs(args) -> list[tuple]:
         raise UserError("--preset prepares the preset's own sources where its training looks; drop --source, "
                         "--tokenizer and --out (or drop --preset)")
     with contextlib.redirect_stdout(sys.stderr):  # the config training would get: every check train makes
-        cfg = load_and_resolve(argparse.Namespace(preset=args.preset, overrides=args.overrides,
-                                                  world_size=None)).config
+        # resolved as written (not options.load_and_resolve, which imports this package for train.epochs)
+        with blamed(str(preset_path(args.preset)), args.overrides, alone=lambda: resolve(load_preset(args.preset))):
+            cfg = resolve(load_preset(args.preset, args.overrides)).config
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # as training renders chat records
     return [(cfg.data, tokenizer, source, prepared_path(cfg.data, source, tokenizer))
             for _, source, _ in sources_of(cfg.data)]

@@ -29,7 +29,7 @@ ORIGIN = "_origin"                       # per-record "path line N" / "path row 
 
 
 
-FILE_FORMATS = (".jsonl", ".json", ".parquet", ".txt")
+from ..named_inputs import FILE_FORMATS, looks_like_path  # noqa: E402,F401 (defined where `show` reads them)
 
 
 class DataError(UserError, ValueError):
@@ -57,13 +57,6 @@ def load_records(source: str, split: str = "train", subset: str | None = None) -
     if len(records) == 0:
         raise DataError(f"{source}: holds no records; point data.source at a non-empty dataset")
     return records
-
-
-def looks_like_path(source: str) -> bool:
-    # Hub ids are "name" or "org/name"; anything else that does not exist is a mistyped local path,
-    # and so is "dir/name" when dir exists here (asking the hub would only retry and fail offline).
-    return (Path(source).suffix in FILE_FORMATS or source.startswith((".", "/", "~"))
-            or source.count("/") > 1 or ("/" in source and Path(source).parent.is_dir()))
 
 
 def _load_hub(name: str, split: str, subset: str | None = None) -> datasets.Dataset:

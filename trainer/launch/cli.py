@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 from .. import numbers, paths
@@ -28,10 +29,11 @@ from ..errors import UserError
 from ..options import add_rank_arguments, add_train_arguments, config_source
 from ..presets import load_preset
 from ..resolve import Resolved
+from ..run_dir import check_not_foreign, previous_run
 from . import supervisor
 from .command import Rendezvous, train_argv
 from .fabric import Fabric, load_fabric, shipped_profiles
-from .record import print_command, record_launch
+from .record import print_command, record_launch, set_aside_for_a_fresh_launch
 from .shell import check_host
 from .topology import Topology, resolve_for, topology_of
 
@@ -80,6 +82,10 @@ def launch(args) -> int:
     topology = topology_of(args, config)
     resolved = resolve_for(args, config, topology)
     check_output_dir(resolved)
+    resume_by_default(args, resolved, extra)  # and args.starts_fresh: whether a previous run is set aside
+    if args.starts_fresh:  # a directory that is not a run's is refused by a dry run too
+        run_dir = Path(resolved.config.train.output_dir)
+        check_not_foreign(run_dir, previous_run(run_dir, keep_startup_files=False))
     train_args = supervisor.train_flags(args) + extra
     if args.launcher == "local":
         return run_local(args, resolved, topology, fabric, extra)
@@ -160,6 +166,27 @@ def changes_config(config_source, base: argparse.Namespace, dest: str, value) ->
         return True  # a value train could not even read changes it too
 
 
+PREEMPTIBLE = ("slurm", "local")  # the launchers a scheduler restarts: a requeued Slurm job, a rescheduled pod
+
+
+def resume_by_default(args, resolved: Resolved, extra: list[str]) -> None:
+    """A launcher that a scheduler restarts resumes by default: its script or command passes `--resume auto`, so a
+    requeued job continues from its newest checkpoint instead of starting over (a first start with nothing to
+    resume starts fresh and says so). Whatever the user chose wins: --resume (before or after `--`), a --set or
+    preset train.resume."""
+    resume_after_dashes = [extra[i + 1] if word == "--resume" and i + 1 < len(extra) else word.partition("=")[2]
+                           for i, word in enumerate(extra) if word == "--resume" or word.startswith("--resume=")]
+    chosen = args.resume or (resume_after_dashes[-1] if resume_after_dashes else None)
+    args.starts_fresh = chosen == "off" or (chosen is None and resolved.config.train.resume is None)
+    if args.launcher not in PREEMPTIBLE or chosen is not None or resolved.config.train.resume is not None:
+        return
+    args.resume = "auto"
+    args.starts_fresh = False
+    print(f"launch: --launcher {args.launcher} resumes by default (--resume auto: a restarted or requeued job "
+          f"continues from the newest checkpoint in {resolved.config.train.output_dir}/checkpoints; with none there "
+          f"it starts fresh); --resume off starts fresh every time", file=sys.stderr, flush=True)
+
+
 def check_output_dir(resolved: Resolved) -> None:
     """The run directory is checked the same way for a dry run and a real one (a dry run creates nothing):
     launch.json, the DeepSpeed env file and job.sbatch go there before the ranks start."""
@@ -196,6 +223,7 @@ def run_local(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
     if args.dry_run:
         return 0
     if args.node_rank == 0:
+        set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
         record_launch(resolved, args, topology, fabric, words)
     os.environ.update(env)
     return supervisor.launch(args, extra)

@@ -3,6 +3,7 @@ both without secret values (`--set` secrets and secret-looking NAME=value assign
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -12,6 +13,7 @@ from ..files import finite_json, write_text_atomic
 from ..presets import REPO_ROOT
 from ..redact import REDACTED, looks_secret, redact_argv
 from ..resolve import Resolved
+from ..run_dir import set_aside_previous_run
 from .command import cpu_offloaded
 from .fabric import Fabric
 from .shell import EnvAssignment, join
@@ -46,6 +48,16 @@ def record_launch(resolved: Resolved, args, topology: Topology, fabric: Optional
               "fabric": fabric.as_dict() if fabric else None,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}
     return write_text_atomic(str(run_dir / "launch.json"), finite_json(record) + "\n", flag="launch.json", mode=0o600)
+
+
+def set_aside_for_a_fresh_launch(resolved: Resolved, starts_fresh: bool) -> None:
+    """Before a launch that starts its run fresh writes anything: a previous run in the run directory (its launch
+    records too) moves whole to previous/<time>/, as the training itself would (trainer/run_dir.py)."""
+    if not starts_fresh:
+        return
+    moved = set_aside_previous_run(Path(resolved.config.train.output_dir), keep_startup_files=False)
+    if moved:
+        print(moved.message("launch"), file=sys.stderr, flush=True)
 
 
 def script_path() -> str:

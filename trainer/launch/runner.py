@@ -19,7 +19,7 @@ from . import supervisor
 from .command import Rendezvous, cpu_offloaded, train_argv
 from .dsenv import EnvFile, deepspeed_env_file, start_redacted
 from .fabric import Fabric
-from .record import print_command, record_launch, script_path
+from .record import print_command, record_launch, script_path, set_aside_for_a_fresh_launch
 from .shell import export_value_problem, pdsh_word_problem
 from .signals import GUARD
 from .slurm import SlurmJob, sbatch_script
@@ -34,6 +34,8 @@ def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[
         words = launcher_words(args, resolved, topology, (), train_args)
         check_pdsh_words(words[words.index(script_path()):], words[0])
     run_dir = Path(resolved.config.train.output_dir)
+    if not args.dry_run and (topology.launcher != "torchrun" or not args.node_rank):  # before this launch's writes
+        set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
     with (deepspeed_env_file(fabric, run_dir, args.dry_run) if over_pdsh else contextlib.nullcontext()) as env_file:
         return start_launcher(args, resolved, topology, fabric, train_args, env_file)
 
@@ -187,6 +189,7 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
         note_if_missing("sbatch")
         return 0
     sbatch = installed("sbatch")
+    set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, script, flag="job.sbatch")
     record_launch(resolved, args, topology, fabric, words, {"sbatch_script": path})

@@ -9,6 +9,7 @@ from typing import Optional
 
 from .. import ds as dsc
 from ..errors import UserError
+from ..options import resolve_run
 from ..presets import blamed, load_preset, preset_path
 from ..resolve import Resolved, resolve
 from .hostfile import Hostfile, check_against_preset, read_hostfile
@@ -59,7 +60,7 @@ def resolve_for(args, config, topology: Topology) -> Resolved:
     try:
         alone = lambda: resolve(load_preset(args.preset), world)  # noqa: E731 (the preset without --set items)
         with contextlib.redirect_stdout(sys.stderr), blamed(str(preset_path(args.preset)), args.overrides, alone):
-            resolved = resolve(config, world)
+            resolved = resolve_run(config, world)
     except UserError as err:
         source = (f"the hostfile {topology.hostfile.path}" if topology.hostfile
                   else "the launch flags / hardware section")

@@ -159,6 +159,10 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
             print0(f"stopped at step {state.step} ({why}); {saved}; resume with --resume auto", rank=rank)
             break
     stop.restore()
+    if ended is Outcome.STOPPED_AFTER:  # not finished, and nothing went wrong: say so, and how to go on
+        print0(f"stopped at step {state.step} of {train.max_steps} (train.stop_after={train.stop_after} steps this "
+               f"invocation); checkpoint saved: {ckpt_dir / checkpoint.tag_for(state.step)}; continue with the same "
+               f"command and --resume auto", rank=rank)
     return ended
 
 

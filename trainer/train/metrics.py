@@ -11,8 +11,8 @@ them again) move to `metrics.rewound.jsonl`, each with `rewound_by` naming that 
 whole (temp file + rename), and one event line marks the resume:
     {"step": S, "event": "resume", "checkpoint": "<tag>", "world_size": W}
 So metrics.jsonl holds each step's lines once, as the run's surviving history saw them. A fresh start in a directory
-that already has lines (a run that died before its first checkpoint, or one started again with --resume off) moves
-them all the same way, with no event: the new history starts empty, nothing is deleted. A line that is no metrics line
+that already holds a run finds none: the whole previous run, metrics.jsonl too, is set aside first
+(trainer/run_dir.py); should lines be there all the same, they move the same way, with no event. A line that is no metrics line
 (the torn last line of a killed write, bad UTF-8, not a JSON object) moves too, as
     {"unparsable": <its text>, "unparsable_base64": <its bytes, where they are not UTF-8>, "line": N, "problem": ...}
 and the resume says so: it never stops a run. The file is read by trainer.metrics_file, line by line.

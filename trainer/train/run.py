@@ -22,8 +22,10 @@ from ..distributed import comm_device, seed_everything, start_distributed
 from ..errors import UserError
 from ..launch.fabric import report_network_env
 from ..presets import blamed, load_preset, preset_path, set_keys, with_overrides
+from ..options import resolve_run
 from ..redact import redact
 from ..resolve import Resolved, resolve
+from ..run_dir import check_not_foreign, previous_run, set_aside_previous_run
 from . import checkpoint, elastic, sequence_parallel
 from .checkpoint import TrainState
 from .evaluation import EvalSet
@@ -58,6 +60,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
     # before the run directory is created or anything in it is written.
     ckpt_dir = run_dir / "checkpoints"
     resume_path, resume_step = checkpoint_to_resume(cfg, ckpt_dir, rank)
+    fresh = starts_afresh(run_dir, resume_path)
     if resume_step == cfg.train.max_steps:
         print0(f"resume: {resume_path} is at step {resume_step} = train.max_steps: this run is already finished; "
                f"nothing was done (raise train.max_steps to train on)", rank=rank)
@@ -67,7 +70,7 @@ def run_training(preset: str, overrides: list[str], rehearse: bool = False, worl
                                                                      world_size)[0])
     cfg = resolved.config
     record = run_record(resolved) if rank == 0 else resolved.record()  # only rank 0 writes it (git runs once)
-    job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None)
+    job = build(resolved, run_dir, hooks, record, universal=universal_dir is not None, fresh=fresh)
     state, resumed_from = resume_if_asked(job.engine, resume_path, ckpt_dir, job.train_batches, rank, universal_dir)
 
     metrics = MetricsLogger(cfg, run_dir, rank, job.active_params, resolved.world_size, record,
@@ -108,7 +111,7 @@ def configure(preset: str, overrides: list[str], rehearse: bool, world_size: int
         config, rehearsal_notices = rehearsal_config(config, dist.get_world_size(), set_keys(overrides))
     alone = None if rehearse else lambda: resolve(load_preset(preset), world_size)  # the preset without --set
     with blamed(str(preset_path(preset)), overrides, alone):
-        resolved = resolve(config, world_size)
+        resolved = resolve_run(config, world_size)  # train.epochs -> max_steps from the prepared data
     check_world_size(resolved)
     return resolved, rehearsal_notices
 
@@ -131,10 +134,11 @@ def resumed_metrics(state: TrainState, path: Path | None, ckpt_dir: Path) -> Res
     return Resumed(state.step, path.name, state.wandb_run_id if own else None)
 
 
-def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None = None, universal: bool = False) -> Job:
+def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None = None, universal: bool = False,
+          fresh: bool = True) -> Job:
     """Tokenizer and data (checked before the run directory is written), then the model and the engine
     (`record`: what config.resolved.yaml keeps; `universal`: load a universal checkpoint, for a resume on another
-    topology)."""
+    topology; `fresh`: nothing is resumed, so a previous run in the directory is set aside first)."""
     import deepspeed
 
     from ..data import MicroBatchLoader, apply_chat_template, build_datasets, load_tokenizer
@@ -147,7 +151,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective: rank 0 prepares, the ranks verify
     print0(f"data: {data.stats}", rank=rank)
     check_enough_batches(data, resolved)
-    prepare_run_dir(run_dir, record or resolved.record(), rank)
+    prepare_run_dir(run_dir, record or resolved.record(), rank, fresh)
 
     sequence_parallel.release()  # what an earlier run in this process registered (tests train several per launch)
     model, hf_ds_config = build_model(cfg, rank)
@@ -230,7 +234,9 @@ def engine_config(cfg: Config, universal: bool) -> dict:
     return dsc.with_universal_load(ds) if universal else ds
 
 
-def prepare_run_dir(run_dir: Path, record: dict, rank: int) -> None:
+def prepare_run_dir(run_dir: Path, record: dict, rank: int, fresh: bool = True) -> None:
+    """The run directory made writable and, for a fresh start, emptied of a previous run (moved whole to
+    previous/<time>/, never overwritten: trainer/run_dir.py); then this invocation's config."""
     if rank == 0:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -240,6 +246,9 @@ def prepare_run_dir(run_dir: Path, record: dict, rank: int) -> None:
         except OSError as err:
             raise UserError(f"train.output_dir {str(run_dir)!r} is not writable: {err.strerror}; "
                             f"choose another directory with --set train.output_dir=PATH") from None
+        moved = set_aside_previous_run(run_dir) if fresh else None
+        if moved:
+            print0(moved.message("train"), rank=rank)
         write_resolved_config(run_dir, record)
     ranks.barrier()
 
@@ -295,8 +304,6 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     if path is None:
         if cfg.train.resume == "auto":
             print0(f"resume: no complete checkpoint in {ckpt_dir}, starting fresh", rank=rank)
-        else:
-            announce_fresh_start(ckpt_dir, cfg.train.max_steps, rank)
         return None, 0
     checkpoint.verify(path, comm_device())  # before any file in it is read, its own trainer state included
     saved_state, saved_config = checkpoint.read_trainer_state(path)
@@ -312,19 +319,14 @@ def checkpoint_to_resume(cfg: Config, ckpt_dir: Path, rank: int) -> tuple[Path |
     return path, saved_state.step
 
 
-def announce_fresh_start(ckpt_dir: Path, max_steps: int, rank: int) -> None:
-    """A fresh start in a directory that holds a previous run says so, with where that run goes and the disk it
-    keeps (rerunning the same command must not look like nothing happened to the old run)."""
-    previous = checkpoint.complete_checkpoints(ckpt_dir)
-    if not previous:
-        return
-    newest = previous[-1].name
-    finished = " (it finished: that is train.max_steps)" if newest == checkpoint.tag_for(max_steps) else ""
-    held = sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file() and not f.is_symlink())
-    print0(f"train: starting fresh (train.resume is off) although {ckpt_dir} holds a previous run, newest "
-           f"checkpoint {newest}{finished}; at this run's first save its checkpoints move to "
-           f"{ckpt_dir / 'abandoned'}/<time>/, not deleted ({held / 2**20:.0f} MB under {ckpt_dir} now). "
-           f"--resume auto continues it instead; delete {ckpt_dir / 'abandoned'} to free the disk", rank=rank)
+def starts_afresh(run_dir: Path, resume_path: Path | None) -> bool:
+    """Whether this run starts its directory afresh (it resumes nothing, or another directory's checkpoint), so a
+    previous run there is set aside at the first write; a directory of someone else's files is refused here, on every
+    rank, before anything is built."""
+    if resume_path is not None and resume_path.parent.resolve() == (run_dir / "checkpoints").resolve():
+        return False
+    check_not_foreign(run_dir, previous_run(run_dir, keep_startup_files=True))
+    return True
 
 
 def resume_if_asked(engine, path: Path | None, ckpt_dir: Path, train_batches, rank: int,
