@@ -146,3 +146,24 @@ def test_a_completion_ends_at_its_first_stop_token_or_text():
     assert completion_ids(torch.tensor([5, 2]), []) == [5, 2]  # --ignore-eos
     assert before_stop("The cow is blue.\nUser: and", ("User:", "\n")) == "The cow is blue."
     assert before_stop("no stop here", ("###",)) == "no stop here"
+
+
+# --- evaluate says what it scored ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_evaluate_data_scores_all_of_the_file_unless_capped_and_says_how_many(tmp_path):
+    from distributed import run_cli
+    model = export(tiny_model("llama"), templated(None), tmp_path / "hf")
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps({"text": f"Story {i}: the cat sat on the mat and looked at the dog."}) + "\n"
+                            for i in range(40)))
+    base = ["evaluate", "--model", str(model), "--data", str(data), "--seq-len", "32"]
+    whole = run_cli(*base)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    available = json.loads(whole.stdout)["sequences"]
+    assert available > 8 and f"evaluate: {available} of the {available} sequences of {data}" in whole.stderr
+    capped = run_cli(*base, "--eval-sequences", "8")
+    assert capped.returncode == 0, capped.stderr[-3000:]
+    assert json.loads(capped.stdout)["sequences"] == 8
+    assert (f"evaluate: 8 of the {available} sequences of {data} (data.seq_len 32); --eval-sequences {available} "
+            f"scores all of them") in capped.stderr

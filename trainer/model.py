@@ -298,6 +298,13 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
+def returns_as_default(settings: dict, defaults: dict) -> dict:
+    """transformers' switches of what a call returns (`output_*`, `return_*`: router logits, hidden states,
+    attentions, scores, a dict from generate) that differ from their class's defaults, set back to them."""
+    return {key: defaults[key] for key, value in settings.items()
+            if key.startswith(("output_", "return_")) and key in defaults and value != defaults[key]}
+
+
 def unwrap(module: torch.nn.Module):
     """The transformers model inside a DeepSpeed engine and/or a PEFT wrapper."""
     return getattr(module, "module", module)

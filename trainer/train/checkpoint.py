@@ -461,6 +461,7 @@ def for_serving(model, tokenizer):
     from transformers import GenerationConfig
 
     from ..data.chat_format import stop_token_ids
+    from ..model import returns_as_default
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # inside a PEFT wrapper
     config = model.config
     tokens = {key: value for key in SPECIAL_TOKENS if (value := getattr(tokenizer, key, None)) is not None}
@@ -483,13 +484,6 @@ def for_serving(model, tokenizer):
             setattr(config, key, value)
         if before[1] is not None:
             model.generation_config = before[1]
-
-
-def returns_as_default(settings: dict, defaults: dict) -> dict:
-    """transformers' switches of what a call returns (`output_*`, `return_*`: router logits, hidden states,
-    attentions, scores, a dict from generate) that differ from their class's defaults, set back to them."""
-    return {key: defaults[key] for key, value in settings.items()
-            if key.startswith(("output_", "return_")) and key in defaults and value != defaults[key]}
 
 
 def verify_export(out_dir: Path, state_dict: dict) -> None:
