@@ -139,13 +139,14 @@ def test_the_export_files_get_the_users_umask_not_safetensors_private_0600(umask
 
 def test_a_completion_ends_at_its_first_stop_token_or_text():
     from trainer.data.prompts import completion_ids
-    from trainer.infer.generate import before_stop
+    from trainer.infer.generate import before_stop, without_trailing
     assert completion_ids(torch.tensor([5, 6, 844, 7, 2, 0]), [2, 844]) == [5, 6]
     assert completion_ids(torch.tensor([5, 2, 844]), [2, 844]) == [5]
     assert completion_ids(torch.tensor([5, 6]), [2, 844]) == [5, 6]
     assert completion_ids(torch.tensor([5, 2]), []) == [5, 2]  # --ignore-eos
     assert before_stop("The cow is blue.\nUser: and", ("User:", "\n")) == "The cow is blue."
     assert before_stop("no stop here", ("###",)) == "no stop here"
+    assert without_trailing([5, 6, 0, 0], 0) == [5, 6]  # the pad after a row a stop string ended
 
 
 # --- evaluate says what it scored ----------------------------------------------------------------------------------

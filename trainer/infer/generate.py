@@ -184,9 +184,18 @@ def generate_batch(runner: Runner, tokenizer, texts: list[str], settings: Settin
     rows = []
     for row in out[:, width:].cpu():
         ids = completion_ids(row, [] if settings.ignore_eos else stops)
+        if settings.stop:  # a row a stop string ended is padded to the batch's end, as after EOS
+            ids = without_trailing(ids, tokenizer.pad_token_id)
         text = before_stop(tokenizer.decode(ids, skip_special_tokens=True), settings.stop)
         rows.append((text, len(ids), first, len(ids) / elapsed))
     return rows
+
+
+def without_trailing(ids: list[int], pad_id: int | None) -> list[int]:
+    end = len(ids)
+    while end and ids[end - 1] == pad_id:
+        end -= 1
+    return ids[:end]
 
 
 def before_stop(text: str, stops: tuple[str, ...]) -> str:
