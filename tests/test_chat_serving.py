@@ -63,12 +63,27 @@ def test_a_template_file_without_declarations_still_stops_on_the_special_token_a
     assert end_of_turn(tokenizer) == "<end_of_turn>"
 
 
+@pytest.mark.slow
+def test_a_pretrained_model_grows_its_embeddings_to_the_chat_tokenizer_with_the_mean_of_the_old_rows():
+    """TRL's setup_chat_format: the markers are new rows of the input and output embeddings."""
+    from trainer.model import fit_embeddings
+    tokenizer = templated("chatml")
+    model = tiny_model("llama", vocab_size=len(tokenizer) - 2)  # a pretrained model sized to its own tokenizer
+    old = model.get_input_embeddings().weight.detach().clone()
+    assert fit_embeddings(model, len(tokenizer)) == 2 and fit_embeddings(model, len(tokenizer)) == 0
+    grown = model.get_input_embeddings().weight.detach()
+    assert grown.shape[0] == model.get_output_embeddings().weight.shape[0] == len(tokenizer)
+    assert torch.equal(grown[:len(old)], old)
+    assert torch.allclose(grown[len(old):].mean(0), old.mean(0), atol=0.05)
+
+
 # --- exports -------------------------------------------------------------------------------------------------------
 
 def tiny_model(family: str, **switches):
     from transformers import AutoConfig, AutoModelForCausalLM
     shape = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024, max_position_embeddings=64, use_cache=False)
+                 num_key_value_heads=2, vocab_size=switches.pop("vocab_size", 1024), max_position_embeddings=64,
+                 use_cache=False)
     if family != "llama":
         shape.update(num_experts=4, num_experts_per_tok=2, head_dim=8, output_router_logits=True)
     config = AutoConfig.for_model(family, **shape, **switches)
