@@ -65,12 +65,13 @@ PROMPTS = ["Once upon a time", "The little cat", "What is"]  # three lengths: a 
 
 
 def plain_completions(model, tokenizer, prompts: list[str], max_new: int) -> list[str]:
-    """Greedy completions by plain transformers, cut at the export's own end tokens (generation_config.json)."""
+    """Greedy completions by plain transformers, cut at the export's own end tokens (generation_config.json)
+    and the tokenizer's EOS."""
     batch = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     with torch.no_grad():
         out = model.eval().generate(**batch, max_new_tokens=max_new, do_sample=False)
-    stops = model.generation_config.eos_token_id
-    stops = stops if isinstance(stops, list) else [stops]
+    stops = model.generation_config.eos_token_id  # a LoRA base saved for a rehearsal may name none: EOS then
+    stops = {*(stops if isinstance(stops, list) else [stops]), tokenizer.eos_token_id} - {None}
     texts = []
     for row in out[:, batch["input_ids"].shape[1]:].tolist():
         ends = [row.index(s) for s in stops if s in row]
