@@ -534,7 +534,7 @@ def test_error_chat_records_without_chat_template(tmp_path):
     source = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
     message = error_message(build_datasets, data_cfg(source), plain, 0)
     assert f"{source} line 1" in message and "no chat_template" in message
-    assert "set data.chat_template: chatml (or llama-2, zephyr, or a .jinja file)" in message
+    assert "set data.chat_template: chatml (or llama-2, llama-3, zephyr, or a .jinja file)" in message
 
 
 def test_error_chat_record_without_assistant_names_the_line(tmp_path, tokenizer):

@@ -175,7 +175,7 @@ def test_each_template_filled_for_a_world_size_is_accepted(template, tmp_path, D
     assert config.train_batch_size == 2 * 4 * 8
     assert config.optimizer_params == {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
     assert config.scheduler_params == {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-4, "warmup_num_steps": 10,
-                                       "total_num_steps": 100}
+                                       "total_num_steps": 100, "warmup_type": "linear"}
     assert config.bfloat16_config.enabled is True
     # the template's explicit values reach DeepSpeed untouched
     raw = json.loads((PRESET_DIR / "deepspeed" / template).read_text())["zero_optimization"]

@@ -59,3 +59,56 @@ def test_the_qwen3_lora_rehearsal_saves_resumes_and_exports_its_adapter(rehearsa
     rows = read_metrics(root / "qwen3")[0]
     assert [row["step"] for row in rows] == list(range(1, 7)) and all(math.isfinite(r["loss"]) for r in rows)
     assert (root / "qwen3" / "hf" / "adapter_config.json").is_file()
+
+
+PROMPTS = ["Once upon a time", "The little cat", "What is"]  # three lengths: a left-padded batch
+
+
+def plain_completions(model, tokenizer, prompts: list[str], max_new: int) -> list[str]:
+    """Greedy completions by plain transformers, cut at the export's own end tokens (generation_config.json)
+    and the tokenizer's EOS."""
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        out = model.eval().generate(**batch, max_new_tokens=max_new, do_sample=False)
+    stops = model.generation_config.eos_token_id  # a LoRA base saved for a rehearsal may name none: EOS then
+    stops = {*(stops if isinstance(stops, list) else [stops]), tokenizer.eos_token_id} - {None}
+    texts = []
+    for row in out[:, batch["input_ids"].shape[1]:].tolist():
+        ends = [row.index(s) for s in stops if s in row]
+        texts.append(tokenizer.decode(row[:min(ends)] if ends else row, skip_special_tokens=True))
+    return texts
+
+
+def trainer_completions(model_dir, max_new: int) -> list[str]:
+    import json
+
+    from distributed import run_cli
+    args = [a for p in PROMPTS for a in ("--prompt", p)]
+    proc = run_cli("generate", "--model", str(model_dir), *args, "--greedy", "--max-new-tokens", str(max_new),
+                   "--format", "jsonl")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line)["completion"] for line in proc.stdout.splitlines()]
+
+
+def test_generate_with_three_prompts_on_the_mixtral_export_equals_plain_transformers(rehearsals):
+    """Training keeps output_router_logits on (the aux loss); the export must not, or batched generate fails in
+    transformers' load_balancing_loss_func."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    root, _ = rehearsals
+    export = root / "mixtral" / "hf"
+    model = AutoModelForCausalLM.from_pretrained(str(export))
+    assert model.config.output_router_logits is False
+    assert trainer_completions(export, 8) == plain_completions(model, AutoTokenizer.from_pretrained(str(export)),
+                                                               PROMPTS, 8)
+
+
+def test_generate_with_three_prompts_on_the_qwen3_lora_export_equals_plain_transformers(rehearsals):
+    from transformers import AutoTokenizer
+
+    from trainer.model import load_lora_merged
+    root, _ = rehearsals
+    export = root / "qwen3" / "hf"
+    merged = load_lora_merged(str(export), torch.float32)
+    assert not [k for k, v in merged.config.to_dict().items() if k.startswith("output_") and v is True]
+    assert trainer_completions(export, 8) == plain_completions(merged, AutoTokenizer.from_pretrained(str(export)),
+                                                               PROMPTS, 8)

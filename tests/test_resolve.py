@@ -141,7 +141,7 @@ def test_every_auto_of_the_template_is_filled_from_train_and_model():
     assert ds["optimizer"]["params"] == {"lr": 2e-4, "betas": [0.8, 0.99], "eps": 1e-7, "weight_decay": 0.05}
     assert ds["gradient_clipping"] == 0.5
     assert ds["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-4, "warmup_num_steps": 7,
-                                         "total_num_steps": 70}
+                                         "total_num_steps": 70, "warmup_type": "linear"}
     assert ds["bf16"] == {"enabled": False}  # train.precision fp32
 
 

@@ -162,8 +162,9 @@ class DataConfig:
     rejected_field: str = doc("Column with the dispreferred response (preference; the same forms as chosen).",
                               "rejected")
     chat_template: Optional[str] = doc(
-        "Chat template for messages: chatml, llama-2, zephyr (trainer/data/templates/) or a Jinja file (absolute or "
-        "relative to the repo root); replaces the tokenizer's own and is exported with it; None keeps the tokenizer's.",
+        "Chat template for messages: chatml, llama-2, llama-3, zephyr (trainer/data/templates/) or a Jinja file "
+        "(absolute or relative to the repo root); replaces the tokenizer's own and is exported with it, its markers "
+        "added as special tokens; None keeps the tokenizer's.",
         None)
     num_workers: int = doc(
         "Processes for tokenization when a source is prepared (datasets.map num_proc).", 1, kind=COUNT)

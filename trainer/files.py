@@ -341,9 +341,23 @@ def atomic_writer(target: str, flag: str = "-o", mode: Optional[int] = None) -> 
 def _mode_for(path: Path) -> int:
     if path.exists():
         return stat.S_IMODE(path.stat().st_mode)
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def modes_as_umask_allows(directory: Path) -> None:
+    """Every file under `directory` gets the mode a new file gets from the user's umask (0644 under 022): libraries
+    that write through a private temporary file (safetensors: 0600) would otherwise keep the export from a serving
+    engine running as another user."""
+    mode = 0o666 & ~current_umask()
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
 
 
 def finite_json(value: Any, flag: str = "-o") -> str:

@@ -74,9 +74,10 @@ def training_dtype(ds: dict) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dsc.precision(ds)]
 
 
-def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
+def build_model(cfg: Config, rank: int, tokens: int = 0) -> tuple[torch.nn.Module, Any]:
     """The model, ready for deepspeed.initialize, plus the HfDeepSpeedConfig that must stay referenced
-    while transformers builds/loads under ZeRO-3 (None otherwise)."""
+    while transformers builds/loads under ZeRO-3 (None otherwise). `tokens`: the tokenizer's size, which a
+    pretrained model's embeddings grow to (fit_embeddings)."""
     from transformers import AutoModelForCausalLM
     ds, model_cfg = cfg.deepspeed, cfg.model
     attention = choose_attention(model_cfg)
@@ -84,6 +85,7 @@ def build_model(cfg: Config, rank: int) -> tuple[torch.nn.Module, Any]:
     maybe_apply_liger(model_cfg, dsc.zero_stage(ds))
     if model_cfg.name_or_path:
         model = pretrained(model_cfg, attention, training_dtype(ds))
+        fit_embeddings(model, tokens, rank)
     else:
         model = AutoModelForCausalLM.from_config(hf_config(model_cfg, attention))
         init_weights_by_name(model, cfg.train.seed, model_cfg.init_std, rank)
@@ -109,6 +111,22 @@ def pretrained(model_cfg: ModelConfig, attention: str, dtype: torch.dtype):
         if code:
             raise code from None
         raise
+
+
+def fit_embeddings(model, tokens: int, rank: int = 0) -> int:
+    """Input and output embeddings grown to `tokens` rows when the tokenizer has more (a chat template's markers
+    added as special tokens: trainer/data/chat_format.py), as TRL's setup_chat_format does; the new rows start at
+    the mean of the old ones (transformers' resize; under ZeRO-3 it gathers the partitioned embeddings itself).
+    Returns the rows added."""
+    rows = model.get_input_embeddings().weight
+    have = getattr(rows, "ds_shape", rows.shape)[0]
+    if tokens <= have:
+        return 0
+    model.resize_token_embeddings(tokens)
+    if rank == 0:
+        log.warning("the tokenizer has %d tokens, the model's embeddings %d rows: grown to %d (new rows start at the "
+                    "mean of the old ones)", tokens, have, tokens)
+    return tokens - have
 
 
 def _zero3_integration(ds: dict):
@@ -288,6 +306,13 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
         total += numel
         trainable += numel if param.requires_grad else 0
     return total, trainable
+
+
+def returns_as_default(settings: dict, defaults: dict) -> dict:
+    """transformers' switches of what a call returns (`output_*`, `return_*`: router logits, hidden states,
+    attentions, scores, a dict from generate) that differ from their class's defaults, set back to them."""
+    return {key: defaults[key] for key, value in settings.items()
+            if key.startswith(("output_", "return_")) and key in defaults and value != defaults[key]}
 
 
 def unwrap(module: torch.nn.Module):

@@ -39,6 +39,19 @@ def redact(value):
     return value
 
 
+def redacted_keys(value, path: str = "") -> list[str]:
+    """The dotted keys `redact` replaces in `value` (to say which values a written file leaves out)."""
+    if isinstance(value, dict):
+        found = []
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            found += [where] if looks_secret(key) and not _is_env_ref(item) else redacted_keys(item, where)
+        return found
+    if isinstance(value, list):
+        return [key for i, item in enumerate(value) for key in redacted_keys(item, f"{path}[{i}]")]
+    return []
+
+
 def _is_env_ref(value) -> bool:
     return isinstance(value, str) and value.startswith(ENV_PREFIX)
 

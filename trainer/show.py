@@ -11,6 +11,7 @@ from . import paths
 from .files import check_target, finite_json, write_text_atomic
 from .options import add_preset_arguments, load_and_resolve
 from .presets import list_presets
+from .redact import REDACTED, redact, redacted_keys
 
 
 # --- presets -----------------------------------------------------------------------------------
@@ -38,7 +39,7 @@ def show_arguments(parser: argparse.ArgumentParser) -> None:
 
 def show(args) -> int:
     resolved = load_and_resolve(args)
-    document = {**resolved.document(), "notices": resolved.notices}
+    document = {**resolved.record(), "notices": resolved.notices}  # record(): secrets redacted (docs/security.md)
     if args.json:
         print(json.dumps(document, indent=2))
     else:
@@ -59,7 +60,10 @@ def export(args) -> int:
     if args.output != "-":
         check_target(args.output)  # before the work: a bad -o is reported first, and alone
     resolved = load_and_resolve(args)
-    text = finite_json(resolved.ds)
+    text = finite_json(redact(resolved.ds))  # secrets stay out of every file (docs/security.md)
+    for key in redacted_keys(resolved.ds):
+        print(f"note: deepspeed.{key} is {REDACTED} in the exported JSON (secrets stay out of files); set it where the config "
+              f"is used, e.g. from the environment", file=sys.stderr)
     if args.output == "-":
         sys.stdout.write(text)
         return 0

@@ -25,6 +25,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..config import DataConfig
+from ..files import current_umask
 from ..lazy import lazy_module
 from . import fingerprint, shards
 from .encode import EVAL, SKIPPED, TRAIN, Part, Settings, Workers, encode_chunk
@@ -388,7 +389,3 @@ def check_cache_parent(parent: Path) -> None:
                         f"or use a directory of your own (data.cache_dir)")
 
 
-def current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

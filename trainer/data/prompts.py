@@ -87,10 +87,9 @@ def encode_left_padded(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": mask}
 
 
-def completion_ids(generated: torch.Tensor, eos_id: int | None) -> list[int]:
-    """The new tokens of one row up to its first EOS (kept out of the text) or its end; after EOS
-    transformers pads finished rows with pad tokens, which are not part of the completion."""
+def completion_ids(generated: torch.Tensor, stop_ids: list[int]) -> list[int]:
+    """The new tokens of one row up to its first stop token (EOS, a chat template's end of turn: kept out of the
+    text) or its end; after it transformers pads finished rows with pad tokens, which are not part of the completion."""
     ids = generated.tolist()
-    if eos_id is not None and eos_id in ids:
-        ids = ids[:ids.index(eos_id)]
-    return ids
+    ends = [ids.index(stop) for stop in stop_ids if stop in ids]
+    return ids[:min(ends)] if ends else ids

@@ -15,6 +15,7 @@ from ..config import DataConfig, ModelConfig
 from ..lazy import lazy_module
 from ..presets import REPO_ROOT
 from ..remote_code import load_kwargs, refused
+from .chat_format import add_markers
 from .records import IGNORE_INDEX, ORIGIN, DataError, looks_like_path, visible_columns
 
 datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
@@ -48,15 +49,17 @@ def load_tokenizer(model_cfg: ModelConfig):
 # ------------------------------------------------------------------------------------ chat template
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
-TEMPLATE_NAMES = ("chatml", "llama-2", "zephyr")  # TEMPLATE_DIR/<name>.jinja
-TEMPLATE_CHOICES = "chatml (or llama-2, zephyr, or a .jinja file)"
+TEMPLATE_NAMES = ("chatml", "llama-2", "llama-3", "zephyr")  # TEMPLATE_DIR/<name>.jinja
+TEMPLATE_CHOICES = "chatml (or llama-2, llama-3, zephyr, or a .jinja file)"
 
 
 def apply_chat_template(tokenizer, data_cfg: DataConfig):
-    """data.chat_template replaces the tokenizer's own template (None keeps it). The run exports this same
-    tokenizer object with the model (checkpoint.export_hf), so inference renders prompts as training did."""
+    """data.chat_template replaces the tokenizer's own template (None keeps it), and the markers it declares that the
+    tokenizer lacks become special tokens (chat_format.add_markers). The run exports this same tokenizer object with
+    the model (checkpoint.export_hf), so inference renders prompts, and stops, as training taught."""
     if data_cfg.chat_template is not None:
         tokenizer.chat_template = read_chat_template(data_cfg.chat_template)
+        add_markers(tokenizer, tokenizer.chat_template)
     return tokenizer
 
 

@@ -14,7 +14,7 @@ Callers import the package, `from trainer import ds as dsc`, and ask by name (`d
 - `autotuning`: DeepSpeed's autotuner: its tuning config, its experiments as `--set` items, its best config;
 - `ops`: the JIT-built ops a config makes DeepSpeed load (what setup.sh builds ahead).
 """
-from .auto import fill_auto, find_auto
+from .auto import fill_auto, find_auto, scheduler_start
 from .autotuning import (
     autotuning_block, decode_launcher_config, experiment_configs, experiment_overrides, preset_section, tuning_config,
     without_autotuning,
@@ -54,8 +54,8 @@ __all__ = [
     "init_inference_config", "jit_ops", "leaf_paths", "micro_batch_size", "min_loss_scale_override", "nvme_buffer_size",
     "nvme_offloads", "nvme_pipelined", "offload_block", "offload_optimizer_device", "offload_param_device",
     "offload_pin_memory", "optimizer_ops", "overlap_comm", "precision", "precision_overrides", "preset_section",
-    "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_type", "sequence_parallel_size",
-    "set_override",
+    "quantized_gradients", "quantized_weights", "rehearsal_changes", "scheduler_start", "scheduler_type",
+    "sequence_parallel_size", "set_override",
     "smaller_stage3_buffers", "solve_batch", "torch_adam_on_cpu_overrides", "tuning_config",
     "unpinned_offload_overrides", "with_checkpoint_writer", "with_expert_parallel", "with_sequence_parallel",
     "with_universal_load",

@@ -34,8 +34,10 @@ def fill_auto(cfg: Config, batch: Batch, problems: list[str]) -> dict:
             _fill(opt, key, value, problems, "optimizer.params.")
     sched = (ds.get("scheduler") or {}).get("params")
     if isinstance(sched, dict):
-        for key, value in (("warmup_max_lr", train.lr), ("warmup_num_steps", train.warmup_steps),
-                           ("total_num_steps", train.max_steps),
+        _linear_warmup(sched, ds["scheduler"].get("type"))
+        offset = warmup_offset(train.warmup_steps)
+        for key, value in (("warmup_max_lr", train.lr), ("warmup_num_steps", train.warmup_steps + offset),
+                           ("total_num_steps", train.max_steps + offset),
                            ("cos_min_ratio", train.min_lr / train.lr if train.lr else 0.0)):
             _fill(sched, key, value, problems, "scheduler.params.")
         for key in ("warmup_min_lr", "warmup_min_ratio"):  # no trainer counterpart: 'auto' means start at 0
@@ -50,6 +52,32 @@ def fill_auto(cfg: Config, batch: Batch, problems: list[str]) -> dict:
         problems.append(f"deepspeed.{path}: 'auto' has no rule to fill it; give a value "
                         f"(DeepSpeed would silently use its default)")
     return ds
+
+
+# DeepSpeed 0.19.8's warmup schedulers (runtime/lr_schedules.py: WarmupLR, WarmupDecayLR, WarmupCosineLR) default to a
+# log-shaped warmup, refuse warmup_num_steps 0 and warm up over at least 2 steps (max(2, warmup_num_steps)); the
+# scheduler starts "not started" (iteration -1, lr = warmup_min_lr), so its first two steps apply the minimum lr.
+# The trainer's warmup is the HF Trainer's linear one (transformers.get_linear_schedule_with_warmup): step k applies
+# lr * (k - 1) / warmup_steps until warmup_steps, then the schedule's decay; warmup_steps=0 trains at full lr from
+# step 1. So: warmup_type linear, and the scheduler starts at iteration `warmup_offset` (0, or 2 - warmup_steps
+# below 2, its warmup_num_steps and total_num_steps moved by as much) before the first step (trainer/train/run.py).
+WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+
+
+def _linear_warmup(params: dict, scheduler: str) -> None:
+    if scheduler in WARMUP_SCHEDULERS and params.get("warmup_type", AUTO) == AUTO:
+        params["warmup_type"] = "linear"
+
+
+def warmup_offset(warmup_steps: int) -> int:
+    """How far DeepSpeed's warmup schedulers start into their schedule: their shortest warmup is 2 steps."""
+    return max(0, 2 - warmup_steps)
+
+
+def scheduler_start(ds: dict, warmup_steps: int) -> int | None:
+    """The iteration a DeepSpeed warmup scheduler is set to before the first step (None: another scheduler, left as
+    DeepSpeed starts it)."""
+    return warmup_offset(warmup_steps) if (ds.get("scheduler") or {}).get("type") in WARMUP_SCHEDULERS else None
 
 
 def _fill(block: dict, key: str, value, problems: list[str], prefix: str = "", mirrors_trainer: bool = True) -> None:

@@ -44,7 +44,8 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--preset", help="evaluate on this preset's eval data (default: the run's own config)")
-    data.add_argument("--data", metavar="SOURCE", help="evaluate on all of this file, directory or hub dataset")
+    data.add_argument("--data", metavar="SOURCE",
+                      help="evaluate on this file, directory or hub dataset: all of it, unless --eval-sequences")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the preset's (or run's) config, e.g. data.seq_len=512")
     parser.add_argument("--task", choices=("pretrain", "sft", "preference"), help="with --data: how to read it")
@@ -53,7 +54,8 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                              "the run started from (its model.name_or_path, the LoRA base, or its seeded init)")
     parser.add_argument("--seq-len", type=numbers.SEQUENCE_TOKENS, help="with --data: tokens per sequence")
     parser.add_argument("--eval-sequences", type=numbers.COUNT,
-                        help="sequences to evaluate (default: train.eval_sequences)")
+                        help="sequences to evaluate from each eval split (default: all of --data, else "
+                             "train.eval_sequences)")
     parser.add_argument("--batch-size", type=numbers.COUNT,
                         help="sequences per forward (default: train.micro_batch_size)")
     parser.add_argument("-o", "--output", type=paths.output_file("output file"),
@@ -74,9 +76,11 @@ def evaluate(args) -> int:
         from ..data import build_datasets
         data = build_datasets(cfg.data, session.tokenizer, cfg.train.seed)  # collective: verified on every rank
         runner = session.runner
-        eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, args.eval_sequences or cfg.train.eval_sequences,
-                           batch_size(args, cfg), runner.replica, runner.replicas)
+        cap = args.eval_sequences or (max(len(s) for s in data.eval) if args.data else cfg.train.eval_sequences)
+        eval_set = EvalSet({s.sources[0].name: s for s in data.eval}, cap, batch_size(args, cfg), runner.replica,
+                           runner.replicas)
         sequences = sum(eval_set.size(s) for s in data.eval)
+        say_what_is_evaluated(eval_set, data.eval, cfg.data.seq_len, "pairs" if preference else "sequences")
         if preference:
             report = score_preferences(args, request, session, cfg, reference, eval_set)
             report.update(pairs=sequences, reference=reference.described)
@@ -92,6 +96,17 @@ def evaluate(args) -> int:
             else:
                 sys.stdout.write(json.dumps(report) + "\n")
     return 0
+
+
+def say_what_is_evaluated(eval_set: EvalSet, streams: list, seq_len: int, unit: str) -> None:
+    """One stderr line per eval split: how many of its sequences (pairs) are scored, and how to score more."""
+    if ranks.rank() != 0:
+        return
+    for stream in streams:
+        used, available = eval_set.size(stream), len(stream)
+        more = (f"; --eval-sequences {available} scores all of them" if used < available else "")
+        print(f"evaluate: {used} of the {available} {unit} of {stream.sources[0].origin} (data.seq_len {seq_len})"
+              f"{more}", file=sys.stderr)
 
 
 @dataclass

@@ -5,7 +5,8 @@
 
 Rank 0 alone writes results (stdout, or -o FILE); logs go to stderr, so `--format jsonl` output is one JSON object
 per prompt: prompt, completion, tokens, time_to_first_token_s, tokens_per_s. Prompts are batched with left
-padding (--batch-size); a batched prompt gets the tokens it would get alone.
+padding (--batch-size); a batched prompt gets the tokens it would get alone. A completion ends at EOS, at the chat
+template's end-of-turn token (a chat model's answer), or before a --stop text.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .. import ranks
 from ..data.prompts import Prompt, completion_ids, encode_left_padded, read_prompts, render
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
+from ..data.chat_format import stop_token_ids
 from .runner import Runner
 from .session import add_model_arguments, check_arguments, open_session
 
@@ -36,6 +38,7 @@ class Settings:
     batch_size: int
     chat: bool
     ignore_eos: bool = False  # always generate max_new_tokens (benchmarks: the same work in every contender)
+    stop: tuple[str, ...] = ()  # --stop strings: a completion ends before the first one it writes
 
 
 @dataclass
@@ -64,7 +67,11 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-beams", type=numbers.COUNT, default=1, help="beam search is not supported (DeepSpeed)")
     parser.add_argument("--batch-size", type=numbers.COUNT, default=8, help="prompts per generate call on one rank")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
-    parser.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens even past EOS")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="generate --max-new-tokens even past EOS and the chat template's end of turn")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="end a completion before this text (repeat for several); EOS and the chat template's "
+                             "end-of-turn token always end it")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text")
     parser.add_argument("-o", "--output", type=paths.output_file("output file"),
                         help="write the results here instead of stdout (rank 0)")
@@ -77,7 +84,8 @@ def settings_from(args) -> Settings:
                         f"serve the HF export with vLLM/SGLang for beam search")
     if args.greedy and args.temperature is not None:
         raise UserError("--greedy and --temperature: choose one (greedy decoding, or sampling at a temperature)")
-    checks = [(args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens} must be >= 1"),
+    checks = [(all(args.stop), "--stop needs a non-empty text"),
+              (args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens} must be >= 1"),
               (args.batch_size >= 1, f"--batch-size {args.batch_size} must be >= 1"),
               (args.temperature is None or args.temperature > 0, f"--temperature {args.temperature} must be > 0 "
                                                                  f"(use --greedy for deterministic decoding)"),
@@ -86,7 +94,7 @@ def settings_from(args) -> Settings:
         if not ok:
             raise UserError(message)
     return Settings(args.max_new_tokens, args.temperature is not None, args.temperature or 1.0, args.top_p,
-                    args.seed, args.batch_size, args.chat, args.ignore_eos)
+                    args.seed, args.batch_size, args.chat, args.ignore_eos, tuple(args.stop))
 
 
 def prompts_from(args) -> list[Prompt]:
@@ -162,19 +170,38 @@ def generate_batch(runner: Runner, tokenizer, texts: list[str], settings: Settin
         else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     if settings.ignore_eos:
         sampling["min_new_tokens"] = settings.max_new_tokens
+    if settings.stop:
+        sampling.update(stop_strings=list(settings.stop), tokenizer=tokenizer)
+    stops = stop_token_ids(tokenizer)  # EOS and the chat template's end of turn (trainer/data/chat_format.py)
     torch.manual_seed(seed)  # the same on every rank: tensor-parallel ranks must draw the same tokens
     streamer, started = FirstToken(), time.perf_counter()
     out = runner.module.generate(**batch, max_new_tokens=settings.max_new_tokens, use_cache=True, streamer=streamer,
                                  synced_gpus=runner.synced, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id, **sampling)
+                                 eos_token_id=stops or None, **sampling)
     elapsed = time.perf_counter() - started
     first = (streamer.first or time.perf_counter()) - started
     width = batch["input_ids"].shape[1]
     rows = []
     for row in out[:, width:].cpu():
-        ids = completion_ids(row, None if settings.ignore_eos else tokenizer.eos_token_id)
-        rows.append((tokenizer.decode(ids, skip_special_tokens=True), len(ids), first, len(ids) / elapsed))
+        ids = completion_ids(row, [] if settings.ignore_eos else stops)
+        if settings.stop:  # a row a stop string ended is padded to the batch's end, as after EOS
+            ids = without_trailing(ids, tokenizer.pad_token_id)
+        text = before_stop(tokenizer.decode(ids, skip_special_tokens=True), settings.stop)
+        rows.append((text, len(ids), first, len(ids) / elapsed))
     return rows
+
+
+def without_trailing(ids: list[int], pad_id: int | None) -> list[int]:
+    end = len(ids)
+    while end and ids[end - 1] == pad_id:
+        end -= 1
+    return ids[:end]
+
+
+def before_stop(text: str, stops: tuple[str, ...]) -> str:
+    """The text up to the first --stop string it contains (the stop string itself left out, as EOS is)."""
+    cut = min((text.index(s) for s in stops if s in text), default=len(text))
+    return text[:cut]
 
 
 def gather_results(mine: dict[int, Result], count: int) -> list[Result]:

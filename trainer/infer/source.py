@@ -221,6 +221,9 @@ def load_model(source: ModelSource, dtype: torch.dtype, attention: str = "sdpa")
     else:
         model = model_from_checkpoint(source, dtype, attention)
     model.config.use_cache = True
+    from ..model import returns_as_default  # a config saved with training's output_router_logits (another trainer's)
+    for key, value in returns_as_default(model.config.to_dict(), type(model.config)().to_dict()).items():
+        setattr(model.config, key, value)
     return model.eval()
 
 

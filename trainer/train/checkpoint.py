@@ -32,6 +32,7 @@ import torch
 
 from .. import ranks
 from ..errors import UserError
+from ..files import modes_as_umask_allows
 from . import integrity
 from .hooks import Hooks
 
@@ -426,8 +427,10 @@ def export_hf(engine, tokenizer, out_dir: Path, step: int, merged_dir: Optional[
         tokenizer.save_pretrained(str(out_dir))
         verify_export(out_dir, state_dict)
         write_json_atomic(out_dir / EXPORT_INFO, {"step": step})
+        modes_as_umask_allows(out_dir)
         if merged_dir is not None and (out_dir / "adapter_config.json").is_file():
             export_merged(out_dir, tokenizer, merged_dir, model)
+            modes_as_umask_allows(merged_dir)
     ranks.barrier()
     return out_dir if rank == 0 else None
 
@@ -451,28 +454,36 @@ def for_serving(model, tokenizer):
     (config.json, generation_config.json). Training turns the KV cache off (trainer.model.build_model) and the
     generation config was derived from that training config; an export decodes with the cache on whatever training
     used, and its special tokens are those of the tokenizer shipped beside it (a pad token, so batched generate
-    needs no fallback). The base model's own generation defaults (sampling settings) are kept. Restored afterwards."""
+    needs no fallback; generation ends on EOS and on the chat template's end of turn). The switches of what a call
+    returns are at their defaults (returns_as_default: training's output_router_logits for an MoE's aux loss makes
+    batched generate fail in that loss, and hidden states or a dict from generate are no server's business).
+    The base model's own generation defaults (sampling settings) are kept. Restored afterwards."""
     from transformers import GenerationConfig
+
+    from ..data.chat_format import stop_token_ids
+    from ..model import returns_as_default
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # inside a PEFT wrapper
     config = model.config
-    before = (config.use_cache, {key: getattr(config, key, None) for key in SPECIAL_TOKENS},
-              getattr(model, "generation_config", None))
     tokens = {key: value for key in SPECIAL_TOKENS if (value := getattr(tokenizer, key, None)) is not None}
-    generation = before[2].to_dict() if before[2] is not None else {}
+    serving = {"use_cache": True, **returns_as_default(config.to_dict(), type(config)().to_dict()), **tokens}
+    before = ({key: getattr(config, key, None) for key in serving}, getattr(model, "generation_config", None))
+    generation = before[1].to_dict() if before[1] is not None else {}
     generation = {key: value for key, value in generation.items() if not key.startswith("_")}  # _from_model_config...
+    stops = stop_token_ids(tokenizer)
+    ends = {"eos_token_id": stops[0] if len(stops) == 1 else stops} if stops else {}
+    generation.update({**returns_as_default(generation, GenerationConfig().to_dict()), **tokens, **ends,
+                       "use_cache": True})
     try:
-        config.use_cache = True
-        for key, value in tokens.items():
+        for key, value in serving.items():
             setattr(config, key, value)
-        if before[2] is not None or model.can_generate():
-            model.generation_config = GenerationConfig(**{**generation, **tokens, "use_cache": True})
+        if before[1] is not None or model.can_generate():
+            model.generation_config = GenerationConfig(**generation)
         yield
     finally:
-        config.use_cache = before[0]
-        for key, value in before[1].items():
+        for key, value in before[0].items():
             setattr(config, key, value)
-        if before[2] is not None:
-            model.generation_config = before[2]
+        if before[1] is not None:
+            model.generation_config = before[1]
 
 
 def verify_export(out_dir: Path, state_dict: dict) -> None:

@@ -65,12 +65,15 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
     while state.step < last_step:
         position = train_batches.state_dict()  # where this step's data starts, for spike reports
         step_loss = torch.zeros((), device=engine.device)
-        for _ in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
+        applied_lr, own_norm = engine.get_lr()[0], None  # the scheduler moves on inside engine.step()
+        for micro in range(accum):  # DeepSpeed applies the optimizer at the accumulation boundary
             batch = next(batches)
             hooks.on_batch(batch, state.step + 1)
             batch = to_device(batch, engine.device)
             loss = hooks.on_loss(objective(batch), state.step + 1)
             engine.backward(loss)
+            if micro == accum - 1:
+                own_norm = norm_deepspeed_drops(engine)
             engine.step()
             step_loss += loss.detach().float()
         state.step += 1
@@ -82,7 +85,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
         # one small all-reduce per step: did any rank see a non-finite loss, or a stop signal?
         nonfinite, stop_requested = any_rank([~torch.isfinite(step_loss), stop.requested], engine.device)
         loss_value = float("nan") if nonfinite else step_loss.item() / accum
-        if guard.check(loss_value, grad_norm(engine), engine.was_step_applied()):
+        if guard.check(loss_value, grad_norm(engine, own_norm), engine.was_step_applied()):
             state.bad_steps += 1
             metrics.log({"step": state.step, "skipped_step": True, "bad_steps_in_a_row": guard.consecutive_bad})
             if nonfinite and engine.was_step_applied():  # no overflow check (ZeRO-0 fp32): weights are now bad
@@ -113,8 +116,8 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
             elapsed = time.perf_counter() - window_start
             metrics.log({"step": state.step,
                          "loss": mean_across_ranks(window_loss / window_steps, engine.device),
-                         "lr": engine.get_lr()[0],
-                         "grad_norm": grad_norm(engine),
+                         "lr": applied_lr,
+                         "grad_norm": grad_norm(engine, own_norm),
                          **loss_scale(engine),
                          **metrics.throughput(tokens_per_step * window_steps, elapsed, window_steps),
                          **router_metrics(router, engine.device),  # MoE: aux loss, expert shares; collective
@@ -178,9 +181,21 @@ def mean_across_ranks(value: float, device) -> float:
     return float(value)
 
 
-def grad_norm(engine) -> float | None:
+def grad_norm(engine, own_norm: float | None = None) -> float | None:
+    """The step's gradient norm before clipping: DeepSpeed's, or the loop's own where DeepSpeed keeps none."""
     norm = engine.get_global_grad_norm()
-    return None if norm is None else float(norm)
+    return own_norm if norm is None else float(norm)
+
+
+def norm_deepspeed_drops(engine) -> float | None:
+    """The gradient norm at the accumulation boundary (gradients reduced, not yet clipped or stepped) when DeepSpeed
+    will not keep one: ZeRO-0 with a plain torch optimizer (fp32) clips with torch's norm and drops it
+    (engine._take_model_step reads `_global_grad_norm` only from its own optimizer wrappers). None otherwise."""
+    if hasattr(engine.optimizer, "_global_grad_norm"):
+        return None
+    from deepspeed.runtime.utils import get_global_norm_of_tensors
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    return float(get_global_norm_of_tensors(grads, mpu=engine.mpu)) if grads else None
 
 
 def loss_scale(engine) -> dict:

@@ -154,7 +154,7 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     prepare_run_dir(run_dir, record or resolved.record(), rank, fresh)
 
     sequence_parallel.release()  # what an earlier run in this process registered (tests train several per launch)
-    model, hf_ds_config = build_model(cfg, rank)
+    model, hf_ds_config = build_model(cfg, rank, len(tokenizer))
     tiled = sequence_parallel.tile_mlps(model, cfg.model.tiled_mlp)
     hooks.on_model(model)
     total_params, trainable_params = count_parameters(model)
@@ -173,6 +173,9 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=zero3_leaf_config(model, engine_config(cfg, universal)), mpu=sequence_parallel.register(model, cfg))
     del hf_ds_config  # transformers' ZeRO-3 hooks are only needed while the model is built
+    start = dsc.scheduler_start(cfg.deepspeed, cfg.train.warmup_steps)
+    if start is not None:  # step 1 applies the warmup's first lr, not DeepSpeed's "not started" (trainer/ds/auto.py)
+        engine.lr_scheduler.step(start)  # a resume then loads the checkpoint's own iteration over it
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
     dp_rank, dp_size, micro = data_parallel_rank(engine), resolved.batch.data_parallel_size, cfg.train.micro_batch_size
@@ -291,7 +294,8 @@ def check_enough_batches(data, resolved: Resolved) -> None:
 
 
 def check_vocab(tokenizer, cfg: Config) -> None:
-    if len(tokenizer) > cfg.model.vocab_size:
+    """A model built from scratch has model.vocab_size rows; a pretrained one grows its own (model.fit_embeddings)."""
+    if not cfg.model.name_or_path and len(tokenizer) > cfg.model.vocab_size:
         raise UserError(f"the tokenizer has {len(tokenizer)} tokens but model.vocab_size is {cfg.model.vocab_size}: "
                         f"raise model.vocab_size or use the model's own tokenizer")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..data.chat_format import stop_token_ids
 from ..data.prompts import completion_ids, encode_left_padded
 
 
@@ -15,6 +16,7 @@ def make_sampler(tokenizer, prompts: list[str], max_new_tokens: int):
     """A callable engine -> [{"prompt", "completion"}] (None without prompts)."""
     if not prompts:
         return None
+    stops = stop_token_ids(tokenizer)  # EOS, and a chat template's end of turn
 
     @torch.no_grad()
     def sample(engine) -> list[dict]:
@@ -24,11 +26,11 @@ def make_sampler(tokenizer, prompts: list[str], max_new_tokens: int):
         try:
             out = engine.module.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
                                          synced_gpus=synced, pad_token_id=tokenizer.pad_token_id,
-                                         eos_token_id=tokenizer.eos_token_id)
+                                         eos_token_id=stops)
         finally:
             engine.train()
         width = batch["input_ids"].shape[1]
-        return [{"prompt": prompt, "completion": tokenizer.decode(completion_ids(row[width:], tokenizer.eos_token_id),
+        return [{"prompt": prompt, "completion": tokenizer.decode(completion_ids(row[width:], stops),
                                                                  skip_special_tokens=True)}
                 for prompt, row in zip(prompts, out.cpu())]
 
