@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -81,9 +80,10 @@ def _plain(value):
 
 
 def launcher_world_size() -> int | None:
-    """WORLD_SIZE set by deepspeed/torchrun, or None outside a launcher."""
-    value = os.environ.get("WORLD_SIZE")
-    return int(value) if value else None
+    """WORLD_SIZE set by deepspeed/torchrun, or None outside a launcher (trainer/ranks.py reads the variables)."""
+    from . import ranks
+    launch = ranks.launch_environment()
+    return launch.world_size if launch else None
 
 
 def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Resolved:
