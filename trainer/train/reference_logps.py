@@ -18,6 +18,7 @@ mode, dtype, shape and finite values, the file named) and the same error is rais
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -30,7 +31,7 @@ from .. import ranks
 from ..cache import entries, keys
 from ..cache.errors import CacheError
 from ..cache.weights import model_identity
-from ..distributed import rank0_first, rank0_only, shared_problems
+from ..distributed import gather_text, rank0_only, shared_problems
 from .preference import sequence_logps
 
 KIND = "reference-logps"
@@ -38,9 +39,12 @@ VALUES = "values.npy"
 
 
 def identity_of_model(cfg, cache: Path) -> dict:
-    """The reference's identity, found by rank 0 first (a first start hashes the weights once and records the
-    hashes; the other ranks then find them recorded)."""
-    return rank0_first(lambda: model_identity(cfg.model, cfg.train.seed, cache))
+    """The reference's identity, found by rank 0 alone and shared: the weights are hashed once (and the hashes
+    recorded, so the next start reads no weight file), and every rank keys its entries alike even where another
+    node's hub cache or file system would answer otherwise."""
+    found = {}
+    rank0_only(lambda: found.update(identity=model_identity(cfg.model, cfg.train.seed, cache)))
+    return json.loads(gather_text(json.dumps(found.get("identity"), sort_keys=True))[0])
 
 
 def split_inputs(manifest: dict, split: str, model: dict, cfg, pad_id: int) -> list[tuple[str, object]]:
