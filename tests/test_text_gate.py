@@ -140,3 +140,22 @@ def test_a_prompts_file_and_the_prompt_flag_pass_the_gate(tmp_path, capsys):
 def write_prompts(path: Path, lines: list[dict]) -> str:
     write_records(path, lines)
     return str(path)
+
+
+CONFIG_STRINGS = {"train.sample_prompts": "[{}]", "data.chat_template": "{}", "train.output_dir": "{}",
+                  "logging.wandb_project": "{}"}
+
+
+def test_a_config_string_with_a_lone_surrogate_is_refused_at_resolve(capsys):
+    """Sample prompts reach the tokenizer mid-training, a chat template every chat sample: every string of the
+    config passes the gate when it is resolved, before any work."""
+    draw = random.Random(384)
+    for key in sorted(CONFIG_STRINGS):
+        clean = "".join(draw.choice("abcdefgh") for _ in range(draw.randint(0, 8)))
+        at = draw.randint(0, len(clean))
+        escape = f"\\u{ord(surrogate(draw)):04x}"  # as a user writes it in YAML
+        value = CONFIG_STRINGS[key].format(f'"{clean[:at]}{escape}{clean[at:]}"')
+        code = main(["show", "tiny_cpu", "--set", f"{key}={value}"])
+        err = capsys.readouterr().err
+        place = f"'{key}[0]'" if key == "train.sample_prompts" else f"'{key}'"
+        assert code == 2 and "Traceback" not in err and f"field {place}, character {at}: U+" in err, err
