@@ -60,30 +60,31 @@ def owner_problems(path: Path, info: os.stat_result, trust_others: bool) -> list
 def entry_problems(root: Path, trust_others: bool = False) -> list[str]:
     """The entry directory itself: a directory of this user's (the cache renames its own directories into place,
     never a link), in a cache directory nobody else can empty."""
-    try:
-        info = os.lstat(root)
-    except FileNotFoundError:
-        return [f"{root} is missing"]
-    if stat.S_ISLNK(info.st_mode):
-        return [f"{root} is a symbolic link to {root.resolve()}: the cache holds directories, never links"]
-    if not stat.S_ISDIR(info.st_mode):
-        return [f"{root} is not a directory (a cache entry is one)"]
-    problems = owner_problems(root, info, trust_others)
+    info, problems = _found_as(root, stat.S_ISDIR, "a directory (a cache entry is one)", "the cache holds "
+                                                                                         "directories, never links")
+    if info is None:
+        return problems
     problem = parent_problem(root.parent)
-    return problems + ([problem] if problem else [])
+    return owner_problems(root, info, trust_others) + ([problem] if problem else [])
 
 
 def file_problems(path: Path, trust_others: bool = False) -> list[str]:
     """A file of an entry: there, a regular file (not a link: the cache writes none), owned and moded as above."""
+    info, problems = _found_as(path, stat.S_ISREG, "a regular file", "the cache writes none")
+    return problems if info is None else owner_problems(path, info, trust_others)
+
+
+def _found_as(path: Path, is_kind, kind: str, no_links: str) -> tuple[Optional[os.stat_result], list[str]]:
+    """(its lstat, []) when `path` is there as `kind`, else (None, [what it is instead])."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        return [f"{path} is missing"]
+        return None, [f"{path} is missing"]
     if stat.S_ISLNK(info.st_mode):
-        return [f"{path} is a symbolic link to {path.resolve()}: the cache writes none"]
-    if not stat.S_ISREG(info.st_mode):
-        return [f"{path} is not a regular file"]
-    return owner_problems(path, info, trust_others)
+        return None, [f"{path} is a symbolic link to {path.resolve()}: {no_links}"]
+    if not is_kind(info.st_mode):
+        return None, [f"{path} is not {kind}"]
+    return info, []
 
 
 # --- filling ------------------------------------------------------------------------------------------------------
