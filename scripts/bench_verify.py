@@ -12,7 +12,7 @@
             this is the CPU cost; a cold read is bounded by the disk as well.
 3 baselines in the same process: hashlib.sha256 of the same files on one thread, and a plain read of them (no hash),
             so the table shows what the check adds to a hash and what a hash adds to a read.
-4 source    `fingerprint.sha256_file` over the jsonl: the cost of keying the cache on the source's content, paid
+4 source    `contents.sha256_file` over the jsonl: the cost of keying the cache on the source's content, paid
             once per change of the source (the memo vouches for an unchanged file by stat).
 5 start-up  tiny_cpu on 2 CPU ranks (deepspeed launcher, --port), train.max_steps=2: wall seconds from launch to
             step 1 in its metrics.jsonl, and the check's own seconds from its `data:` line (its data is the shipped
@@ -91,7 +91,7 @@ def write_source(path: Path, megabytes: int, seed: int) -> int:
 def check_worker(job: dict) -> dict:
     from trainer.config import DataConfig
     from trainer.data import build_datasets
-    from trainer.data.fingerprint import sha256_file
+    from trainer.cache.contents import sha256_file
     tokenizer = load_tokenizer()
     cfg = DataConfig(task="pretrain", source=job["prepared"], seq_len=128, cache_dir=job["cache"])
     files = sorted(p for p in Path(job["prepared"]).rglob("*") if p.suffix in (".tokens", ".docs"))
@@ -185,7 +185,7 @@ def table(data: dict, source_bytes: int, measured: dict, startup: dict) -> list[
         ("  hashlib.sha256 alone, 1 thread", f"{best['sha256']:.2f} s = {rate['sha256']:,.0f} MB/s"),
         ("  plain read, no hash", f"{best['read']:.2f} s = {rate['read']:,.0f} MB/s"),
         ("  check / sha256 alone", f"{best['check'] / best['sha256']:.2f}x"),
-        ("source content hash (fingerprint.sha256_file)",
+        ("source content hash (contents.sha256_file)",
          f"{source_bytes / best['source'] / 1e6:,.0f} MB/s = {best['source'] / (source_bytes / 1e9):.2f} s per GB"),
         ("tiny_cpu start-up, 2 ranks, launch -> step 1 logged", f"{startup['seconds']:.1f} s"),
         ("  of it the check (tiny corpus, rank 0 and 1 each half)",

@@ -138,13 +138,15 @@ def argv_last_wins(argv: list[str]) -> list[str]:
     return rest + [word for item in last_wins(items) for word in ("--set", item)]
 
 
-def run_many(runs: list[dict], workdir: Path, timeout: int = 1500, ranks: int = 2) -> tuple[str, list]:
-    """Run several trainings in one launch of `ranks` ranks (tests/workers/run_many.py); returns (output, report)."""
+def run_many(runs: list[dict], workdir: Path, timeout: int = 1500, ranks: int = 2,
+             env: dict | None = None) -> tuple[str, list]:
+    """Run several trainings in one launch of `ranks` ranks (tests/workers/run_many.py); returns (output, report).
+    `env`: variables the launch adds (a local hub cache, say)."""
     runs = [{**run, "overrides": last_wins(run["overrides"])} if "overrides" in run else run for run in runs]
     spec = workdir / "spec.json"
     report = workdir / "report.json"
     spec.write_text(json.dumps({"runs": runs, "report": str(report)}))
-    output = launch(["tests/workers/run_many.py", str(spec)], timeout=timeout, ranks=ranks)
+    output = launch(["tests/workers/run_many.py", str(spec)], timeout=timeout, ranks=ranks, env=env)
     return output, json.loads(report.read_text())
 
 

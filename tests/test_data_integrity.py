@@ -20,7 +20,7 @@ from conftest import TINY
 from distributed import REPO, launch_raw
 from trainer.config import DataConfig, ModelConfig
 from trainer.data import DataError, build_datasets, load_tokenizer
-from trainer.data import fingerprint
+from trainer.cache import contents as fingerprint
 from trainer.data.prepare import prepare, prepared_path
 
 CORPUS = REPO / "data" / "tiny" / "pretrain.jsonl"

@@ -2,16 +2,21 @@
 a frozen engine), the three references agree (LoRA base with the adapter disabled vs a frozen engine of the base;
 log-probs precomputed once vs a frozen engine), a resume is exact (losses and rewards, with a live and with a
 precomputed reference), and on the tiny synthetic preference set (data/tiny/preference.jsonl: the
-answer's words reversed are rejected) rewards/accuracy passes 0.9.
+answer's words reversed are rejected) rewards/accuracy passes 0.9. The precomputed reference log-probs are keyed by
+content: the same sources under swapped names, and a hub model whose ref moves to other weights, start at ln 2.
 
 All runs share one launch (tests/workers/run_many.py).
 """
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from conftest import TINY
 from distributed import read_metrics, run_many
+from hub_cache import commit_id, make_hub_cache
 
 pytestmark = pytest.mark.multirank
 
@@ -26,10 +31,10 @@ def preference_runs(tmp_path_factory, pretrained_dir):
     root = tmp_path_factory.mktemp("preference")
     runs, dirs = [], {}
 
-    def add(name, overrides):
+    def add(name, overrides, cache="cache"):
         dirs[name] = root / name
         runs.append({"name": name, "preset": "tiny_cpu", "overrides": TINY + PREFERENCE + overrides + [
-            f"train.output_dir={root / name}", f"data.cache_dir={root / 'cache'}"]})
+            f"train.output_dir={root / name}", f"data.cache_dir={root / cache}"]})
 
     add("z0", ["deepspeed.zero_optimization.stage=0", "train.lr=3e-3"])
     add("z3", ["deepspeed.zero_optimization.stage=3", "train.lr=3e-3"])
@@ -55,9 +60,44 @@ def preference_runs(tmp_path_factory, pretrained_dir):
     add("learn", ["deepspeed.zero_optimization.stage=2", "train.micro_batch_size=4", "train.grad_accum=1",
                   f"train.max_steps={LEARN_STEPS}", "train.warmup_steps=4", "train.lr=3e-3", "logging.log_every=5",
                   "train.eval_every=20", "train.eval_sequences=32", "train.save_every=0"])
-    output, _ = run_many(runs, root)
+    env = content_keyed_runs(root, pretrained_dir, add, runs)
+    output, _ = run_many(runs, root, env=env)
     dirs["output"] = output
     return dirs
+
+
+HUB_MODEL = "tiny-org/tiny-llama"
+ONE_STEP = ["deepspeed.zero_optimization.stage=2", "train.max_steps=2", "train.warmup_steps=1", "train.save_every=0",
+            "preference.reference=precomputed"]
+
+
+def content_keyed_runs(root, pretrained_dir, add, runs) -> dict:
+    """Runs whose reference log-probs a key by name or by hub id alone would mix up (issue 38): two sources under
+    swapped names (the second has the first's chosen and rejected columns swapped, so their log-probs differ), and a
+    hub model read again after its ref moved to other weights. Returns the launch's environment (the hub cache)."""
+    original = "data/tiny/preference.jsonl"
+    swapped = root / "swapped_columns.jsonl"
+    with open(original) as source, open(swapped, "w") as out:
+        for line in source:
+            record = json.loads(line)
+            record["chosen"], record["rejected"] = record["rejected"], record["chosen"]
+            out.write(json.dumps(record) + "\n")
+    for name, (one, two) in (("names_ab", (original, swapped)), ("names_ba", (swapped, original))):
+        add(name, ONE_STEP + ["data.source=''", f"data.sources=[{{path: {one}, name: one}}, {{path: {two}, name: two}}]"],
+            cache="cache_names")
+    other = root / "other_weights"
+    from trainer.model import hf_config, init_weights_by_name
+    from trainer.presets import load_preset
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(hf_config(load_preset("tiny_cpu", TINY).model, "sdpa"))
+    init_weights_by_name(model, seed=8, std=0.02, rank=0)
+    model.save_pretrained(str(other))
+    ref = make_hub_cache(root / "hub", HUB_MODEL, {commit_id(7): pretrained_dir, commit_id(8): other})
+    hub = ONE_STEP + [f"model.name_or_path={HUB_MODEL}"]
+    add("hub_first", hub, cache="cache_hub")
+    runs.append({"name": "hub_ref_moves", "worker": "hub_refs", "spec": {"ref": str(ref), "commit": commit_id(8)}})
+    add("hub_moved", hub, cache="cache_hub")
+    return {"HF_HUB_CACHE": str(root / "hub"), "HF_HUB_OFFLINE": "1"}
 
 
 def train_rows(run_dir) -> list[dict]:
@@ -108,9 +148,9 @@ def test_precomputed_reference_log_probs_give_the_frozen_engines_losses_and_are_
     engine_evals = read_metrics(preference_runs["engine_z2"])[1]
     evals = read_metrics(preference_runs["precomputed_z2"])[1]
     assert [r["eval_loss"] for r in evals] == pytest.approx([r["eval_loss"] for r in engine_evals], abs=2e-5)
-    output = preference_runs["output"]
-    assert output.count("reference log-probs computed for") == 1  # precomputed_z2; z3 and the resume runs read it
-    assert output.count("reference log-probs read") == 4
+    lines = reference_lines(preference_runs["output"], preference_runs["engine_z2"].parent / "cache")
+    assert [line.startswith("computed for") for line in lines] == [True, False, False, False, False]  # precomputed_z2
+    assert lines[1:] == ["read"] * 4  # z3 and the resume runs read it
 
 
 def test_a_resumed_run_with_precomputed_reference_continues_exactly(preference_runs):
@@ -130,3 +170,30 @@ def test_rewards_accuracy_passes_0_9_on_the_tiny_preference_set(preference_runs)
     assert rows[-1]["rewards/accuracy"] > 0.9 and rows[-1]["rewards/margin"] > 0
     assert evals[-1]["eval_rewards/accuracy"] > 0.9  # on held-out pairs
     assert rows[0]["rewards/accuracy"] < 0.9  # it was learnt, not there from the start
+
+
+def reference_lines(output: str, cache) -> list[str]:
+    """What each run that used the reference cache `cache` said of it ("computed for ..." or "read")."""
+    suffix = f" ({cache}/reference-logps)"
+    return [line.split("preference: reference log-probs ")[1].removesuffix(suffix) for line in output.splitlines()
+            if line.endswith(suffix) and "preference: reference log-probs " in line]
+
+
+def test_the_same_sources_under_swapped_names_start_at_ln_2(preference_runs):
+    """Keyed by content, not by a source's name: the second run reads the first's values for the data each name
+    now holds (a key by name handed each source the other's log-probs: step-1 loss 0.70344)."""
+    for name in ("names_ab", "names_ba"):
+        assert train_rows(preference_runs[name])[0]["loss"] == pytest.approx(math.log(2), abs=1e-5), name
+    cache = preference_runs["names_ab"].parent / "cache_names"
+    assert reference_lines(preference_runs["output"], cache) == [
+        "computed for one-train, two-train, one-eval, two-eval", "read"]
+
+
+def test_a_hub_model_whose_ref_moved_to_other_weights_starts_at_ln_2(preference_runs):
+    """The hub commit and blobs are in the key: after refs/main moves to other weights the reference log-probs are
+    computed again (a key by hub id alone read the old ones: step-1 loss 0.686472)."""
+    for name in ("hub_first", "hub_moved"):
+        assert train_rows(preference_runs[name])[0]["loss"] == pytest.approx(math.log(2), abs=1e-5), name
+    cache = preference_runs["hub_first"].parent / "cache_hub"
+    lines = reference_lines(preference_runs["output"], cache)
+    assert len(lines) == 2 and all(line.startswith("computed for") for line in lines)

@@ -27,11 +27,12 @@ def start_distributed(timeout_s: int = 1800) -> int:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
     cpu_info_once()  # before the ops load: init_distributed loads DeepSpeed's comm op, deepspeed.initialize its Adam
-    if "RANK" not in os.environ:
+    launch = ranks.launch_environment()  # a leftover half of a launcher's variables is a named error here
+    if launch is None:  # one process: a group of one, so the code is the same as under a launcher
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     if get_accelerator().device_name() != "cpu":
-        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        get_accelerator().set_device(launch.local_rank if launch else 0)
     threads_per_rank()
     if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
         # DeepSpeed's CPU shared-memory all-reduce sets itself up only when LOCAL_SIZE (its launcher's name) equals
@@ -41,7 +42,7 @@ def start_distributed(timeout_s: int = 1800) -> int:
     # init_distributed builds DeepSpeed's CPU all-reduce op, deepspeed.initialize its optimizers: each op load is
     # announced (and a lock file left by a killed build named) instead of minutes of silence
     jit_ops.install(_to_stderr)
-    if os.environ.get("WORLD_SIZE", "1") == "1":
+    if launch is None or launch.world_size == 1:
         no_shared_memory_op()
     timeout = datetime.timedelta(seconds=timeout_s)
     # DeepSpeed builds its data/model-parallel groups with new_group(timeout=None), which takes torch's
@@ -187,6 +188,19 @@ def rank0_first(build):
     for other, text in enumerate(gather_text(_described(failure))):
         _raise_shared(text, other, failure)
     return result
+
+
+def rank0_only(work) -> None:
+    """Run `work` on rank 0 alone (writing a shared file) while the others wait; a failure there is raised on every
+    rank with its message, so no rank waits in a later collective for one that has given up."""
+    failure = _attempt(work)[1] if ranks.rank() == 0 else None
+    _raise_shared(gather_text(_described(failure))[0], 0, failure)
+
+
+def shared_problems(problems: list[str]) -> list[str]:
+    """Every rank's problems, the same list on every rank (each problem once, rank 0's first)."""
+    views = gather_text(json.dumps(problems))
+    return list(dict.fromkeys(p for view in views for p in json.loads(view)))
 
 
 def _attempt(build):

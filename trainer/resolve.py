@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass, field
 
 from . import ds as dsc
-from . import strict
+from . import strict, text
 from .config import AUTO, Config
 from .errors import ConfigError, closest, short
 from .hardware import GPUS
@@ -82,9 +81,10 @@ def _plain(value):
 
 
 def launcher_world_size() -> int | None:
-    """WORLD_SIZE set by deepspeed/torchrun, or None outside a launcher."""
-    value = os.environ.get("WORLD_SIZE")
-    return int(value) if value else None
+    """WORLD_SIZE set by deepspeed/torchrun, or None outside a launcher (trainer/ranks.py reads the variables)."""
+    from . import ranks
+    launch = ranks.launch_environment()
+    return launch.world_size if launch else None
 
 
 def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Resolved:
@@ -195,6 +195,8 @@ def check_values(cfg: Config) -> list[str]:
     problems = strict.out_of_range(cfg) + [message for ok, message in checks if not ok]
     problems += same_source_names(d.sources)
     problems += control_character_problems(cfg)
+    problems += [message for key, value in _one_line_strings(cfg, every=True)  # sample prompts, chat template, ...
+                 if (message := text.refusal(value, "the config", key))]       # the one text gate
     if h.gpu in GPUS and t.precision == "bf16" and not GPUS[h.gpu].bf16:  # before the DeepSpeed bf16 block's view
         problems.append(f"train.precision=bf16: bf16 is enabled but {GPUS[h.gpu].description} (hardware.gpu={h.gpu}) "
                         f"has no bf16; use "
@@ -241,17 +243,17 @@ def control_character_problems(cfg: Config) -> list[str]:
             for key, value in _one_line_strings(cfg) if CONTROL.search(value)]
 
 
-def _one_line_strings(node, key: str = ""):
-    """(dotted key, string) for every string under `node` except those of `multiline` fields."""
+def _one_line_strings(node, key: str = "", every: bool = False):
+    """(dotted key, string) for every string under `node` except those of `multiline` fields (`every`: those too)."""
     if dataclasses.is_dataclass(node):
         for f in dataclasses.fields(node):
-            if not f.metadata.get("multiline"):
-                yield from _one_line_strings(getattr(node, f.name), f"{key}.{f.name}" if key else f.name)
+            if every or not f.metadata.get("multiline"):
+                yield from _one_line_strings(getattr(node, f.name), f"{key}.{f.name}" if key else f.name, every)
     elif isinstance(node, dict):
         for name, value in node.items():
-            yield from _one_line_strings(value, f"{key}.{name}" if key else str(name))
+            yield from _one_line_strings(value, f"{key}.{name}" if key else str(name), every)
     elif isinstance(node, (list, tuple)):
         for index, value in enumerate(node):
-            yield from _one_line_strings(value, f"{key}[{index}]")
+            yield from _one_line_strings(value, f"{key}[{index}]", every)
     elif isinstance(node, str):
         yield key, node

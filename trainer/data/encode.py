@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from .. import text
 from ..config import DataConfig
 from .reading import Chunk, chunk_records
 from .records import IGNORE_INDEX, DataError
@@ -71,6 +72,7 @@ def encode_chunk(task: tuple[Chunk, np.ndarray]) -> dict[int, Part]:
     numbers, records = chunk_records(chunk, wanted)
     columns = {field: [record.get(field) for record in records] for field in settings.fields}
     where = Origins(chunk.origin, numbers)
+    check_texts(columns, where)
     firsts = None
     if settings.fmt == "text":
         lengths, ids, mask, cut = _encode_texts(columns[settings.cfg.text_field], where, settings)
@@ -89,6 +91,15 @@ def encode_chunk(task: tuple[Chunk, np.ndarray]) -> dict[int, Part]:
                             ids if every else ids[tokens], mask if mask is None or every else mask[tokens],
                             None if cut is None else cut[chosen], None if firsts is None else firsts[chosen])
     return parts
+
+
+def check_texts(columns: dict[str, list], where: "Origins") -> None:
+    """Every string of the chunk that goes to the tokenizer passes the one text gate (trainer/text.py)."""
+    for field, values in columns.items():
+        for i, value in enumerate(values):
+            message = text.refusal(value, where[i], field)
+            if message:
+                raise DataError(message)
 
 
 class Origins:

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import shutil
 import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -25,9 +22,10 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..config import DataConfig
-from ..files import current_umask
 from ..lazy import lazy_module
-from . import fingerprint, shards
+from ..cache import contents, entries, keys
+from ..errors import UserError
+from . import shards
 from .encode import EVAL, SKIPPED, TRAIN, Part, Settings, Workers, encode_chunk
 from .reading import Chunk, SourceReader, count_lines
 from .records import DataError, eval_indices, looks_like_path
@@ -54,13 +52,13 @@ def is_prepared(path: str) -> bool:
 
 def source_fingerprint(source: str, split: str, subset: str | None = None, cache: Path | None = None) -> dict:
     """What identifies a source's content: every file's name, size and SHA-256 for a local source (the hashes
-    remembered by stat in `cache`, trainer/data/fingerprint.py), the name, split and subset of a hub dataset."""
+    remembered by stat in `cache`, trainer/cache/contents.py), the name, split and subset of a hub dataset."""
     path = Path(source).expanduser()
     if not path.exists():
         return {"hub": source, "split": split, "subset": subset}
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     named = {str(p.relative_to(path)) if path.is_dir() else p.name: p for p in files}
-    hashes = fingerprint.content_hashes(path.resolve(), named, cache or default_cache_dir())
+    hashes = contents.content_hashes(path.resolve(), named, cache or default_cache_dir())
     return {"path": str(path.resolve()), "files": [[name, file.stat().st_size, hashes[name]]
                                                    for name, file in named.items()]}
 
@@ -82,8 +80,11 @@ def identity(cfg: DataConfig, source: str, tokenizer) -> dict:
             "chat_template": getattr(tokenizer, "chat_template", None) if cfg.task != "pretrain" else None}
 
 
+KIND = "prepared"  # the cache layer's name for this kind of entry (a key input: no other kind shares a key)
+
+
 def cache_key(wanted: dict) -> str:
-    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:20]
+    return keys.digest([("kind", KIND), ("identity", wanted)])
 
 
 def prepared_path(cfg: DataConfig, source: str, tokenizer) -> Path:
@@ -177,10 +178,14 @@ def _prepare(cfg: DataConfig, source: str, tokenizer, out: Path, records_per_sha
             if identity(cfg, source, tokenizer) != wanted:  # by stat when unchanged; read again when touched
                 raise DataError(f"{source} changed while it was being prepared (its content no longer has the hash "
                                 f"the preparation started from): prepare it again once it is no longer being written")
-        except DataError:
+        except UserError:
             # what was written holds records the user must change (or settings that change the key): a rerun could
             # never continue it, and would find the directory taken by "another source"
             _remove_unfinished(out, finished_too=True)  # an emptied directory is removed by writing_alone
+            raise
+        except Exception:
+            if not _finished_shards(out):  # nothing a rerun could continue: leave no identity mark behind
+                _remove_unfinished(out)
             raise
     manifest = {"format": shards.FORMAT, "task": cfg.task, "format_of_records": fmt, "dtype": settings.dtype.name,
                 "vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id, "eos_appended": True,
@@ -357,35 +362,10 @@ class Progress:
 
 def prepare_into_cache(cfg: DataConfig, source: str, tokenizer, path: Path, records_per_shard: int,
                        wanted: Optional[dict] = None) -> None:
-    """Prepare into a fresh temporary sibling, then rename it to `path`: two jobs preparing the same key never see
-    half a cache. The sibling is made by mkdtemp (a new random name, created exclusively: never a directory or link
-    someone planted under a predictable name), and only what this call created is ever removed."""
-    parent = path.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    check_cache_parent(parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
-    try:
-        os.chmod(tmp, 0o755 & ~current_umask())  # mkdtemp's 0700 would hide the entry from a shared cache's users
-        prepare(cfg, source, tokenizer, tmp, records_per_shard, max(1, cfg.num_workers), wanted=wanted)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not os.path.lexists(path):
-                raise
-            # another job renamed its copy first (the same bytes), or something else holds the name: either
-            # way the entry at `path` is what verification checks next
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    """Prepare into a cache entry the way every entry is filled (trainer/cache/entries.py `fill`: a fresh exclusive
+    temporary sibling renamed into place, so two jobs preparing the same key never see half a cache)."""
+    entries.fill(path, lambda tmp: prepare(cfg, source, tokenizer, tmp, records_per_shard, max(1, cfg.num_workers),
+                                           wanted=wanted))
 
 
-def check_cache_parent(parent: Path) -> None:
-    """A cache directory every user may write without the sticky bit lets any of them rename or replace this
-    run's entries (and its temporary directory while it is filled): refused."""
-    mode = os.stat(parent).st_mode
-    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-        raise DataError(f"data.cache_dir {parent} can be written by every user and has no sticky bit, so anyone can "
-                        f"replace the prepared data in it: set the sticky bit (chmod +t {parent}, as /tmp has), "
-                        f"or use a directory of your own (data.cache_dir)")
-
-
+check_cache_parent = entries.check_parent

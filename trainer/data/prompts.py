@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .. import text as text_gate
 from .records import DataError
 
 
@@ -21,6 +22,13 @@ class Prompt:
     text: str          # what the user wrote (written back in the results)
     origin: str        # where it came from, for messages: "--prompt" or "FILE:LINE"
     messages: list | None = None  # chat messages, when the line gave `messages` instead of `prompt`
+
+    def __post_init__(self):
+        """Every prompt, from a file or `--prompt`, passes the one text gate (trainer/text.py) when it is made."""
+        field, value = ("messages", self.messages) if self.messages is not None else ("prompt", self.text)
+        message = text_gate.refusal(value, self.origin, field)
+        if message:
+            raise DataError(message)
 
 
 def read_prompts(path: str) -> list[Prompt]:

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import fingerprint
+from ..cache import contents, entries
 from .records import DataError
 
 FORMAT = 1
@@ -51,8 +51,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    # O_NOFOLLOW: a link planted at the temporary name is an error, not a way to write somewhere else
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+    fd = entries.create_new(tmp, replace_leftover=True)  # created exclusively, never through a planted link
     with open(fd, "wb") as f:
         f.write(data)
         f.flush()
@@ -102,8 +101,7 @@ class HashedFile:
 
     def __init__(self, path: Path):
         self.path, self.tmp = path, path.with_name(f".{path.name}.tmp")
-        # O_NOFOLLOW: a link planted at the temporary name is an error, not a way to write somewhere else
-        self.handle = open(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb")
+        self.handle = open(entries.create_new(self.tmp, replace_leftover=True), "wb")  # the cache layer's rule
         self.digest, self.bytes = hashlib.sha256(), 0
 
     def write(self, array: np.ndarray) -> None:
@@ -131,7 +129,7 @@ def finished_shard(split_dir: Path, index: int) -> Optional[dict]:
         path = split_dir / f"{index:05d}.{suffix}"
         if not path.is_file() or path.stat().st_size != info["bytes"]:
             return None
-        if fingerprint.sha256_file(path) != info["sha256"]:
+        if contents.sha256_file(path) != info["sha256"]:
             return None
     return entry
 

@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from .. import ranks
+from ..cache import entries
 from ..config import DataConfig
 from ..distributed import gather_text
 from . import shards
@@ -215,31 +216,8 @@ def inspect(prepared: Prepared, cfg: DataConfig, tokenizer) -> Checked:
 
 
 def cache_root_problems(prepared: Prepared) -> list[str]:
-    """The cache entry itself: a directory of this user's (the cache renames its own directories into place, never
-    a link), in a cache directory nobody else can empty."""
-    root = prepared.path
-    try:
-        info = os.lstat(root)
-    except FileNotFoundError:
-        return [f"{root} is missing"]
-    if stat.S_ISLNK(info.st_mode):
-        return [f"{root} is a symbolic link to {root.resolve()}: the cache holds directories, never links"]
-    parent = os.stat(root.parent).st_mode
-    problems = owner_problems(root, info, prepared)
-    if parent & stat.S_IWOTH and not parent & stat.S_ISVTX:
-        problems.append(f"{root.parent} can be written by every user and has no sticky bit, so anyone can replace "
-                        f"the entries in it (set the sticky bit: chmod +t, or use a directory of your own)")
-    return problems
-
-
-def owner_problems(path: Path, info: os.stat_result, prepared: Prepared) -> list[str]:
-    problems = []
-    if info.st_uid != os.getuid() and not prepared.trust_others:
-        problems.append(f"{path} belongs to user id {info.st_uid}, not to you ({os.getuid()}): whoever can write it "
-                        f"chooses what this run trains on")
-    if info.st_mode & stat.S_IWOTH and not stat.S_ISLNK(info.st_mode):
-        problems.append(f"{path} can be written by every user (mode {stat.filemode(info.st_mode)})")
-    return problems
+    """The cache entry itself, by the rules every cache entry follows (trainer/cache/entries.py)."""
+    return entries.entry_problems(prepared.path, prepared.trust_others)
 
 
 def identity_problems(prepared: Prepared, manifest: dict) -> list[str]:
@@ -323,7 +301,7 @@ def entry_problems(path: Path, base: Path, prepared: Prepared, size: Optional[in
         if not target.exists():
             return [f"{path} is a link to {target}, which is missing"]
         info = os.stat(path)
-    problems = owner_problems(path, info, prepared) if prepared.cached else []
+    problems = entries.owner_problems(path, info, prepared.trust_others) if prepared.cached else []
     if size is not None:
         if not stat.S_ISREG(info.st_mode):
             return problems + [f"{path} is not a regular file"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from ..options import add_rank_arguments, config_source
@@ -19,7 +18,8 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 def train(args, hooks=None) -> int:
     from ..distributed import end_distributed  # heavy imports (torch, deepspeed) only when training
     from .run import run_training
-    if os.environ.get("RANK", "0") == "0":
+    from .. import ranks  # torch: only when training
+    if ranks.launched_rank() == 0:  # a half-set launcher environment is a named error here, before any work
         warn_about_literal_secrets(args.overrides)
     sys.argv[:] = redact_argv(sys.argv)  # what wandb records as the run's command line
     preset, overrides, world_size = config_source(args)

@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from .. import hardware
+from .. import hardware, ranks
 from ..config import Config
 from ..files import atomic_writer, regular_file
 from ..metrics_file import METRICS_FILE, REWOUND_FILE, Line, forward
@@ -296,5 +296,5 @@ def _fmt(value) -> str:
 
 def print0(*args, rank: Optional[int] = None) -> None:
     """print on rank 0 only (rank from the launcher's RANK when not given)."""
-    if (rank if rank is not None else int(os.environ.get("RANK", 0))) == 0:
+    if (rank if rank is not None else ranks.launched_rank()) == 0:
         print(*args, flush=True)

@@ -1,17 +1,23 @@
 """Precomputed reference log-probs (preference.reference=precomputed): one pass of the reference model over every
-pair of the prepared data before training, stored in the data cache beside the prepared data and keyed by what
-decides them (the prepared data's manifest, the reference model's fingerprint, seq_len), so the reference costs
-nothing during training, a resume or a second run reads them again, and another reference or other data gets its
-own file.
+pair of the prepared data before training, stored in the cache layer (trainer/cache) so the reference costs nothing
+during training, and a resume or a second run reads them again.
 
-    <data.cache_dir>/reference-logps/<key>/<source>-<split>.npy     float64 (pairs, 2): chosen, rejected
+    <data.cache_dir>/reference-logps/<key>/values.npy     float64 (pairs, 2): chosen, rejected
+    <data.cache_dir>/reference-logps/<key>/inputs.json    the inputs the key is the digest of
 
-The pass is collective (every rank runs the same number of forwards, as ZeRO-3 needs); rank 0 writes each file
-atomically; the samples then carry the values (trainer/data/samples.py PreferenceSamples.reference).
+One entry per split of each source, keyed by content alone: the split's token bytes (the SHA-256 of every shard
+file, which verification checked against the bytes before this run started), the tokenizer, the model's identity
+(its forward settings and its weights and code: local files by content, a hub model by commit and blobs;
+trainer/cache/weights.py) and the settings that shape a sample. A source's *name* is not an input: two runs that
+give the same data under swapped names read the values of the data each name holds, and a hub ref that moves to
+other weights, an edited weight file or a code file is another key.
+
+The pass is collective (every rank runs the same number of forwards, as ZeRO-3 needs); rank 0 fills each entry (a
+fresh temporary sibling renamed into place); every rank reads it back with the cache's rules (no links, owner and
+mode, dtype, shape and finite values, the file named) and the same error is raised on every rank.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,54 +28,78 @@ import torch
 import torch.distributed as dist
 
 from .. import ranks
+from ..cache import entries, keys
+from ..cache.errors import CacheError
+from ..cache.weights import model_identity
+from ..distributed import gather_text, rank0_only, shared_problems
 from .preference import sequence_logps
 
-FOLDER = "reference-logps"
+KIND = "reference-logps"
+VALUES = "values.npy"
 
 
-def model_fingerprint(cfg) -> dict:
-    """What decides the reference's weights: its files' names, sizes and SHA-256s (pretrained), or the inline
-    architecture with the init seed and std (from scratch)."""
-    from ..data.fingerprint import sha256_file
-    path = cfg.model.name_or_path
-    if not path:
-        model = {k: v for k, v in vars(cfg.model).items() if k not in ("lora", "gradient_checkpointing", "liger")}
-        return {"inline": json.dumps(model, sort_keys=True, default=str), "seed": cfg.train.seed}
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        return {"hub": path}  # a hub id names its revision's files (resolved the same way by every rank)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
-    return {"files": [[str(p.relative_to(root)), p.stat().st_size, sha256_file(p)] for p in files]}
+def identity_of_model(cfg, cache: Path) -> dict:
+    """The reference's identity, found by rank 0 alone and shared: the weights are hashed once (and the hashes
+    recorded, so the next start reads no weight file), and every rank keys its entries alike even where another
+    node's hub cache or file system would answer otherwise."""
+    found = {}
+    rank0_only(lambda: found.update(identity=model_identity(cfg.model, cfg.train.seed, cache)))
+    return json.loads(gather_text(json.dumps(found.get("identity"), sort_keys=True))[0])
 
 
-def store_dir(cfg, manifests: list[dict]) -> Path:
-    from ..data.prepare import cache_dir
-    key = {"data": [m.get("identity") or m["splits"] for m in manifests], "model": model_fingerprint(cfg),
-           "seq_len": cfg.data.seq_len, "precision": cfg.train.precision}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return cache_dir(cfg.data) / FOLDER / digest
+def split_inputs(manifest: dict, split: str, model: dict, cfg, pad_id: int) -> list[tuple[str, object]]:
+    """Every input that decides one split's reference log-probs, in order."""
+    info = manifest["splits"][split]
+    data = {"task": manifest["task"], "dtype": manifest["dtype"], "tokenizer": manifest["tokenizer"]["fingerprint"],
+            "shards": [[int(e["tokens"]), int(e["documents"]), {kind: f["sha256"] for kind, f in
+                                                                sorted(e["files"].items())}] for e in info["shards"]]}
+    return [("kind", KIND), ("data", data), ("model", model),
+            ("samples", {"seq_len": cfg.data.seq_len, "pad_id": pad_id, "precision": cfg.train.precision})]
 
 
-def attach(streams: dict[str, object], directory: Path, reference: Callable, micro: int, device) -> list[str]:
-    """Give every PreferenceSamples of `streams` ({"<source>-<split>": samples}) its reference log-probs: read from
-    `directory`, or computed now (collectively) and written there. Returns what was computed."""
+def attach(streams: dict[str, tuple[object, list]], cache: Path, reference: Callable, micro: int, device,
+           trust_others: bool = False) -> list[str]:
+    """Give every PreferenceSamples of `streams` ({"<source>-<split>": (samples, inputs)}) its reference log-probs:
+    read from its cache entry, or computed now (collectively) and cached. Returns the names computed."""
     computed = []
-    for name, samples in streams.items():
-        path = directory / f"{name}.npy"
-        exists = torch.tensor([float(path.is_file())], device=device)
-        if dist.is_initialized():  # every rank decides the same (a forward under ZeRO-3 is collective)
-            dist.all_reduce(exists, op=dist.ReduceOp.MIN)
-        if not bool(exists.item()):
+    for name, (samples, inputs) in streams.items():
+        entry = cache / KIND / keys.digest(inputs)
+        if not on_every_rank(os.path.lexists(entry), device):  # every rank decides the same: forwards are collective
             values = compute(samples, reference, micro, device)
-            if ranks.rank() == 0:
-                write_npy(path, values)
-            ranks.barrier()
+            rank0_only(lambda: entries.fill(entry, lambda tmp: write_entry(tmp, values, keys.canonical(inputs))))
             computed.append(name)
-        samples.reference = np.load(path)
-        if samples.reference.shape != (len(samples), 2):
-            raise RuntimeError(f"{path}: holds {samples.reference.shape} values for {len(samples)} pairs; delete it "
-                               f"(it is recomputed)")
+        samples.reference = read_entry(entry, keys.canonical(inputs), len(samples), trust_others)
     return computed
+
+
+def on_every_rank(flag: bool, device) -> bool:
+    value = torch.tensor([float(flag)], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def write_entry(directory: Path, values: np.ndarray, canonical_inputs: str) -> None:
+    entries.write_array(directory / VALUES, values)
+    entries.record_inputs(directory, canonical_inputs)
+
+
+def read_entry(entry: Path, canonical_inputs: str, pairs: int, trust_others: bool) -> np.ndarray:
+    """The entry's values, checked by the cache's rules on every rank; any rank's problem is every rank's error."""
+    values, problems = None, entries.entry_problems(entry, trust_others)
+    if not problems:
+        problems = entries.inputs_problems(entry, canonical_inputs, trust_others)
+    if not problems:
+        try:
+            values = entries.read_array(entry / VALUES, np.float64, (pairs, 2), trust_others)
+        except CacheError as err:
+            problems = [str(err)]
+    problems = shared_problems(problems)
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems)
+        raise CacheError(f"the cached reference log-probs {entry} cannot be used:\n{listed}\ndelete {entry} (it is "
+                         f"computed again by the next run), or use a data.cache_dir of your own")
+    return values
 
 
 @torch.no_grad()
@@ -94,13 +124,3 @@ def compute(samples, reference: Callable, micro: int, device) -> np.ndarray:
             take = max(0, min(micro, total - start))
             out[start:start + take] = values[:take].cpu().numpy()
     return out
-
-
-def write_npy(path: Path, values: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        np.save(handle, values)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

@@ -208,13 +208,17 @@ def precompute_reference(engine, cfg: Config, rank: int, data) -> None:
     """The reference's log-probs of every pair (train and eval), read from data.cache_dir or computed now by the
     adapter-disabled base (LoRA) or a temporary frozen engine, freed before training."""
     from ..data import shards
+    from ..data.prepare import cache_dir
     from . import reference_logps
     from .preference import adapter_disabled, reference_engine
-    streams = {f"{name}-train": source.samples for name, source in
-               ((s.name, s) for s in data.train.sources)}
-    streams.update({f"{stream.sources[0].name}-eval": stream.sources[0].samples for stream in data.eval})
-    manifests = [shards.read_manifest(s.samples.split.stems[0].parent.parent) for s in data.train.sources]
-    directory = reference_logps.store_dir(cfg, manifests)
+    cache = cache_dir(cfg.data)
+    model = reference_logps.identity_of_model(cfg, cache)
+    streams = {}
+    for name, samples in [(f"{s.name}-train", s.samples) for s in data.train.sources] + \
+            [(f"{stream.sources[0].name}-eval", stream.sources[0].samples) for stream in data.eval]:
+        split_dir = samples.split.stems[0].parent  # <prepared>/<split>/00000
+        manifest = shards.read_manifest(split_dir.parent)
+        streams[name] = (samples, reference_logps.split_inputs(manifest, split_dir.name, model, cfg, samples.pad_id))
     if cfg.model.lora.enabled:
         reference, frozen = adapter_disabled(engine), None
     else:
@@ -222,12 +226,13 @@ def precompute_reference(engine, cfg: Config, rank: int, data) -> None:
         reference = lambda ids, mask: frozen(input_ids=ids, attention_mask=mask).logits  # noqa: E731
     engine.eval()
     try:
-        computed = reference_logps.attach(streams, directory, reference, cfg.train.micro_batch_size, engine.device)
+        computed = reference_logps.attach(streams, cache, reference, cfg.train.micro_batch_size, engine.device,
+                                          cfg.data.trust_shared_cache)
     finally:
         engine.train()
         del frozen
     print0(f"preference: reference log-probs {'computed for ' + ', '.join(computed) if computed else 'read'} "
-           f"({directory})", rank=rank)
+           f"({cache / reference_logps.KIND})", rank=rank)
 
 
 def engine_config(cfg: Config, universal: bool) -> dict:

@@ -1,7 +1,7 @@
-"""What a local source is, by content: the SHA-256 of each of its files, remembered by stat so that a source
-is read once, not at every start.
+"""What a local file tree is, by content: the SHA-256 of each of its files, remembered by stat so that a source
+or a model's weights are read once, not at every start (nor by every rank).
 
-The cache key of prepared data (`prepare.prepared_path`) is derived from these hashes. Names, sizes and mtimes
+The cache keys (trainer/cache: prepared data, reference log-probs) are derived from these hashes. Names, sizes and mtimes
 (the key before) keep a key through an edit whose mtime was put back (`touch -r`), so a run trained on the stale
 cache. Reading a source at every start would cost about 1 s per GB (1.1-1.3 GB/s of SHA-256 on one core of
 the development machine, scripts/bench_verify.py), so each file's hash is remembered with the stat fields that
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .records import DataError
+from .errors import CacheError
 
 CHUNK = 8 << 20
 SETTLED_NS = 1_000_000_000  # a ctime this old cannot be shared with a write still to come
@@ -53,7 +53,7 @@ def content_hashes(root: Path, files: dict[str, Path], cache_dir: Path) -> dict[
     for name, file in files.items():
         st = file.stat()
         if not stat.S_ISREG(st.st_mode):  # reading a FIFO would wait for a writer forever
-            raise DataError(f"{file}: not a regular file (a FIFO, a device or a socket); give a data file")
+            raise CacheError(f"{file}: not a regular file (a FIFO, a device or a socket); give a data file")
         before = stat_key(st)
         entry = remembered.get(name)
         if entry is not None and entry[:4] == before:
