@@ -7,9 +7,11 @@ times out or fails (`run_group`, `stop_tree`; tests/processes.py). While a launc
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,27 @@ def new_port() -> int:
 # count against its timeout (and a build stopped by a timeout would start over in the next launch).
 SUITE_OPS = ("deepspeed_shm_comm", "fused_adam", "cpu_adam", "async_io")
 _ops_ready = False
+
+
+@contextlib.contextmanager
+def one_rank_process_group():
+    """A one-rank gloo process group in this process, as DeepSpeed's in-process users (its config parser, a one-rank
+    engine) need; one that another test left up is used as it is."""
+    import deepspeed.comm as ds_comm
+    import torch.distributed as td
+    if td.is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    ds_comm.init_distributed(dist_backend="gloo", dist_init_required=False, verbose=False)
+    assert ds_comm.is_initialized()
+    try:
+        yield
+    finally:
+        ds_comm.destroy_process_group()
 
 
 def ensure_ops_built() -> None:
