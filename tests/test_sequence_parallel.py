@@ -20,10 +20,13 @@ STEPS = 10
 SAVE_AT = 5
 COMMON = TINY + [f"train.max_steps={STEPS}", "train.eval_every=5", "train.save_every=0"]
 SFT = ["data.task=sft", "data.source=data/tiny/sft.jsonl"]
+# Ulysses drops the attention mask, so under SP with sdpa packed documents attend across one another (the trainer
+# warns; only flash-attn with micro-batch 1 keeps them apart there): the one-rank reference attends across them too
+SHARED_DOCUMENTS = ["data.cross_document_attention=true"]
 RUNS = {
     "pretrain_z2": STAGES["z2"],
     "pretrain_z3": STAGES["z3"],
-    "sft_packed_z2": STAGES["z2"] + SFT,
+    "sft_packed_z2": STAGES["z2"] + SFT + SHARED_DOCUMENTS,
     "sft_padded_z3": STAGES["z3"] + SFT + ["data.packing=false"],
 }
 

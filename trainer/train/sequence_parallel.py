@@ -185,9 +185,10 @@ def model_inputs(engine, batch: dict, sp: int) -> tuple[dict, torch.Tensor, torc
     """(the model's inputs for this rank, its labels shifted by one, the count of predicted tokens of the whole
     micro-batch). Under sequence parallelism this rank's slice of the sequence (module docstring)."""
     shift_labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # before sharding, as DeepSpeed's adapter
-    if sp == 1:
-        inputs = {key: value for key, value in batch.items() if key != "labels"}
-        return {**inputs, "use_cache": False}, shift_labels, _predicted(shift_labels)
+    if sp == 1:  # isolated documents for flash-attn: one row, the shifted labels laid out alike (forward_inputs)
+        inputs = forward_inputs(engine.module, {key: value for key, value in batch.items() if key != "labels"})
+        rows = inputs["input_ids"].shape[0]
+        return {**inputs, "use_cache": False}, shift_labels.reshape(rows, -1), _predicted(shift_labels)
     group = engine.get_sequence_parallel_group()
     batch = full_rows(batch, engine.train_micro_batch_size_per_gpu())
     check_right_padded(batch.get("attention_mask"))
