@@ -7,6 +7,7 @@ times out or fails (`run_group`, `stop_tree`; tests/processes.py). While a launc
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -47,6 +48,25 @@ def suite_ops() -> tuple[str, ...]:
     import torch
     on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") == "cuda"
     return GPU_SUITE_OPS if on_gpu else CPU_SUITE_OPS
+
+
+@contextlib.contextmanager
+def one_rank_process_group():
+    """A one-rank gloo process group in this process, as DeepSpeed's in-process users (its config parser, a one-rank
+    engine) need; one that another test left up is used as it is."""
+    import deepspeed.comm as ds_comm
+    import torch.distributed as td
+    if td.is_initialized():
+        yield
+        return
+    port = take_port()
+    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    ds_comm.init_distributed(dist_backend="gloo", dist_init_required=False, verbose=False)
+    assert ds_comm.is_initialized()
+    try:
+        yield
+    finally:
+        ds_comm.destroy_process_group()
 
 
 def ensure_ops_built() -> None:

@@ -173,6 +173,16 @@ CASES = {
         ["model.family=mixtral", "model.num_experts=4", "model.tiled_mlp=4"],
         ["model.tiled_mlp=4 with the MoE model mixtral", "set model.tiled_mlp=0"],
         ["model.tiled_mlp=0"]),
+    "cross_document_attention_applies": Case(
+        [*PREFERENCE, "data.cross_document_attention=false"],
+        ["data.cross_document_attention=False with data.task=preference", "preference pairs are never packed",
+         "remove the setting"],
+        ["data.cross_document_attention=null"]),
+    "cross_document_attention_on_unpacked_sft": Case(
+        ["data.task=sft", f"data.source={ROOT / 'data' / 'tiny' / 'sft.jsonl'}", "data.packing=false",
+         "data.cross_document_attention=true"],
+        ["data.cross_document_attention=True with data.task=sft", "data.packing=false puts one document in each"],
+        ["data.packing=true"], where="rules.cross_document_attention_applies"),
     "preference_settings": Case(
         ["preference.beta=0.5"],
         ["preference.beta set, but data.task=pretrain", "set data.task=preference or remove it"],

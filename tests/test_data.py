@@ -55,7 +55,24 @@ def rows(stream: Stream) -> list[dict]:
 
 
 def real_tokens(row: dict) -> list[int]:
-    return [t for t, m in zip(row["input_ids"], row.get("attention_mask", [1] * len(row["input_ids"]))) if m]
+    return [t for t, m in zip(row["input_ids"], real_mask(row)) if m]
+
+
+def real_mask(row: dict) -> list[int]:
+    """1 for a document's token, 0 for padding: the attention mask, or for isolated documents (position ids that
+    restart, no mask) everything before the padding segment (the last one, all one token with no label)."""
+    if "attention_mask" in row:
+        return row["attention_mask"]
+    if "position_ids" not in row:
+        return [1] * len(row["input_ids"])
+    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0]
+    tail = starts[-1]
+    padding = len(starts) > 1 and len(set(row["input_ids"][tail:])) == 1 and set(row["labels"][tail:]) == {IGNORE_INDEX}
+    return [1] * tail + [0] * (len(row["input_ids"]) - tail) if padding else [1] * len(row["input_ids"])
+
+
+def document_starts(row: dict) -> list[int]:
+    return [i for i, p in enumerate(row["position_ids"]) if p == 0]
 
 
 def label_runs(labels: list[int]) -> list[list[int]]:
@@ -268,12 +285,15 @@ def test_sft_packing_keeps_every_real_token_exactly_once(tokenizer):
     unpacked_rows, packed_rows = rows(unpacked.train), rows(packed.train)
     stream = [t for row in unpacked_rows for t in real_tokens(row)]
     assert [t for row in packed_rows for t in real_tokens(row)] == stream
-    labels = [lab for row in unpacked_rows for lab, m in zip(row["labels"], row["attention_mask"]) if m]
-    assert [lab for row in packed_rows for lab, m in zip(row["labels"], row["attention_mask"]) if m] == labels
+    # a packed document's first label is IGNORE_INDEX (no token of its own precedes it); alone, nothing used it
+    labels = [IGNORE_INDEX if i == 0 else lab for row in unpacked_rows
+              for i, (lab, m) in enumerate(zip(row["labels"], row["attention_mask"])) if m]
+    assert [lab for row in packed_rows for lab, m in zip(row["labels"], real_mask(row)) if m] == labels
     for row in packed_rows:  # whole samples only: each block starts with BOS and ends with EOS
         tokens = real_tokens(row)
         assert tokens[0] == tokenizer.bos_token_id and tokens[-1] == tokenizer.eos_token_id
-        assert row["attention_mask"] == sorted(row["attention_mask"], reverse=True)
+        assert "attention_mask" not in row  # transformers separates the documents by their position ids
+        assert all(row["input_ids"][start] == tokenizer.bos_token_id for start in document_starts(row)[:-1])
     stats = packed.stats["train"]
     assert stats["tokens"] == len(stream) and stats["sequences"] == len(packed.train)
     assert stats["packing_efficiency"] == pytest.approx(len(stream) / (len(packed.train) * 96))

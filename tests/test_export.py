@@ -9,7 +9,6 @@ divides the batch by. One process, one rank: no launcher, nothing trains.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from distributed import one_rank_process_group
 from trainer import ds as dsc
 from trainer.__main__ import main
 from trainer.presets import PRESET_DIR, load_preset
@@ -44,20 +44,9 @@ def deepspeed_world(resolved) -> int:
 
 @pytest.fixture(scope="module")
 def DeepSpeedConfig():
-    import torch.distributed as td
-    import deepspeed.comm as ds_comm
     from deepspeed.runtime.config import DeepSpeedConfig as parser
-    if td.is_initialized():  # some other test left a group: use it
+    with one_rank_process_group():
         yield parser
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    ds_comm.init_distributed(dist_backend="gloo", dist_init_required=False, verbose=False)
-    assert ds_comm.is_initialized()
-    yield parser
-    ds_comm.destroy_process_group()
 
 
 def parse(DeepSpeedConfig, ds: dict, world: int):

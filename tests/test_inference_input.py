@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from trainer.__main__ import main
 
@@ -66,8 +67,98 @@ def test_tp_other_than_the_world_size(capsys, tiny_models):
 
 
 def test_kernel_injection_on_cpu(capsys, tiny_models):
-    message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "--kernel-inject")
+    message = refused(capsys, "generate", "--model", str(tiny_models["three_heads"]), "--prompt", "Hi",
+                      "--kernel-inject")
     assert "--kernel-inject" in message and "CUDA only" in message
+
+
+def config_only(root, family: str, heads: int, kv_heads: int, **fields):
+    """A model directory with config.json and the tokenizer but no weights: a refusal must come before any load."""
+    from transformers import AutoConfig, AutoTokenizer
+    config = AutoConfig.for_model(family, hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                                  num_key_value_heads=kv_heads, intermediate_size=96, vocab_size=1024,
+                                  max_position_embeddings=64, **fields)
+    path = root / f"{family}_{heads}_{kv_heads}"
+    config.save_pretrained(path)
+    AutoTokenizer.from_pretrained("data/tiny/tokenizer").save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family, kv_heads, says", [
+    ("llama", 2, ["4 attention heads and 2 key/value heads", "DS_LLAMAContainer", "never sets the kernel's num_kv"]),
+    ("mistral", 4, ["no kernel-injection policy for model_type 'mistral'", "MistralDecoderLayer"]),
+    ("qwen2", 2, ["no kernel-injection policy for model_type 'qwen2'", "Qwen2DecoderLayer"]),
+])
+def test_kernel_injection_refuses_what_deepspeed_cannot_serve_before_loading(capsys, tmp_path, family, kv_heads,
+                                                                              says):
+    """A GQA Llama (the HF Llama container never sets num_kv: strided_copy asserts at load) and families without a
+    DeepSpeed policy (injection would do nothing) are named errors from the config alone: no weights exist here."""
+    model = config_only(tmp_path, family, 4, kv_heads)
+    message = refused(capsys, "generate", "--model", str(model), "--prompt", "Hi", "--kernel-inject")
+    assert all(fragment in message for fragment in says), message
+    assert "--tp N (DeepSpeed AutoTP" in message and "leave --kernel-inject out" in message
+
+
+def test_every_shipped_family_is_judged_as_deepspeeds_own_policies_judge_it():
+    """For each family the trainer ships (dense and MoE), MHA and GQA: injection is allowed exactly when one of
+    DeepSpeed's replace_policies owns the family's decoder layer class and, with fewer key/value heads, its
+    container sets num_kv. DeepSpeed 0.19.8: only an MHA Llama."""
+    from deepspeed.module_inject.replace_policy import replace_policies
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.config import LLAMA_LIKE
+    from trainer.infer.injection import injection_problems
+    from trainer.moe import MOE_FAMILIES
+    owned = set()
+    for policy in replace_policies:
+        policy(None)
+        classes = policy._orig_layer_class
+        owned.update(classes if isinstance(classes, list) else [classes])
+    allowed = []
+    for family in (*LLAMA_LIKE, *MOE_FAMILIES):
+        for kv_heads in (4, 2):
+            config = AutoConfig.for_model(family, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                          num_key_value_heads=kv_heads, intermediate_size=96, vocab_size=128)
+            with torch.device("meta"):
+                layer_class = type(AutoModelForCausalLM.from_config(config).model.layers[0])
+            problems = injection_problems(config)
+            assert (not problems) == (layer_class in owned and kv_heads == 4), (family, kv_heads, problems)
+            if not problems:
+                allowed.append((family, kv_heads))
+    assert allowed == [("llama", 4)]
+
+
+def test_an_injected_layer_returns_the_hidden_states_transformers_expects():
+    """DeepSpeed's injected layer returns (output, presents) when a cache is asked for, (output, mask) otherwise;
+    transformers 5.24's decoder loop takes the return value as the next hidden states. Wrapped by
+    hold_layer_contract, layers returning such tuples generate exactly as the plain model (the kernel itself needs
+    CUDA: tests/test_gpu.py)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from trainer.infer.injection import TensorOutput, hold_layer_contract
+
+    class TupleLayer(LlamaDecoderLayer):  # DeepSpeedTransformerInference's return contract
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states, *args, **kwargs), None
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                         intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    plain = LlamaForCausalLM(config).eval()
+    injected = LlamaForCausalLM(config).eval()
+    injected.load_state_dict(plain.state_dict())
+    for index, layer in enumerate(injected.model.layers):
+        tupled = TupleLayer(config, index)
+        tupled.load_state_dict(layer.state_dict())
+        injected.model.layers[index] = tupled
+    prompt = torch.tensor([[5, 9, 13, 2]])
+    with pytest.raises(Exception):  # the contract broken: a tuple where a tensor must be
+        injected.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert hold_layer_contract(injected, TupleLayer) == 2
+    assert all(isinstance(layer, TensorOutput) for layer in injected.model.layers)
+    expected = plain.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(injected.generate(prompt, max_new_tokens=6, do_sample=False), expected)
 
 
 def test_fp16_on_cpu(capsys, tiny_models):

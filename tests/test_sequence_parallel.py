@@ -20,10 +20,13 @@ STEPS = 10
 SAVE_AT = 5
 COMMON = TINY + [f"train.max_steps={STEPS}", "train.eval_every=5", "train.save_every=0"]
 SFT = ["data.task=sft", "data.source=data/tiny/sft.jsonl"]
+# Ulysses drops the attention mask, so under SP with sdpa packed documents attend across one another (the trainer
+# warns; only flash-attn with micro-batch 1 keeps them apart there): the one-rank reference attends across them too
+SHARED_DOCUMENTS = ["data.cross_document_attention=true"]
 RUNS = {
     "pretrain_z2": STAGES["z2"],
     "pretrain_z3": STAGES["z3"],
-    "sft_packed_z2": STAGES["z2"] + SFT,
+    "sft_packed_z2": STAGES["z2"] + SFT + SHARED_DOCUMENTS,
     "sft_padded_z3": STAGES["z3"] + SFT + ["data.packing=false"],
 }
 
@@ -141,7 +144,7 @@ def test_tiled_logits_loss_gives_the_model_own_loss_on_one_rank(sp_runs):
 
 def test_tiled_logits_are_on_by_default_for_long_sequences_only():
     """"auto": on once one rank's share of a sequence has 2^30 logits (Llama-3's 128k vocabulary: 8,372 tokens),
-    a tile per GiB of the micro-batch's fp32 logits; off for short ones, with Liger and under fp16."""
+    a tile per GiB of the micro-batch's fp32 logits; off for short ones, where Liger's fused loss runs and under fp16."""
     from trainer.presets import load_preset
     from trainer.resolve import resolve
 
@@ -152,7 +155,11 @@ def test_tiled_logits_are_on_by_default_for_long_sequences_only():
     assert tiles("8b_128k_8xh100", "deepspeed.sequence_parallel_size=4", "train.micro_batch_size=1") == 16
     assert tiles("8b_128k_8xh100", "data.seq_len=65536") == 0  # 8,192 tokens per rank: below 2^30 logits
     assert tiles("8b_128k_8xh100", "model.tiled_logits=0") == 0  # asked off
-    assert tiles("8b_128k_8xh100", "model.liger=true") == 0  # Liger's fused cross-entropy already tiles
+    # Liger's fused cross-entropy avoids the logits only where it runs (trainer.loss_path): not on the shards'
+    # forwards of sequence parallelism, which have no labels
+    assert tiles("8b_128k_8xh100", "model.liger=true") == 8
+    assert tiles("8b_128k_8xh100", "model.liger=true", "deepspeed.sequence_parallel_size=1", "data.seq_len=16384") == 0
+    assert tiles("8b_128k_8xh100", "deepspeed.sequence_parallel_size=1", "data.seq_len=16384") > 1
     assert tiles("1b_pretrain_8xh100") == 0 and tiles("tiny_cpu") == 0
     # tied embeddings: a named error when asked (tests/rule_cases.py), so "auto" leaves it off
     assert tiles("8b_128k_8xh100", "model.tie_word_embeddings=true") == 0
@@ -195,8 +202,22 @@ def test_a_short_eval_batch_is_filled_with_rows_that_predict_nothing():
     assert batch["labels"].tolist() == [[5, 6, -100, -100]]  # the caller's batch is untouched
 
 
-def test_tiled_mlps_give_the_untiled_loss_and_gradients():
-    """model.tiled_mlp through DeepSpeed's TiledMLP on a real tiny Llama: same loss and gradients as untiled."""
+class SwiGLUWithoutActFn(torch.nn.Module):
+    """The shape of Liger's LigerSwiGLUMLP (liger_kernel/transformers/swiglu.py, v0.8.5): gate/up/down projections
+    and a fused SiLU-times-up function, no `act_fn` attribute (Liger's Triton kernel needs CUDA; this is its math)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+    def forward(self, x):
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize("mlp", ["transformers", "liger-shaped"])
+def test_tiled_mlps_give_the_untiled_loss_and_gradients(mlp):
+    """model.tiled_mlp through DeepSpeed's TiledMLP on a real tiny Llama: same loss and gradients as untiled, with
+    transformers' LlamaMLP and with an MLP shaped as Liger's (model.liger=true), which has no act_fn."""
     from transformers import AutoModelForCausalLM
 
     from trainer.model import hf_config
@@ -207,6 +228,9 @@ def test_tiled_mlps_give_the_untiled_loss_and_gradients():
     plain = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
     tiled = AutoModelForCausalLM.from_config(hf_config(cfg.model, "sdpa"))
     tiled.load_state_dict(plain.state_dict())
+    if mlp == "liger-shaped":
+        for layer in tiled.model.layers:
+            layer.mlp = SwiGLUWithoutActFn(layer.mlp)
     assert tile_mlps(tiled, 4) == cfg.model.num_layers
     hidden = torch.randn(1, 8, cfg.model.hidden_size, requires_grad=True)
     assert "TiledMLP" in type(tiled.model.layers[0].mlp(hidden).grad_fn).__name__  # DeepSpeed's function runs it

@@ -150,6 +150,10 @@ class DataConfig:
         "Share of records (documents) held out for eval when eval_source is None.", 0.05, kind=FRACTION)
     seq_len: int = doc("Tokens per training sequence.", 2048, kind=SEQUENCE_TOKENS)
     packing: bool = doc("Concatenate samples into full seq_len blocks (always on for pretrain).", True)
+    cross_document_attention: Optional[bool] = doc(
+        "Let a token attend to earlier documents of its packed sequence; off = each document attends only to itself "
+        "(position ids restart, block-diagonal attention). None = auto: on for pretrain (a window of the token "
+        "stream, as GPT and Megatron train), off for packed SFT; not with preference data or unpacked SFT.", None)
     truncate: bool = doc("Cut records longer than seq_len; when off such records are an error. Preference pairs: "
                          "the prompt is cut from the left first (down to half of seq_len), then both responses "
                          "from the right; a prompt of seq_len tokens or more is always an error.", False)

@@ -90,6 +90,7 @@ def build_model(cfg: Config, rank: int, tokens: int = 0) -> tuple[torch.nn.Modul
         model = AutoModelForCausalLM.from_config(hf_config(model_cfg, attention))
         init_weights_by_name(model, cfg.train.seed, model_cfg.init_std, rank)
     model.config.use_cache = False  # a KV cache is useless in training and costs time every forward
+    scope_liger_loss(model, dsc.zero_stage(ds))
     mark_zero3_leaves(model, cfg)
     if model_cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model, ds)
@@ -222,28 +223,68 @@ def checkpoint_offload_in_use(cfg) -> str:
     return f"; activation checkpoints in host memory (DeepSpeed cpu_checkpointing) {where}"
 
 
-def maybe_apply_liger(model_cfg: ModelConfig, zero_stage: int = 0) -> None:
-    """Liger's fused kernels patch transformers' Llama modules; CUDA + liger-kernel only.
+def maybe_apply_liger(model_cfg: ModelConfig, zero_stage: int = 0) -> bool:
+    """Liger's fused kernels patch transformers' modules of model.family; CUDA + liger-kernel only. Returns whether
+    they were applied (trainer.loss_path then decides the loss path from it).
 
-    Under ZeRO-3 the fused linear cross-entropy is replaced by Liger's plain cross-entropy: the fused loss reads
-    `lm_head.weight` by attribute inside the model's forward without calling `lm_head`, so ZeRO-3's gather hook
-    never fires and the kernel gets an empty shard (the crash trl fixed for its own Liger losses, PR #5891).
-    The planner counts the full logits then (trainer.plan.memory.logits_bytes)."""
+    Under ZeRO-3 Liger's fused linear cross-entropy is not patched in: it reads `lm_head.weight` by attribute inside
+    the model's forward without calling `lm_head`, so ZeRO-3's gather hook would not fire and the kernel would get an
+    empty shard (the crash trl fixed for its own Liger losses, PR #5891); whether DeepSpeed 0.19.8's forward gathers
+    such a weight anyway is for the GPU check to say. The model computes its loss on full logits then, with Liger's
+    cross-entropy set on that model alone (`liger_loss_function`, by `scope_liger_loss`), never through Liger's
+    `cross_entropy=True`, which replaces torch.nn.functional.cross_entropy for the whole process (the sequence-parallel
+    and tiled losses and evaluation included). The planner counts the full logits there (trainer.loss_path)."""
     if not model_cfg.liger:
-        return
+        return False
     if not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None:
         log.warning("model.liger is on but Liger needs CUDA and the liger-kernel package; running without it")
-        return
+        return False
     from liger_kernel.transformers import monkey_patch
     apply = getattr(monkey_patch, f"apply_liger_kernel_to_{model_cfg.family}", None)
     if apply is None:
         log.warning("Liger has no kernels for model family %r; running without it", model_cfg.family)
-        return
+        return False
     fused = zero_stage != 3
     if not fused:
-        log.warning("model.liger under ZeRO-3: Liger's cross-entropy instead of its fused linear cross-entropy, "
-                    "which cannot gather the ZeRO-3 partitioned lm_head weight; the full logits are materialised")
-    apply(fused_linear_cross_entropy=fused, cross_entropy=not fused)
+        log.warning("model.liger under ZeRO-3: Liger's cross-entropy on this model's full logits instead of its fused "
+                    "linear cross-entropy, which cannot gather the ZeRO-3 partitioned lm_head weight")
+    apply(fused_linear_cross_entropy=fused, cross_entropy=False)
+    return True
+
+
+def scope_liger_loss(model: torch.nn.Module, zero_stage: int) -> None:
+    """Under ZeRO-3 with Liger applied: this model's own loss (transformers' loss_function, set on the instance) uses
+    Liger's cross-entropy; nothing else in the process changes."""
+    if zero_stage == 3 and liger_applied(model):
+        from liger_kernel.transformers.functional import liger_cross_entropy
+        model.loss_function = liger_loss_function(liger_cross_entropy)
+
+
+def liger_loss_function(cross_entropy):
+    """transformers' causal-LM loss (ForCausalLMLoss: fp32 logits, labels shifted by one, a mean over predicted tokens
+    or a sum over num_items_in_batch) computed by `cross_entropy` (Liger's, on a GPU)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    def loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
+             shift_labels=None, **kwargs):
+        if shift_labels is None:
+            shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        flat_logits, flat_labels = logits.float().reshape(-1, vocab_size), shift_labels.reshape(-1).to(logits.device)
+        if num_items_in_batch is None:
+            return cross_entropy(flat_logits, flat_labels, ignore_index=ignore_index, reduction="mean")
+        return cross_entropy(flat_logits, flat_labels, ignore_index=ignore_index, reduction="sum") / num_items_in_batch
+    loss.__doc__ = ForCausalLMLoss.__doc__
+    return loss
+
+
+def liger_applied(model: torch.nn.Module) -> bool:
+    """Whether Liger's kernels replaced some of `model`'s modules (maybe_apply_liger succeeded before it was built)."""
+    return any(type(m).__name__.startswith("Liger") for m in model.modules())
+
+
+def attention_in_use(model: torch.nn.Module) -> str:
+    """The attention implementation transformers dispatches `model` (an engine, PEFT wrapper or plain model) to."""
+    return getattr(getattr(unwrap(model), "config", None), "_attn_implementation", None) or "eager"
 
 
 def apply_lora(model, model_cfg: ModelConfig):
@@ -281,12 +322,13 @@ def load_lora_merged(adapter_dir: str, dtype: torch.dtype, attention: str = "sdp
     return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
 
 
-def kernels_in_use(model: torch.nn.Module) -> str:
+def kernels_in_use(model: torch.nn.Module, loss_kernel: str = "") -> str:
     """What the model as built really runs, for the start-up log: the attention implementation transformers
-    dispatches to, and the Liger modules that replaced transformers' own (none when Liger fell back)."""
-    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    dispatches to, the Liger modules that replaced transformers' own (none when Liger fell back), and the loss kernel
+    of its training forward (trainer.loss_path.loss_kernel)."""
     liger = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Liger")})
-    return f"attention {attention}, liger {', '.join(liger) if liger else 'off'}"
+    loss = f", loss {loss_kernel}" if loss_kernel else ""
+    return f"attention {attention_in_use(model)}, liger {', '.join(liger) if liger else 'off'}{loss}"
 
 
 def zero3_leaves_in_use(model: torch.nn.Module) -> str:

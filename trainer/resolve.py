@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from . import ds as dsc
 from . import strict, text
+from .loss_path import fused_loss_possible
 from .config import AUTO, Config
 from .errors import ConfigError, closest, short
 from .hardware import GPUS
@@ -109,8 +110,17 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
     train = dataclasses.replace(cfg.train, micro_batch_size=batch.micro_batch_size, grad_accum=batch.grad_accum,
                                 global_batch_size=batch.global_batch_size)
     model = dataclasses.replace(cfg.model, tiled_logits=tiled_logits(cfg, batch, ds))
-    resolved = dataclasses.replace(cfg, model=model, train=train, deepspeed=ds)
+    data = dataclasses.replace(cfg.data, cross_document_attention=cross_document_attention(cfg.data))
+    resolved = dataclasses.replace(cfg, model=model, data=data, train=train, deepspeed=ds)
     return Resolved(resolved, world, batch, notices(resolved, ds, world))
+
+
+def cross_document_attention(data) -> bool:
+    """data.cross_document_attention, "auto" (None) decided: pretraining windows cut through the token stream and
+    attend across it; packed SFT documents are separate conversations, each attending to itself."""
+    if data.cross_document_attention is not None:
+        return data.cross_document_attention
+    return data.task == "pretrain"
 
 
 LONG_SEQUENCE_LOGITS = 1 << 30  # logits of one rank's share of a sequence from which tiling is on by default
@@ -122,20 +132,22 @@ def tiled_logits(cfg: Config, batch: dsc.Batch, ds: dict) -> int:
     (seq_len / sequence_parallel_size tokens) x vocab_size >= 2^30 logits, 4 GiB in fp32. The loss side holds three
     such tensors (logits, log-softmax, gradient: 12 GiB there), more than the checkpointed activations of a whole
     8B model; below it tiling only adds a launch per tile. Then one tile per GiB of the micro-batch's logits. Off
-    where something else already avoids the whole logits (Liger's fused cross-entropy), where they are not the
+    where something else already avoids the whole logits (Liger's fused cross-entropy, where it runs), where they are not the
     model's own loss (preference tuning), and where tiling would be wrong (rules.tiled_logits_supported: fp16, tied
     embeddings)."""
     if cfg.model.tiled_logits is not None:
         return cfg.model.tiled_logits
     return auto_logits_tiles(cfg.model, cfg.data.seq_len, batch.sequence_parallel_size, batch.micro_batch_size,
-                             dsc.precision(ds), cfg.data.task)
+                             dsc.precision(ds), cfg.data.task, dsc.zero_stage(ds))
 
 
 def auto_logits_tiles(m, seq_len: int, sequence_parallel: int, micro_batch: int, precision: str,
-                      task: str = "pretrain") -> int:
+                      task: str = "pretrain", zero_stage: int = 0) -> int:
     """`tiled_logits`' "auto" for model config `m` at these sizes (also asked by the rehearsal, would the preset
-    tile?, and by the planner)."""
-    if m.liger or m.tie_word_embeddings or task == "preference" or precision == "fp16":
+    tile?, and by the planner). Liger avoids the logits only where its fused loss runs (trainer.loss_path: not under
+    ZeRO-3 or sequence parallelism), so only there does it keep the tiles off."""
+    fused = fused_loss_possible(task, m.liger, zero_stage, sequence_parallel)
+    if fused or m.tie_word_embeddings or task == "preference" or precision == "fp16":
         return 0
     per_sequence = seq_len // sequence_parallel * m.vocab_size
     if per_sequence < LONG_SEQUENCE_LOGITS:

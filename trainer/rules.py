@@ -36,6 +36,7 @@ says what it would do, which is why each is an error here.
 | sequence parallelism: no pipeline block, no sample_prompts | no Ulysses groups in the pipeline engine; generation unsharded |
 | model.tiled_logits not with fp16, tied embeddings or preference tuning | fp16: the LM head's gradient misses the loss scale; tied: reduced twice (ZeRO-1/2 assert) or partly lost (ZeRO-3); DPO: unused |
 | model.tiled_mlp only on dense families | (the trainer's own key) an MoE's fused experts are not tiled: nothing would be |
+| data.cross_document_attention only where documents share a sequence (pretrain, packed SFT) | (the trainer's own key) ignored |
 | preference.* only with data.task=preference; label_smoothing < 0.5, only with loss=sigmoid; reference=adapter needs LoRA; reference_offload needs a reference engine at ZeRO-3 | (the trainer's own keys) ignored, or refused only once the engines are built |
 """
 from __future__ import annotations
@@ -254,6 +255,18 @@ def tiled_mlp_has_dense_mlps(cfg: Config, ds: dict, world: int) -> list[str]:
     return []
 
 
+def cross_document_attention_applies(cfg: Config, ds: dict, world: int) -> list[str]:
+    """data.cross_document_attention is about documents sharing a packed sequence: preference pairs and unpacked SFT
+    have one document per sequence, so an explicit value there would be ignored."""
+    d = cfg.data
+    if d.cross_document_attention is None or (d.task == "pretrain" or (d.task == "sft" and d.packing)):
+        return []
+    where = "preference pairs are never packed" if d.task == "preference" else "data.packing=false puts one " \
+                                                                               "document in each sequence"
+    return [f"data.cross_document_attention={d.cross_document_attention} with data.task={d.task}: {where}, so "
+            f"there is no other document to attend to; remove the setting"]
+
+
 def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
     """The preference section's combinations that would be ignored, or refused only once the engines are built
     (train/preference.py reads these values; its reference kinds are 'auto' = adapter for LoRA, else engine)."""
@@ -351,6 +364,7 @@ RULES: list[Rule] = [
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
     sequence_parallel_supported, tiled_logits_supported, tiled_mlp_has_dense_mlps, preference_settings,
+    cross_document_attention_applies,
     lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3, expert_parallel_fits,
 ]
 

@@ -93,7 +93,8 @@ def checked_samples(found: Checked, split: str, cfg: DataConfig, tokenizer, sour
 
 def samples_of(split: shards.Split, cfg: DataConfig, tokenizer):
     if cfg.task == "pretrain":
-        return PretrainSamples(split, cfg.seq_len)
+        return PretrainSamples(split, cfg.seq_len, isolate_documents=cfg.cross_document_attention is False)
     if cfg.task == "preference":
         return PreferenceSamples(split, cfg.seq_len, tokenizer.pad_token_id)
-    return SftSamples(split, cfg.seq_len, cfg.packing, tokenizer.pad_token_id)
+    return SftSamples(split, cfg.seq_len, cfg.packing, tokenizer.pad_token_id,
+                      isolate_documents=not cfg.cross_document_attention)

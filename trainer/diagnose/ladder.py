@@ -27,6 +27,7 @@ from typing import Callable, Optional
 from .. import ds as dsc
 from .. import hardware
 from ..errors import UserError
+from ..loss_path import fused_loss_possible
 from ..plan.estimate import Estimate, gb, inputs_for_resolved
 from ..plan.inputs import sequence_parallel_sizes
 from ..resolve import LOGITS_TILE_BYTES, Resolved, alst_mlp_tiles
@@ -80,8 +81,9 @@ def long_sequence(r: Resolved) -> bool:
 def tiled_logits(r: Resolved) -> Optional[Proposal]:
     m, sp = r.config.model, dsc.sequence_parallel_size(r.ds)
     logits = 4 * r.config.data.seq_len // sp * r.batch.micro_batch_size * m.vocab_size  # fp32, one rank's share
+    fused = fused_loss_possible(r.config.data.task, m.liger, dsc.zero_stage(r.ds), sp)  # no logits to tile
     if not long_sequence(r) or (m.tiled_logits or 0) >= 2 or logits < LOGITS_TILE_BYTES or m.tie_word_embeddings \
-            or m.liger:
+            or fused:
         return None
     if dsc.precision(r.ds) == "fp16" or r.config.data.task == "preference":
         return None

@@ -35,6 +35,7 @@ from ..files import check_target, write_text_atomic
 from ..presets import load_preset
 from ..train.evaluation import EvalSet
 from ..train.evaluation import evaluate as evaluate_set
+from ..train.sequence_parallel import forward_inputs
 from .runner import DTYPES, start_runner
 from .session import Request, add_model_arguments, check_arguments, open_session
 from .source import architecture, load_model, resolve_source
@@ -85,7 +86,8 @@ def evaluate(args) -> int:
             report = score_preferences(args, request, session, cfg, reference, eval_set)
             report.update(pairs=sequences, reference=reference.described)
         else:
-            result = evaluate_set(lambda batch, counts: runner.module(**batch).loss, eval_set, runner.device)
+            result = evaluate_set(lambda batch, counts: runner.module(**forward_inputs(runner.module, batch)).loss,
+                                  eval_set, runner.device)
             report = {"eval_loss": result["eval_loss"], "eval_ppl": result["eval_ppl"],
                       "tokens": result["eval_tokens"], "sequences": sequences,
                       **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}

@@ -1,7 +1,8 @@
 """The model placed for inference on the ranks that are running:
 
   plain / TP      deepspeed.init_inference: tensor_parallel tp_size = the ranks (AutoTP), or tp 1 with every rank
-                  a replica that takes its share of the prompts; kernel injection on CUDA when asked
+                  a replica that takes its share of the prompts; kernel injection on CUDA when asked, for the
+                  models DeepSpeed's policies serve (injection.py: refused from the config, before any weight)
   ZeRO-Inference  deepspeed.initialize with ZeRO-3 and parameter offload to CPU or NVMe and no optimizer: the
                   weights live off the GPU and each layer is fetched when it runs, for models that do not fit;
                   every rank is a replica with its own prompts, and each forward is a collective
@@ -58,6 +59,8 @@ def check_request(hf_config, tp: int, dtype: str, kernel_inject: bool, zero: str
         fits = max(d for d in range(1, tp + 1) if heads % d == 0 and kv_heads % d == 0)
         raise UserError(f"--tp {tp}: the model has {heads} attention heads and {kv_heads} key/value heads, and "
                         f"AutoTP gives each rank whole heads: --tp must divide both (e.g. --tp {fits})")
+    if kernel_inject:
+        check_injection(hf_config)
     on = device_name()
     if kernel_inject and on != "cuda":
         raise UserError(f"--kernel-inject: DeepSpeed's kernel injection (replace_with_kernel_inject) runs on CUDA "
@@ -78,6 +81,15 @@ def check_request(hf_config, tp: int, dtype: str, kernel_inject: bool, zero: str
                         f"rank itself; use --tp 1")
 
 
+def check_injection(hf_config) -> None:
+    """--kernel-inject on a model DeepSpeed's kernel injection cannot serve is an error naming why (injection.py)."""
+    from .injection import ALTERNATIVE, injection_problems
+    problems = injection_problems(hf_config)
+    if problems:
+        raise UserError(f"--kernel-inject: DeepSpeed's kernel injection cannot serve this model: {'; '.join(problems)}"
+                        f"; {ALTERNATIVE}")
+
+
 def largest_layer(hf_config) -> int:
     """The most parameters one module owns (the planner's count): ZeRO-3's prefetch unit."""
     from ..plan.memory import largest_layer_params
@@ -90,6 +102,8 @@ def start_runner(load, hf_config, tp: int, dtype: str, kernel_inject: bool, zero
     """`load()` returns the model on CPU (complete weights); ZeRO-Inference of an HF directory loads it
     partitioned instead, through `load` under transformers' ZeRO-3 integration."""
     import deepspeed
+    if kernel_inject:  # every caller (generate, evaluate, scripts/bench_generate.py), before `load` reads a weight
+        check_injection(hf_config)
     world, rank = ranks.world_size(), ranks.rank()
     with quiet_stdout():
         if zero != "off":
@@ -105,6 +119,9 @@ def start_runner(load, hf_config, tp: int, dtype: str, kernel_inject: bool, zero
             return Runner(engine.module, engine.device, f"zero-{zero}", 1, rank, world, engine)
         model = load()
         engine = deepspeed.init_inference(model, config=dsc.init_inference_config(tp, dtype, kernel_inject))
+        if kernel_inject:
+            from .injection import hold_layer_contract
+            hold_layer_contract(engine.module)  # transformers 5.x takes a layer's return value as the hidden states
     device = next(engine.module.parameters()).device
     if tp > 1:
         return Runner(engine.module, device, "tp", tp, 0, 1, engine)

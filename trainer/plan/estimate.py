@@ -137,14 +137,14 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     attention = attention or m.attn_implementation  # 'auto' is counted as sdpa, the larger of the two
     sequences = micro_batch * inputs.sequences_per_sample  # a preference pair is two sequences
     if logits_tiles is None:
-        logits_tiles = planned_logits_tiles(inputs, sequences, precision)
+        logits_tiles = planned_logits_tiles(inputs, sequences, precision, stage)
     logits_tiles = even_tiles(inputs.seq_len // inputs.sp * sequences, logits_tiles) if logits_tiles >= 2 else 0
     if checkpoint_offload is None:
         checkpoint_offload = bool(inputs.checkpoint_offload)
     checkpoint_offload = checkpoint_offload and checkpointing
     activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
                                        inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles,
-                                       checkpoint_offload)
+                                       checkpoint_offload, forward="policy" if inputs.preference else "causal")
     bucket = reduce_bucket_size if reduce_bucket_size is not None else m.hidden_size * m.hidden_size
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))
@@ -171,10 +171,10 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
                     precompute_pass, mlp_tiles if mlp_tiles >= 2 else 0, logits_tiles, checkpoint_offload)
 
 
-def planned_logits_tiles(inputs: PlanInputs, sequences: int, precision: str) -> int:
+def planned_logits_tiles(inputs: PlanInputs, sequences: int, precision: str, stage: int = 0) -> int:
     """model.tiled_logits as the trainer's "auto" (resolve.auto_logits_tiles) turns it on for this plan's sizes."""
     task = "preference" if inputs.preference else "pretrain" if inputs.task == "pretrain" else "sft"
-    return auto_logits_tiles(inputs.model.config, inputs.seq_len, inputs.sp, sequences, precision, task)
+    return auto_logits_tiles(inputs.model.config, inputs.seq_len, inputs.sp, sequences, precision, task, stage)
 
 
 def planned_mlp_tiles(inputs: PlanInputs, micro_batch: int) -> int:
@@ -275,8 +275,10 @@ def inputs_for_resolved(resolved) -> PlanInputs:
                       nodes=hw.nodes, cpu_ram_gb=hw.cpu_ram_gb, nvme_gb=hw.nvme_gb, task=task,
                       seq_len=cfg.data.seq_len, lora=cfg.model.lora,
                       # under sequence parallelism the model gets no attention mask (Ulysses attends causally by
-                      # position: train/sequence_parallel.py model_inputs), so sdpa builds no (b, 1, s, s) mask
-                      padding_mask=cfg.data.task in ("sft", "preference") and sp == 1, reference=reference,
+                      # position: train/sequence_parallel.py model_inputs), so sdpa builds no (b, 1, s, s) mask;
+                      # isolated pretraining documents get one (transformers builds it from the position ids)
+                      padding_mask=(cfg.data.task in ("sft", "preference") or cfg.data.cross_document_attention is False)
+                      and sp == 1, reference=reference,
                       reference_offload=cfg.preference.reference_offload,
                       expert_parallel=dsc.autoep_size(cfg.deepspeed),
                       sequence_parallel=sp, checkpoint_offload=dsc.cpu_checkpointing(cfg.deepspeed))

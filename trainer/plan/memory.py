@@ -60,9 +60,11 @@ sdpa under a padding mask (SFT batches carry one): transformers 5.24's sdpa_atte
     mask into one in the model's dtype per layer, which the kernel saves: + e.b.s.s per layer. Both
     measured with saved_tensors_hooks on a CPU Llama (tests/test_memory.py). flash_attention_2 unpads
     instead: neither term. The planner counts 'auto' as sdpa (it cannot know flash-attn is installed).
-Liger (model.liger, `apply_liger_kernel_to_llama` defaults): the fused linear cross-entropy never builds
-    the s.b.V logits. Its forward (liger_kernel/ops/fused_linear_cross_entropy.py) computes the input and
-    LM-head gradients chunk by chunk and keeps them for backward: grad_input e.s.b.h + grad_weight
+Liger (model.liger, `apply_liger_kernel_to_llama` defaults): on the forwards where it runs (trainer.loss_path: a
+    training forward with labels, below ZeRO-3, without sequence parallelism or tiles; never the DPO policy or
+    reference, which are called without labels) the fused linear cross-entropy never builds the s.b.V logits. Its
+    forward (liger_kernel/ops/fused_linear_cross_entropy.py) computes the input and LM-head gradients chunk by
+    chunk and keeps them for backward: grad_input e.s.b.h + grad_weight
     e.V.h + fp32 per-token loss 4.s.b, with one logits chunk of C.V in flight (e), C = the next power of
     two of s.b / ceil(V / h). LigerRMSNorm saves its input and fp32 1/rms (no fp32 copy of the input):
     2e.h + 4 per token with its output; LigerSiLUMul saves gate and up and recomputes SiLU: 3 x e.s.b.I.
@@ -87,6 +89,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import LoraConfig, ModelConfig
+from ..loss_path import FUSED, TILED, loss_path
 
 
 GB = 1e9
@@ -332,6 +335,7 @@ class Activations:
     logits: int      # loss-side peak: fp32 logits, log-softmax output and its gradient
     total: int
     host: int = 0    # checkpoint offload: the checkpointed layer inputs held in (pinned) host memory, per GPU
+    loss_path: str = ""  # the training forward's loss path (trainer.loss_path) the logits term prices
 
 
 def rms_norm_bytes_per_token(hidden: int, e: int, liger: bool = False) -> int:
@@ -408,17 +412,19 @@ def liger_chunk_rows(tokens: int, m: ModelConfig) -> int:
 
 
 def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str = "bf16", stage: int = 0,
-                 tiles: int = 0) -> int:
-    """Loss-side peak: fp32 logits + fp32 log-softmax output + fp32 gradient; with Liger the fused linear
-    cross-entropy's saved input and LM-head gradients, fp32 losses and one logits chunk. Under ZeRO-3 the
-    trainer swaps the fused loss for Liger's plain cross-entropy (trainer.model.maybe_apply_liger: the fused
-    one cannot gather a partitioned lm_head), so the full logits are counted there. `tiles` >= 2 (DeepSpeed's
-    TiledFusedLogitsLoss, tiles that divide the tokens evenly: resolve.even_tiles): one tile's three fp32 tensors,
-    and the hidden states' gradient it fills tile by tile in forward and keeps for backward (e.s.b.h)."""
+                 tiles: int = 0, forward: str = "causal", sequence_parallel: int = 1) -> int:
+    """Loss-side peak of `forward` on the path trainer.loss_path decides (the one the trainer runs): fp32 logits +
+    fp32 log-softmax output + fp32 gradient; on Liger's fused path (model.liger, a training forward with labels,
+    below ZeRO-3, without sequence parallelism or tiles) the fused linear cross-entropy's saved input and LM-head
+    gradients, fp32 losses and one logits chunk; the DPO policy's forward has no labels, so Liger builds the full
+    logits there. `tiles` >= 2 (DeepSpeed's TiledFusedLogitsLoss, tiles that divide the tokens evenly:
+    resolve.even_tiles): one tile's three fp32 tensors, and the hidden states' gradient it fills tile by tile in
+    forward and keeps for backward (e.s.b.h). `seq_len` is one rank's share already."""
     tokens = seq_len * micro_batch
-    if tiles >= 2:
+    path = loss_path(forward, m.liger, stage, sequence_parallel, tiles)
+    if path == TILED:
         return bytes_per_element(precision) * tokens * m.hidden_size + 12 * (tokens // tiles) * m.vocab_size
-    if m.liger and stage != 3:
+    if path == FUSED:
         e = bytes_per_element(precision)
         return (e * tokens * m.hidden_size + e * m.vocab_size * m.hidden_size + 4 * tokens
                 + e * liger_chunk_rows(tokens, m) * m.vocab_size)
@@ -428,14 +434,15 @@ def logits_bytes(m: ModelConfig, seq_len: int, micro_batch: int, precision: str 
 def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointing: bool,
                      precision: str = "bf16", attention: str = "sdpa", padding_mask: bool = False,
                      stage: int = 0, sequence_parallel: int = 1, mlp_tiles: int = 0,
-                     logits_tiles: int = 0, checkpoint_offload: bool = False) -> Activations:
+                     logits_tiles: int = 0, checkpoint_offload: bool = False, forward: str = "causal") -> Activations:
     """Peak activation memory of one micro-batch on one rank, with or without full activation checkpointing;
     under sequence parallelism the rank holds seq_len / sp tokens of it (logits included). `mlp_tiles` >= 2
     (model.tiled_mlp, dense MLPs): no layer keeps its SwiGLU tensors, one tile of them exists at a time;
     `logits_tiles` >= 2 (model.tiled_logits, already even): one tile's logits (`logits_bytes`).
     `checkpoint_offload` (DeepSpeed's cpu_checkpointing, with checkpointing): its offload engine keeps the newest
     layer input on the GPU and the others in host memory until their backward, which brings one back at a time;
-    the GPU holds two inputs (the kept one, the one restored) instead of every layer's."""
+    the GPU holds two inputs (the kept one, the one restored) instead of every layer's. `forward`: "causal"
+    (pretraining, SFT) or "policy" (DPO), whose loss path (trainer.loss_path) the logits term follows."""
     e = bytes_per_element(precision)
     tokens = seq_len * micro_batch // sequence_parallel
     tiled_mlp = mlp_tiles >= 2 and not m.num_experts  # train.sequence_parallel.tile_mlps tiles gate/up/down MLPs
@@ -452,8 +459,10 @@ def activation_bytes(m: ModelConfig, seq_len: int, micro_batch: int, checkpointi
         layers = m.num_layers * one_layer
     if tiled_mlp:
         layers += mlp_tile_bytes(m, seq_len // sequence_parallel, micro_batch, mlp_tiles, precision)
-    logits = logits_bytes(m, seq_len // sequence_parallel, micro_batch, precision, stage, logits_tiles)
-    return Activations(layers + ends, logits, layers + ends + logits, host)
+    logits = logits_bytes(m, seq_len // sequence_parallel, micro_batch, precision, stage, logits_tiles, forward,
+                          sequence_parallel)
+    path = loss_path(forward, m.liger, stage, sequence_parallel, logits_tiles)
+    return Activations(layers + ends, logits, layers + ends + logits, host, path)
 
 
 def ulysses_all_to_all_bytes(m: ModelConfig, seq_len: int, micro_batch: int, sequence_parallel: int,

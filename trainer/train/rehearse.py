@@ -99,7 +99,8 @@ def kept_logits_tiling(cfg: Config, notices: list[str]):
     from ..resolve import auto_logits_tiles
     tiles = cfg.model.tiled_logits
     if tiles is not None or not auto_logits_tiles(cfg.model, cfg.data.seq_len, dsc.sequence_parallel_size(cfg.deepspeed),
-                                                  cfg.train.micro_batch_size, cfg.train.precision, cfg.data.task):
+                                                  cfg.train.micro_batch_size, cfg.train.precision, cfg.data.task,
+                                                  dsc.zero_stage(cfg.deepspeed)):
         return tiles
     notices.append("model.tiled_logits auto -> 2 (the preset's samples are long enough to tile their logits; the "
                    "rehearsal's are not, so it asks)")

@@ -160,8 +160,10 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     total_params, trainable_params = count_parameters(model)
     active = active_parameters(model, total_params)
     per_token = f", {active:,} active per token" if active != total_params else ""
-    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable{per_token}); {kernels_in_use(model)}"
+    print0(f"model: {total_params:,} parameters ({trainable_params:,} trainable{per_token}); "
+           f"{kernels_in_use(model, training_loss_kernel(cfg, model))}"
            f"{sequence_parallel.tiling_in_use(tiled, cfg.model)}{checkpoint_offload_in_use(cfg)}", rank=rank)
+    warn_documents_attend_across(cfg, model, rank)
     if zero3_leaves_in_use(model):
         print0(f"ZeRO-3 leaf modules (gathered whole, MoE routing cannot desynchronise the ranks): "
                f"{zero3_leaves_in_use(model)}", rank=rank)
@@ -185,6 +187,31 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     sampler = make_sampler(tokenizer, cfg.train.sample_prompts, cfg.train.sample_max_new_tokens)
     return Job(engine, tokenizer, train_batches, eval_set, active, sampler, RouterWatch.attach(model),
                objective_of(engine, cfg, rank, data))
+
+
+def training_loss_kernel(cfg: Config, model) -> str:
+    """The loss kernel of the training forward, on the path trainer.loss_path decides for this model as built."""
+    from .. import loss_path
+    from ..model import liger_applied
+    forward = "policy" if cfg.data.task == "preference" else "causal"
+    path = loss_path.loss_path(forward, liger_applied(model), dsc.zero_stage(cfg.deepspeed),
+                               dsc.sequence_parallel_size(cfg.deepspeed), cfg.model.tiled_logits or 0)
+    return loss_path.loss_kernel(path, liger_applied(model))
+
+
+def warn_documents_attend_across(cfg: Config, model, rank: int) -> None:
+    """Under sequence parallelism DeepSpeed's Ulysses attention drops the attention mask (ulysses_sp.py): isolated
+    documents stay apart only through flash-attn's position-id restarts in a one-sequence micro-batch; say so where
+    they would not."""
+    from ..model import attention_in_use
+    isolated = cfg.data.task != "preference" and cfg.data.cross_document_attention is False and (
+        cfg.data.task == "pretrain" or cfg.data.packing)
+    flash_row = attention_in_use(model) == "flash_attention_2" and cfg.train.micro_batch_size == 1
+    if isolated and dsc.sequence_parallel_size(cfg.deepspeed) > 1 and not flash_row:
+        print0(f"warning: data.cross_document_attention=false under sequence parallelism: position ids restart per "
+               f"document, but DeepSpeed's Ulysses attention drops the mask, so with {attention_in_use(model)} and "
+               f"micro-batch {cfg.train.micro_batch_size} packed documents attend to earlier ones in their sequence; "
+               f"flash_attention_2 with train.micro_batch_size=1 keeps them apart", rank=rank)
 
 
 def objective_of(engine, cfg: Config, rank: int, data):

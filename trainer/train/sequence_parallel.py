@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import ds as dsc
+from .. import loss_path
 from ..config import Config
 from ..errors import UserError
 from ..resolve import even_tiles
@@ -57,15 +58,15 @@ def register(model, cfg: Config):
 
 
 def tile_mlps(model, tiles: int) -> int:
-    """model.tiled_mlp: each MLP of `model` (gate/up/down projections, as Llama, Mistral and Qwen2 have) runs through
-    DeepSpeed's TiledMLP in `tiles` pieces along the sequence; returns how many MLPs were tiled. Rows of an MLP are
-    independent, so the result is the untiled one; TiledMLP tells ZeRO when a weight's gradient is whole."""
+    """model.tiled_mlp: each MLP of `model` (gate/up/down projections, as Llama, Mistral and Qwen2 have, with
+    transformers' or Liger's SwiGLU) runs through DeepSpeed's TiledMLP in `tiles` pieces along the sequence; returns
+    how many MLPs were tiled. Rows of an MLP are independent, so the result is the untiled one; TiledMLP tells ZeRO
+    when a weight's gradient is whole."""
     if tiles < 2:
         return 0
-    mlps = [m for m in model.modules() if all(hasattr(m, name) for name in ("gate_proj", "up_proj", "down_proj",
-                                                                             "act_fn"))]
-    for mlp in mlps:
-        mlp.forward = functools.partial(_tiled_mlp_forward, mlp, tiles)  # this instance only, not the class
+    mlps = [m for m in model.modules() if all(hasattr(m, name) for name in ("gate_proj", "up_proj", "down_proj"))]
+    for mlp in mlps:  # this instance only, not the class; tiles the forward it has now (Liger's if patched)
+        mlp.forward = functools.partial(_tiled_mlp_forward, mlp.forward, mlp, tiles)
     return len(mlps)
 
 
@@ -77,14 +78,11 @@ def tiling_in_use(tiled_mlps: int, model_cfg) -> str:
     return f"; tiled (DeepSpeed ALST): {', '.join(parts)}" if parts else ""
 
 
-def _tiled_mlp_forward(mlp, tiles: int, x: torch.Tensor) -> torch.Tensor:
+def _tiled_mlp_forward(untiled, mlp, tiles: int, x: torch.Tensor) -> torch.Tensor:
+    """`untiled` (the MLP's own forward: transformers' LlamaMLP, Liger's LigerSwiGLUMLP, ...) run by TiledMLP."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
     # no more tiles than tokens: TiledMLP marks a weight's gradient whole at its last tile, which must exist
-    return TiledMLP.apply(_mlp, mlp, x, min(tiles, x.shape[-2]), list(mlp.parameters()))
-
-
-def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
-    return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    return TiledMLP.apply(lambda _, shard: untiled(shard), mlp, x, min(tiles, x.shape[-2]), list(mlp.parameters()))
 
 
 def release() -> None:
@@ -121,14 +119,15 @@ def data_parallel_rank(engine) -> int:
 
 def loss_of(engine, batch: dict, logits_tiles: int = 0) -> torch.Tensor:
     """The micro-batch's mean loss over its predicted tokens, on every rank of a sequence-parallel group alike
-    (its gradient is this rank's share); without sequence parallelism or tiles, the model's own loss.
-    `logits_tiles` >= 2 (model.tiled_logits): the LM head and loss run in that many tiles (tiled_loss_sum)."""
-    sp = sequence_parallel_size(engine)
-    if sp == 1 and logits_tiles < 2:
-        return engine(**batch).loss
+    (its gradient is this rank's share), on the path trainer.loss_path decides (`causal_path`): the model's own loss
+    (with labels: Liger's fused loss where Liger is applied), tiled (`logits_tiles` >= 2, model.tiled_logits:
+    tiled_loss_sum) or on this rank's full logits (sequence parallelism)."""
+    sp, path = sequence_parallel_size(engine), causal_path(engine, logits_tiles)
+    if path in (loss_path.FUSED, loss_path.MODEL):
+        return engine(**forward_inputs(engine.module, batch)).loss
     inputs, shift_labels, predicted = model_inputs(engine, batch, sp)
     scale = gradient_scale(engine, sp)
-    if logits_tiles >= 2:  # dividing by predicted / scale: the tiles' in-forward gradients get the scale too
+    if path == loss_path.TILED:  # dividing by predicted / scale: the tiles' in-forward gradients get the scale too
         scaled = tiled_loss_sum(engine, inputs, shift_labels, logits_tiles, predicted / scale)
     else:
         logits = engine(**inputs).logits
@@ -139,6 +138,34 @@ def loss_of(engine, batch: dict, logits_tiles: int = 0) -> torch.Tensor:
     whole = scaled.detach() / scale
     dist.all_reduce(whole, group=engine.get_sequence_parallel_group())
     return scaled + (whole - scaled.detach())  # the value of the whole, the gradient of this rank's share x scale
+
+
+def causal_path(engine, logits_tiles: int) -> str:
+    """trainer.loss_path's decision for this engine's pretraining/SFT forward: Liger as really applied to its model,
+    its ZeRO stage and sequence-parallel size, the resolved tiles (what the planner decides from the config)."""
+    from ..model import liger_applied, unwrap
+    return loss_path.loss_path("causal", liger_applied(unwrap(engine)), engine.zero_optimization_stage(),
+                               sequence_parallel_size(engine), logits_tiles)
+
+
+def forward_inputs(model, batch: dict) -> dict:
+    """The model's keyword arguments for a data batch. Isolated documents (position ids, no attention mask:
+    data/samples.py) stay apart only if transformers 5.24 sees the position-id restarts: sdpa/eager/flex build their
+    block-diagonal mask from them only without a KV cache (masking_utils._preprocess_mask_arguments), so the cache is
+    off; flash-attn separates them only in a single row (modeling_flash_attention_utils._is_packed_sequence needs
+    batch size 1), so its rows are laid end to end (`as_one_row`; each document's first label is -100, so no token
+    predicts across a seam)."""
+    from ..model import attention_in_use
+    if "position_ids" not in batch or "attention_mask" in batch:
+        return batch
+    batch = {**batch, "use_cache": False}
+    return as_one_row(batch) if attention_in_use(model) == "flash_attention_2" else batch
+
+
+def as_one_row(batch: dict) -> dict:
+    """The rows of `batch` one after another in a single row."""
+    return {key: value.reshape(1, -1) if key in ("input_ids", "labels", "position_ids") else value
+            for key, value in batch.items()}
 
 
 def gradient_scale(engine, sp: int) -> int:
@@ -158,9 +185,10 @@ def model_inputs(engine, batch: dict, sp: int) -> tuple[dict, torch.Tensor, torc
     """(the model's inputs for this rank, its labels shifted by one, the count of predicted tokens of the whole
     micro-batch). Under sequence parallelism this rank's slice of the sequence (module docstring)."""
     shift_labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # before sharding, as DeepSpeed's adapter
-    if sp == 1:
-        inputs = {key: value for key, value in batch.items() if key != "labels"}
-        return {**inputs, "use_cache": False}, shift_labels, _predicted(shift_labels)
+    if sp == 1:  # isolated documents for flash-attn: one row, the shifted labels laid out alike (forward_inputs)
+        inputs = forward_inputs(engine.module, {key: value for key, value in batch.items() if key != "labels"})
+        rows = inputs["input_ids"].shape[0]
+        return {**inputs, "use_cache": False}, shift_labels.reshape(rows, -1), _predicted(shift_labels)
     group = engine.get_sequence_parallel_group()
     batch = full_rows(batch, engine.train_micro_batch_size_per_gpu())
     check_right_padded(batch.get("attention_mask"))
@@ -168,7 +196,9 @@ def model_inputs(engine, batch: dict, sp: int) -> tuple[dict, torch.Tensor, torc
     shift_labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
     input_ids = batch["input_ids"]
     rows, length = input_ids.shape
-    positions = torch.arange(length, device=input_ids.device).expand(rows, length)
+    positions = batch.get("position_ids")  # restarting per document where documents are isolated (data/samples.py)
+    if positions is None:
+        positions = torch.arange(length, device=input_ids.device).expand(rows, length)
     chunk = length // sp
     mine = slice(dist.get_rank(group) * chunk, (dist.get_rank(group) + 1) * chunk)
     inputs = {"input_ids": input_ids[:, mine], "position_ids": positions[:, mine], "use_cache": False}
