@@ -14,10 +14,10 @@ from trainer.resolve import resolve
 @pytest.mark.parametrize("command", [["show"], ["lint"], ["launch", "--dry-run"]])
 def test_light_commands_name_a_missing_source_and_an_unknown_template(command):
     proc = run_cli(command[0], "tiny_cpu", *command[1:], "--set", "data.source=/nope.jsonl",
-                   "--set", "data.chat_template=llama-3")
+                   "--set", "data.chat_template=llama-9")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "data.source: '/nope.jsonl': no such file or directory" in proc.stderr
-    assert "data.chat_template: 'llama-3' is neither a shipped template (chatml" in proc.stderr
+    assert "data.chat_template: 'llama-9' is neither a shipped template (chatml" in proc.stderr
     assert "launch: the command:" not in proc.stdout  # refused before anything is printed to run
 
 
