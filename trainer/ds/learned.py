@@ -113,7 +113,9 @@ def cache_dir() -> Path:
 
 def cache_path(ident: dict) -> Path:
     safe = "".join(c if c.isalnum() or c in "._+-" else "_" for c in ident["deepspeed"])
-    return cache_dir() / f"{safe}-{ident['digest']}.json"
+    # the schema in the name too: two trainer checkouts of different schemas (a branch and main) each keep theirs
+    # rather than relearning over each other's file at every command
+    return cache_dir() / f"{safe}-{ident['digest']}-s{ident['schema']}.json"
 
 
 # --- the facts ----------------------------------------------------------------------------------------------
