@@ -53,7 +53,7 @@ class Log:
     @classmethod
     def of(cls, raw: str) -> "Log":
         # \r\n (Windows), then a bare \r (a redrawn progress bar): each redraw is a line of its own
-        return cls(tuple(collapse_repeats(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n"))))
+        return cls(tuple(collapse_repeats(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n"))[0]))
 
     @property
     def text(self) -> str:
@@ -120,16 +120,17 @@ class Log:
 
 REPEAT_BLOCK_LINES = 64  # the longest block of lines whose back-to-back repeats are collapsed (a traceback per step)
 REPEAT_CANDIDATES = 4  # earlier occurrences of a line tried as the start of the block it repeats
-REPEATED = "[the {lines} above repeated {times:,} more time(s)]"
 
 
-def collapse_repeats(lines: list[str], longest: int = REPEAT_BLOCK_LINES) -> list[str]:
-    """`lines` with each block of up to `longest` lines that repeats back to back kept once, followed by a line
-    saying how often it repeated: a rank printing the same OOM line 200,000 times, or the same warning and
-    traceback every step, is read as one block. Every recogniser then reads each distinct block once, so the doctor
+def collapse_repeats(lines: list[str], longest: int = REPEAT_BLOCK_LINES) -> tuple[list[str], list[tuple]]:
+    """`lines` with each block of up to `longest` lines that repeats back to back kept once, and where repeats were
+    dropped, in order: (index in the result they followed, block length, times repeated). A rank printing the same
+    OOM line 200,000 times, or the same warning and traceback every step, is read as one block (no line is added:
+    a log that ends in repeated lines still ends in them). Every recogniser then reads each distinct block once, so the doctor
     is linear in the log (it was quadratic in repeated matching lines). Linear here too: a block is tried only at
     the distances to the line's last few occurrences, and the lines a repeat covers are skipped."""
     out: list[str] = []
+    dropped: list[tuple] = []
     seen: dict[str, deque] = {}  # line -> its latest indices in `lines`
     i = 0
     while i < len(lines):
@@ -144,11 +145,11 @@ def collapse_repeats(lines: list[str], longest: int = REPEAT_BLOCK_LINES) -> lis
                 seen[lines[j]] = occurrences = deque(maxlen=REPEAT_CANDIDATES)
             occurrences.append(j)
         if times:
-            out.append(REPEATED.format(lines=f"{period} lines" if period > 1 else "line", times=times))
+            dropped.append((len(out) - 1, period, times))
         else:
             out.append(lines[i])
         i += step
-    return out
+    return out, dropped
 
 
 def _repeat_period(lines: list[str], i: int, earlier, longest: int) -> int:
