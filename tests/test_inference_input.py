@@ -282,8 +282,8 @@ def test_a_run_directory_written_with_provenance_reads_back(tmp_path):
     resolved = resolve(load_preset("tiny_cpu", ["train.lr=0.002"]), 2)
     write_resolved_config(tmp_path, run_record(resolved))
     assert {"derived", "provenance"} <= set(yaml.safe_load((tmp_path / "config.resolved.yaml").read_text()))
-    config = run_config(tmp_path)
-    assert (config.name, config.train.lr) == ("tiny_cpu", 0.002)
+    config, world_size = run_config(tmp_path)
+    assert (config.name, config.train.lr, world_size) == ("tiny_cpu", 0.002, 2)
 
 
 # --- model and run directories that are not what they claim (issue: hardening round 2) ------------------------

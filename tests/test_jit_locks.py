@@ -6,6 +6,8 @@ a lock in a private TORCH_EXTENSIONS_DIR for the op DeepSpeed builds first on CP
 from __future__ import annotations
 
 import os
+import random
+import shlex
 import subprocess
 import sys
 import time
@@ -48,21 +50,67 @@ def test_a_lock_no_build_owns_is_stale_and_says_how_to_remove_it(tmp_path):
     (found,) = jit_locks.locks(tmp_path)
     assert found.stale and found.path == lock
     text = found.describe()
-    assert str(lock) in text and "22 min old" in text and f"rm -f '{lock}'" in text
+    assert str(lock) in text and "22 min old" in text and f"rm -f {shlex.quote(str(lock))}" in text
     young = plant(tmp_path, minutes_old=0.1, op="cpu_adam")  # a build that is only starting
     assert not jit_locks.Lock.at(young).stale
 
 
-def test_a_lock_a_running_build_owns_is_not_stale(tmp_path):
-    lock = plant(tmp_path, minutes_old=5)
-    builder = subprocess.Popen(["sleep", "60"], cwd=lock.parent)  # ninja and the compilers work in the op's dir
+HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); print('held', flush=True); time.sleep(60)"
+
+
+def test_a_lock_a_running_build_holds_is_not_stale_and_one_nobody_holds_is(tmp_path):
+    """The holder is the live process with the lock file open (torch's FileBaton keeps it open while it builds),
+    not a process that merely sits in the op's directory (a shell, an editor): an hour-old lock with only such a
+    process there is stale, and the same lock held is not; once the holder dies it is stale again."""
+    lock = plant(tmp_path, minutes_old=60)
+    bystander = subprocess.Popen(["sleep", "60"], cwd=lock.parent)
+    builder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
+        assert builder.stdout.readline().strip() == "held"
         found = jit_locks.Lock.at(lock)
-        assert found.builder == f"pid {builder.pid} (sleep)" and not found.stale
-        assert "is being built by" in found.describe() and "rm -f" not in found.describe()
-    finally:
+        assert found.builder == f"pid {builder.pid} (python{sys.version_info.major}.{sys.version_info.minor})" \
+            or found.builder.startswith(f"pid {builder.pid} ("), found.builder
+        assert not found.stale and "is being built by" in found.describe() and "rm -f" not in found.describe()
         builder.kill()
         builder.wait()
+        assert jit_locks.Lock.at(lock).stale  # the bystander in the directory does not make it a build
+    finally:
+        for process in (bystander, builder):
+            process.kill()
+            process.wait()
+
+
+HOSTILE_NAMES = ["'$(touch {canary})'", "a b", "x;touch {canary}", "`touch {canary}`", "it's", "$HOME", "-rf", "\\",
+                 "\"q\"", "é✓", "*", "a\tb"]
+
+
+def test_the_printed_removal_command_names_exactly_the_lock_whatever_the_op_directory_is_called(tmp_path):
+    """Drawn op directory names with shell syntax: the printed `rm -f` parses to the lock's path, and running it
+    removes that file and runs nothing else."""
+    rng = random.Random(38)
+    canary = tmp_path / "RAN"
+    for i in range(12):
+        name = "".join(rng.sample(HOSTILE_NAMES, rng.randint(1, 3))).format(canary=canary)
+        root = tmp_path / f"root{i}"
+        lock = plant(root, minutes_old=40, op=name)
+        text = jit_locks.Lock.at(lock).describe()
+        command = text.split("Remove it: ", 1)[1]
+        assert shlex.split(command) == ["rm", "-f", str(lock)], (name, command)
+        subprocess.run(["bash", "-c", command], check=True)
+        assert not lock.exists() and not canary.exists(), name
+
+
+def test_a_stale_lock_beside_a_built_op_is_removed_and_named(tmp_path, monkeypatch):
+    built = plant(tmp_path, minutes_old=30, op="cpu_adam")
+    (built.parent / "cpu_adam.so").write_bytes(b"")
+    unbuilt = plant(tmp_path, minutes_old=30, op="fused_adam")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    said: list[str] = []
+    monkeypatch.setattr(jit_locks.waits, "watch", lambda emit, probe: None)
+    jit_locks.check_and_watch(said.append)
+    assert not built.exists() and unbuilt.exists()
+    assert any("removed stale JIT lock" in s and "cpu_adam is already built" in s for s in said), said
+    assert any("stale JIT lock" in s and str(unbuilt) in s and "rm -f" in s for s in said), said
 
 
 # The first op each run loads: one training rank has no peer, so no comm op (trainer/distributed.py), and goes
@@ -98,7 +146,7 @@ def test_a_planted_lock_is_named_before_the_ops_load_and_while_the_rank_waits(ru
     named = [line for line in lines if str(lock) in line]
     assert named and "stale JIT lock" in named[0] and "22 min old" in named[0], lines[-5:]
     waits = [line for line in named if line.startswith("[rank 0] waiting")]
-    assert len(waits) >= 2 and all(f"rm -f '{lock}'" in line for line in waits)
+    assert len(waits) >= 2 and all(f"rm -f {shlex.quote(str(lock))}" in line for line in waits)
     # ... and the doctor reads that log
     d = diagnose(resolve(load_preset("tiny_cpu")), "".join(lines))
     assert d.failure == "jit_lock" and d.proposal.step == f"remove the stale lock: rm -f {lock}"

@@ -52,6 +52,9 @@ REFUSED = {  # flags after `launch tiny_cpu`: what the error names
     "ssh port without hosts": (["--ssh-port", "2222"], "--ssh-port without --hostfile"),
     "fabric name twice": (["--fabric", "{tmp}/dup.env"], "dup.env:3: NCCL_A is set again (first at"),
     "batch from a --set": (["--set", "deepspeed.train_batch_size=7"], "(from the --set items --set deepspeed.train"),
+    "slurm empty time limit": (["--launcher", "slurm", "--time", ""], "--time '': not a Slurm time"),
+    "node rank the deepspeed launcher ignores": (["--launcher", "deepspeed", "--node-rank", "1"],
+                                                 "--node-rank does nothing without"),
 }
 
 

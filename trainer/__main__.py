@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from . import numbers, paths
+from . import flag_needs, numbers, paths
 from .commands import COMMANDS, FIRST_READ, SUMMARY, listing, subparser_options
 from .errors import UserError
 
@@ -79,6 +79,9 @@ def run(argv: list[str]) -> int:
         clash = paths.check_distinct(command_parser, args)
         if clash:
             command_parser.error(clash)
+        useless = flag_needs.unmet(command_parser, args)
+        if useless:
+            command_parser.error("; ".join(useless))
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else 2
     try:

@@ -9,8 +9,12 @@ that needs the op waits on it for ever, printing nothing.
 So before DeepSpeed loads its ops the ranks look for lock files in the extensions directory
 (TORCH_EXTENSIONS_DIR: this environment's, trainer/jit_env.py, or the user's; else torch's default) that no running
 build owns, and name them; and while a rank waits on a lock, a watcher prints the file, its age and the
-removal command every 30 s (trainer/waits.py's watcher). A build is running when a process works in the op's
-directory (ninja and the compilers run there) - only then is the lock not stale.
+removal command every 30 s (trainer/waits.py's watcher). torch's builder holds the lock file open for as long as it
+builds (FileBaton keeps the descriptor of the file it created), so the lock's holder is the live process with that
+file open, read from /proc - not any process that happens to sit in the op's directory - and a lock no live process
+holds is stale. A stale lock beside an op that is already built is removed, and said: the build it guarded finished.
+The printed removal command is quoted by the one shell-quoting function (an op directory named `'$(...)'` stays a
+name when pasted).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import waits
+from .launch.shell import quote
 
 GRACE_S = 30.0  # a lock younger than this may be a build that is still writing its ninja file
 
@@ -40,17 +45,31 @@ def extensions_root() -> Path:
     return Path(get_default_build_root()) / tag
 
 
-def builder_in(directory: Path) -> Optional[str]:
-    """A process working in `directory` (a running build), as 'pid N (name)', or None. Reads /proc: only
-    processes of this user are visible, as are the builds that could own this user's lock."""
-    target = str(directory.resolve())
+def holder_of(lock: Path) -> Optional[str]:
+    """The live process holding `lock` open (the build that created it), as 'pid N (name)', or None. Reads /proc:
+    only processes of this user are visible, as are the builds that could own this user's lock."""
+    try:
+        target = str(lock.resolve())
+    except OSError:
+        return None
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if os.readlink(proc / "cwd") == target:
-                return f"pid {proc.name} ({(proc / 'comm').read_text().strip()})"
+            if _state(proc) == "Z" or not any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                continue
+            return f"pid {proc.name} ({(proc / 'comm').read_text().strip()})"
         except OSError:
             continue
     return None
+
+
+def builder_in(directory: Path) -> Optional[str]:
+    """The build of the op in `directory`: the holder of its lock, or None."""
+    return holder_of(directory / "lock")
+
+
+def _state(proc: Path) -> str:
+    """A process's state letter from /proc/PID/stat (Z: a zombie, whose descriptors are closed)."""
+    return (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
 
 
 @dataclass(frozen=True)
@@ -69,7 +88,7 @@ class Lock:
             age = time.time() - path.stat().st_mtime
         except OSError:
             return None  # removed meanwhile
-        return cls(path, max(0.0, age), builder_in(path.parent))
+        return cls(path, max(0.0, age), holder_of(path))
 
     def describe(self) -> str:
         op = self.path.parent.name
@@ -78,7 +97,27 @@ class Lock:
             return (f"JIT lock {self.path} ({_age(self.age_s)} old): {op} is being built by {self.builder} - the "
                     f"ranks wait until it finishes")
         return (f"stale JIT lock {self.path} ({_age(self.age_s)} old, no build running;{built} a killed build left "
-                f"it): every run that loads {op} waits on it for ever. Remove it: rm -f '{self.path}'")
+                f"it): every run that loads {op} waits on it for ever. Remove it: rm -f {quote(str(self.path))}")
+
+    @property
+    def built(self) -> bool:
+        return (self.path.parent / f"{self.path.parent.name}.so").exists()
+
+
+def removed_if_built(lock: Lock) -> Optional[str]:
+    """A stale lock beside a built op: removed (no process holds it, the op's .so is there, so the build it guarded
+    ended), and what was done; None when the op is not built or the lock could not be removed."""
+    if not lock.built:
+        return None
+    try:
+        lock.path.unlink()
+    except FileNotFoundError:
+        pass  # another rank removed it first
+    except OSError:
+        return None
+    op = lock.path.parent.name
+    return (f"removed stale JIT lock {lock.path} ({_age(lock.age_s)} old, no process holds it): {op} is already "
+            f"built, so the build that left it had finished; loading {op}")
 
 
 def _age(seconds: float) -> str:
@@ -137,6 +176,6 @@ def check_and_watch(emit: Callable[[str], None]) -> list[Lock]:
     except OSError:
         stale = []
     for lock in stale:
-        emit(lock.describe())
+        emit(removed_if_built(lock) or lock.describe())
     waits.watch(emit, _probe)
     return stale

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from . import numbers
+from .config import Config
 from .presets import blamed, load_preset, preset_path, with_overrides
 from .resolve import Resolved, resolve
 
@@ -24,13 +25,22 @@ def add_preset_arguments(parser: argparse.ArgumentParser, positional: bool = Tru
 
 
 def load_and_resolve(args) -> Resolved:
+    """The preset with its --set items, resolved for --world-size."""
+    return resolved_with_overrides(lambda overrides: load_preset(args.preset, overrides), args.overrides,
+                                   str(preset_path(args.preset)), args.world_size)
+
+
+def resolved_with_overrides(load: Callable[[list[str]], Config], overrides: list[str], source: str,
+                            world_size: Optional[int]) -> Resolved:
+    """The one way a command turns a config and its --set items into what it runs: `load(overrides)` resolved,
+    every problem blamed on the --set item or on `source` (a preset file, a run's saved config) it came from. So
+    `evaluate --set preference.beta=-1` is refused as `show` and `train` refuse it."""
     # DeepSpeed logs to stdout (e.g. "Setting accelerator to CPU" on import); keep stdout for the
     # YAML/JSON that `show` and `export -o -` print, so it can be piped into a file.
     with contextlib.redirect_stdout(sys.stderr):
-        config = load_preset(args.preset, args.overrides)
-        with blamed(str(preset_path(args.preset)), args.overrides,
-                    alone=lambda: resolve(load_preset(args.preset), args.world_size)):
-            return resolve_run(config, args.world_size)
+        config = load(overrides)
+        with blamed(source, overrides, alone=lambda: resolve(load([]), world_size)):
+            return resolve_run(config, world_size)
 
 
 def resolve_run(config, world_size: Optional[int] = None) -> Resolved:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,15 @@ from typing import Optional
 from .errors import UserError
 
 STDOUT = "-"
+# C0/C1 controls and the Unicode line separators (str.splitlines breaks at them too): none belongs in a name or path
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def control_characters(text: str) -> str:
+    """'' for one-line text, else what it holds: 'a newline (U+000A)'."""
+    found = sorted(set(CONTROL.findall(text)))
+    names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
+    return ", ".join(f"{names.get(c, 'a control character')} (U+{ord(c):04X})" for c in found)
 
 
 def what_is(path: str | Path) -> str:
@@ -75,6 +85,9 @@ class PathKind:
             raise UserError(f"{self.what}: empty; give a path")
         if "\0" in text:
             raise UserError(f"{self.what} {text!r}: a path cannot hold a NUL byte")
+        if self.role == "output" and CONTROL.search(text):  # `--out "x<newline>"` (a pasted line) made "x\n"
+            raise UserError(f"{self.what} {text!r} holds {control_characters(text)}: it would become part of the "
+                            f"name of what is written; remove it (a line pasted with its newline?)")
         if self.role == "input":
             self._check_input(text)
         elif self.want == "file":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
+import os
 from dataclasses import dataclass, field
 
 from . import ds as dsc
@@ -17,11 +17,10 @@ from .config import AUTO, Config
 from .errors import ConfigError, closest, short
 from .hardware import GPUS
 from .named_inputs import named_input_problems
+from .paths import CONTROL, control_characters
 from .redact import redact
 from .rules import check_rules, notices
 
-# C0/C1 controls and the Unicode line separators (str.splitlines breaks at them too): none belongs in a name or path
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -237,13 +236,6 @@ def same_source_names(sources) -> list[str]:
                             f"metrics, data stats and cached files are keyed by it: give each source its own name:")
         first.setdefault(name, i)
     return problems
-
-
-def control_characters(text: str) -> str:
-    """'' for one-line text, else what it holds: 'a newline (U+000A)'."""
-    found = sorted(set(CONTROL.findall(text)))
-    names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
-    return ", ".join(f"{names.get(c, 'a control character')} (U+{ord(c):04X})" for c in found)
 
 
 def control_character_problems(cfg: Config) -> list[str]:

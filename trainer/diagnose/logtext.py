@@ -7,6 +7,7 @@ rich-formatted tracebacks and exception messages wrapped over several lines.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -52,7 +53,7 @@ class Log:
     @classmethod
     def of(cls, raw: str) -> "Log":
         # \r\n (Windows), then a bare \r (a redrawn progress bar): each redraw is a line of its own
-        return cls(tuple(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")))
+        return cls(tuple(collapse_repeats(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n"))[0]))
 
     @property
     def text(self) -> str:
@@ -115,6 +116,51 @@ class Log:
         if index is not None:
             return self.line(index)
         return next((line.strip() for line in reversed(self.lines) if line.strip()), "")
+
+
+REPEAT_BLOCK_LINES = 64  # the longest block of lines whose back-to-back repeats are collapsed (a traceback per step)
+REPEAT_CANDIDATES = 4  # earlier occurrences of a line tried as the start of the block it repeats
+
+
+def collapse_repeats(lines: list[str], longest: int = REPEAT_BLOCK_LINES) -> tuple[list[str], list[tuple]]:
+    """`lines` with each block of up to `longest` lines that repeats back to back kept once, and where repeats were
+    dropped, in order: (index in the result they followed, block length, times repeated). A rank printing the same
+    OOM line 200,000 times, or the same warning and traceback every step, is read as one block (no line is added:
+    a log that ends in repeated lines still ends in them). Every recogniser then reads each distinct block once, so the doctor
+    is linear in the log (it was quadratic in repeated matching lines). Linear here too: a block is tried only at
+    the distances to the line's last few occurrences, and the lines a repeat covers are skipped."""
+    out: list[str] = []
+    dropped: list[tuple] = []
+    seen: dict[str, deque] = {}  # line -> its latest indices in `lines`
+    i = 0
+    while i < len(lines):
+        period = _repeat_period(lines, i, seen.get(lines[i], ()), longest)
+        times = 0
+        while period and lines[i + times * period:i + (times + 1) * period] == lines[i - period:i]:
+            times += 1
+        step = times * period or 1
+        for j in range(i, i + step):
+            occurrences = seen.get(lines[j])
+            if occurrences is None:
+                seen[lines[j]] = occurrences = deque(maxlen=REPEAT_CANDIDATES)
+            occurrences.append(j)
+        if times:
+            dropped.append((len(out) - 1, period, times))
+        else:
+            out.append(lines[i])
+        i += step
+    return out, dropped
+
+
+def _repeat_period(lines: list[str], i: int, earlier, longest: int) -> int:
+    """The length of the block ending just before `i` that `lines[i:]` starts repeating, else 0."""
+    for start in reversed(earlier):
+        period = i - start
+        # the block's last line first: most candidates fail there, without copying the block
+        if period <= longest and i + period <= len(lines) and lines[i + period - 1] == lines[i - 1] \
+                and lines[i:i + period] == lines[start:i]:
+            return period
+    return 0
 
 
 def bounded(line: str, limit: int = EVIDENCE_CHARS) -> str:

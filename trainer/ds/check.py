@@ -23,6 +23,7 @@ import sys
 
 from ..errors import closest, short
 from . import learned
+from ..config import AUTO
 from .keys import zero
 
 
@@ -35,8 +36,10 @@ def check_keys(ds: dict, typed: bool = True, live: bool | None = None) -> list[s
     """Unknown, removed and mistyped DeepSpeed keys, each named with its path and a fix.
 
     With typed=False (before "auto" is filled) DeepSpeed's models skip "auto" values, as DeepSpeed does.
-    live: check values with DeepSpeed's own models (default: when DeepSpeed is imported already)."""
+    live: check values with DeepSpeed's own models, and build the scheduler (default: when DeepSpeed is imported
+    already)."""
     known = learned.facts()
+    live = "deepspeed" in sys.modules if live is None else live
     top, removed_top = set(known["top_keys"]), known["removed_top"]
     dict_blocks = {block: set(keys) for block, keys in known["dict_blocks"].items()}
     problems = []
@@ -53,55 +56,48 @@ def check_keys(ds: dict, typed: bool = True, live: bool | None = None) -> list[s
                 if sub not in dict_blocks[key]:
                     problems.append(f"deepspeed.{key}.{sub}: not read by DeepSpeed (it would be silently ignored)"
                                     f"{closest(sub, dict_blocks[key])}{_renamed_hint(key, sub)}")
-            problems += _dict_block_types(key, value)
     for sub, message in known["removed_zero"].items():
         if isinstance(ds.get("zero_optimization"), dict) and sub in zero(ds):
             problems.append(f"deepspeed.zero_optimization.{sub}: {message}")
     problems += _non_finite(ds, "deepspeed")
-    problems += _check_pydantic_blocks(ds, known, typed, "deepspeed" in sys.modules if live is None else live)
+    problems += _value_types(ds, known["value_kinds"], typed)
+    problems += _check_pydantic_blocks(ds, known, typed, live)
     problems += _check_optimizer(ds, known["optimizers"])
-    problems += _check_scheduler(ds, known["schedulers"])
+    problems += _check_scheduler(ds, known["schedulers"], typed, live)
     return _dedupe(problems)  # a key reported above (removed, not a mapping) is not repeated less helpfully
 
 
-# Dict-parsed blocks whose parser reads each key as `param_dict.get("key", default)` with a literal default, in this
-# module of DeepSpeed: the default's type is the key's (DeepSpeed checks none of them; it reads a flag by truth)
-PARSERS_WITH_LITERAL_DEFAULTS = {"expert_parallel": "deepspeed.module_inject.auto_ep_config"}
+# What each kind of value read with dict.get (learned.value_kinds) accepts, and how a refusal says it
+KIND_TESTS = {
+    "bool": (lambda v: isinstance(v, bool), "must be true or false (DeepSpeed reads it by its truth: 'false' or "
+                                            "'no' would be true)"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "must be a whole number"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "must be a number"),
+    "str": (lambda v: isinstance(v, str), "must be a string"),
+    "mapping": (lambda v: isinstance(v, dict), "must be a mapping"),
+    "list": (lambda v: isinstance(v, list), "must be a list"),
+}
 
 
-def _dict_block_types(block: str, values: dict) -> list[str]:
-    """A true/false or whole-number key of a dict-parsed block given something else: DeepSpeed would take 'no' as
-    true and pass '8' on as a string."""
-    kinds = parser_default_kinds(block)
+def _value_types(ds: dict, kinds: dict[str, str], typed: bool) -> list[str]:
+    """Values DeepSpeed reads with dict.get, and so never checks, of another kind than its default's: 'maybe' for a
+    flag would be true, '8' for a count a string. null is DeepSpeed's own "not given" and passes; before "auto" is
+    filled (typed=False) so does "auto"."""
     problems = []
-    for key, value in values.items():
-        if kinds.get(key) is bool and not isinstance(value, bool):
-            problems.append(f"deepspeed.{block}.{key}: {short(value)} must be true or false (DeepSpeed reads it by "
-                            f"its truth: 'no' would be true)")
-        elif kinds.get(key) is int and (isinstance(value, bool) or not isinstance(value, int)):
-            problems.append(f"deepspeed.{block}.{key}: {short(value)} must be a whole number")
+    for path, value in leaf_and_block_paths(ds):
+        kind = kinds.get(path)
+        if kind and value is not None and not (value == AUTO and not typed) and not KIND_TESTS[kind][0](value):
+            problems.append(f"deepspeed.{path}: {short(value)} {KIND_TESTS[kind][1]}")
     return problems
 
 
-@functools.lru_cache(maxsize=None)
-def parser_default_kinds(block: str) -> dict[str, type]:
-    """key -> bool or int: the literal defaults of the block's parser, read from the installed DeepSpeed's source
-    (not imported); {} for a block not listed in PARSERS_WITH_LITERAL_DEFAULTS or a source that cannot be read."""
-    if block not in PARSERS_WITH_LITERAL_DEFAULTS:
-        return {}
-    try:
-        path = learned.module_file(learned.deepspeed_root(), PARSERS_WITH_LITERAL_DEFAULTS[block])
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    kinds = {}
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "param_dict"
-                and len(node.args) == 2 and all(isinstance(a, ast.Constant) for a in node.args)
-                and isinstance(node.args[1].value, int)):  # bool is an int: both kept, told apart below
-            kinds[node.args[0].value] = bool if isinstance(node.args[1].value, bool) else int
-    return kinds
+def leaf_and_block_paths(ds: dict, prefix: str = ""):
+    """(dotted path, value) of every key of a config, mappings included (a block may be typed as one)."""
+    for key, value in ds.items():
+        path = f"{prefix}{key}"
+        yield path, value
+        if isinstance(value, dict):
+            yield from leaf_and_block_paths(value, f"{path}.")
 
 
 def _renamed_hint(block: str, key: str) -> str:
@@ -263,7 +259,7 @@ def _check_optimizer(ds: dict, optimizers: list[str]) -> list[str]:
     return problems
 
 
-def _check_scheduler(ds: dict, schedulers: dict[str, list[str]]) -> list[str]:
+def _check_scheduler(ds: dict, schedulers: dict[str, dict[str, str | None]], typed: bool, live: bool) -> list[str]:
     sched = ds.get("scheduler")
     if sched is None:
         return []
@@ -276,5 +272,35 @@ def _check_scheduler(ds: dict, schedulers: dict[str, list[str]]) -> list[str]:
     accepted = set(schedulers[name])
     if not isinstance(sched.get("params", {}), dict):
         return [f"deepspeed.scheduler.params: expected a mapping of {name} parameters, got {sched['params']!r}"]
-    return [f"deepspeed.scheduler.params.{key}: not a {name} parameter{closest(key, accepted)}"
-            for key in (sched.get("params") or {}) if key not in accepted]
+    params = sched.get("params") or {}
+    problems = [f"deepspeed.scheduler.params.{key}: not a {name} parameter{closest(key, accepted)}"
+                for key in params if key not in accepted]
+    for key, value in params.items():
+        kind = schedulers[name].get(key)
+        if kind and value is not None and (typed or value != AUTO) and not _scheduler_value_fits(kind, value):
+            problems.append(f"deepspeed.scheduler.params.{key}: {short(value)} {KIND_TESTS[kind][1]} ({name}'s "
+                            f"{key})")
+    if live and typed and not problems:
+        problems += _construct_scheduler(name, params)
+    return problems
+
+
+def _scheduler_value_fits(kind: str, value) -> bool:
+    """A learning-rate or momentum bound may also be one value per parameter group (DeepSpeed's _format_param)."""
+    test = KIND_TESTS[kind][0]
+    return test(value) or (kind == "number" and isinstance(value, list) and bool(value) and all(map(test, value)))
+
+
+def _construct_scheduler(name: str, params: dict) -> list[str]:
+    """DeepSpeed's schedulers check their arguments when built (warmup_num_steps must be a positive integer,
+    cycle_first_step_size positive, ...), which the engine does only after the model and data are built. Where
+    DeepSpeed (so torch) is imported anyway, build the scheduler here, over a one-parameter optimizer, and report
+    what it refuses."""
+    import torch
+    from deepspeed.runtime import lr_schedules
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3, momentum=0.9)
+    try:
+        getattr(lr_schedules, name)(optimizer, **params)
+    except (ValueError, TypeError, AssertionError) as err:
+        return [f"deepspeed.scheduler.params: DeepSpeed's {name} refuses these parameters: {err}"]
+    return []

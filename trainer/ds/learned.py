@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-SCHEMA = 3  # bump when what is learned, or how, changes
+SCHEMA = 4  # bump when what is learned, or how, changes
 
 # Top-level blocks DeepSpeed parses with pydantic models (which also check types and ranges): block -> class
 BLOCK_MODELS = {
@@ -113,7 +113,9 @@ def cache_dir() -> Path:
 
 def cache_path(ident: dict) -> Path:
     safe = "".join(c if c.isalnum() or c in "._+-" else "_" for c in ident["deepspeed"])
-    return cache_dir() / f"{safe}-{ident['digest']}.json"
+    # the schema in the name too: two trainer checkouts of different schemas (a branch and main) each keep theirs
+    # rather than relearning over each other's file at every command
+    return cache_dir() / f"{safe}-{ident['digest']}-s{ident['schema']}.json"
 
 
 # --- the facts ----------------------------------------------------------------------------------------------
@@ -152,7 +154,7 @@ def read_cache(path: Path, ident: dict) -> dict | None:
 def _check_shape(data: dict) -> None:
     """Raise (TypeError, KeyError) unless `data` has every part, of the right kind, that check.py reads."""
     kinds = {"top_keys": list, "dict_blocks": dict, "removed_top": dict, "removed_zero": dict, "models": dict,
-             "blocks": dict, "optimizers": list, "schedulers": dict, "files": dict}
+             "blocks": dict, "optimizers": list, "schedulers": dict, "value_kinds": dict, "files": dict}
     for name, kind in kinds.items():
         if not isinstance(data[name], kind):
             raise TypeError(name)
@@ -220,7 +222,7 @@ def learn() -> dict:
     for block, path in BLOCK_MODELS.items():
         module, name = path.rsplit(".", 1)
         blocks[block] = model_spec(getattr(importlib.import_module(module), name), models)
-    top, dict_blocks = probe_dict_keys()
+    top, dict_blocks, defaults = probe_dict_keys()
     root = deepspeed_root()
     modules = {m["module"] for m in models.values()} | set(OTHER_MODULES)
     files = [str(module_file(root, m).relative_to(root)) for m in modules]
@@ -230,27 +232,88 @@ def learn() -> dict:
         "removed_top": dict(_REMOVED_TOP_LEVEL_CONFIG_KEYS), "removed_zero": dict(_REMOVED_ZERO_CONFIG_KEYS),
         "models": models, "blocks": blocks,
         "optimizers": list(DEEPSPEED_OPTIMIZERS),
-        "schedulers": {name: sorted(set(inspect.signature(getattr(lr_schedules, name).__init__).parameters)
-                                    - {"self", "optimizer", "last_batch_iteration"})
+        "value_kinds": value_kinds(defaults, set(BLOCK_MODELS)),
+        "schedulers": {name: scheduler_parameters(getattr(lr_schedules, name))
                        for name in lr_schedules.VALID_LR_SCHEDULES},
         "files": file_digests(root, files + key_files(root)),
     }
 
 
-def probe_dict_keys() -> tuple[set, dict]:
-    """Parse a config with DeepSpeedConfig and record which keys it looks up: (top-level keys, block -> keys)."""
+def probe_dict_keys() -> tuple[set, dict, dict]:
+    """Parse a config with DeepSpeedConfig and record which keys it looks up and the default it reads for each:
+    (top-level keys, block -> keys, key path -> default)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     from .probe import RecordingDict
     seen: set = set()
+    defaults: dict = {}
     # micro x accum without train_batch_size: valid at any world size, also inside a running job
     blocks = {b: dict(PROBE_BLOCKS.get(b, {})) for b in DICT_BLOCKS}
-    probe = RecordingDict({**blocks, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}, seen=seen)
+    probe = RecordingDict({**blocks, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}, seen=seen,
+                          defaults=defaults)
     with one_rank_process_group():
         DeepSpeedConfig(probe)
     top = {k[0] for k in seen if len(k) == 1}
     blocks = {b: {k[1] for k in seen if len(k) == 2 and k[0] == b} for b in DICT_BLOCKS}
-    return top, blocks
+    return top, blocks, defaults
+
+
+# Keys whose default is None (no type to learn from it), typed by what DeepSpeed's code then does with a value:
+# path -> (kind, where DeepSpeed 0.19.8 uses it). Only keys DeepSpeed uses as one type, and only that type.
+NONE_DEFAULT_KINDS = {
+    "steps_per_print": ("int", "engine.py: (global_steps + 1) % steps_per_print"),
+    "activation_checkpointing.number_checkpoints": ("int", "checkpointing.py: a count of layers"),
+    "flops_profiler.output_file": ("str", "profiler.py: open(output_file, 'w')"),
+}
+
+
+def value_kinds(defaults: dict, model_blocks: set) -> dict[str, str]:
+    """Dotted key path -> the kind of value DeepSpeed reads there ("bool", "int", "number", "str", "mapping",
+    "list"), from the default DeepSpeed's parser passes to `dict.get`: DeepSpeed checks none of these values itself,
+    so 'false' or 'maybe' for a flag is simply true to it. A default of None says nothing (see NONE_DEFAULT_KINDS),
+    nor does "auto" (DeepSpeed fills such a key itself and takes other types too); blocks read by pydantic models
+    are typed by their models, not here."""
+    kinds = {}
+    for path, default in defaults.items():
+        kind = None if len(path) == 1 and path[0] in model_blocks else _kind_of(default)
+        if kind:
+            kinds[".".join(map(str, path))] = kind
+    for path, (kind, _) in NONE_DEFAULT_KINDS.items():
+        if defaults.get(tuple(path.split(".")), "absent") is None:  # still read, and still without a default
+            kinds[path] = kind
+    return kinds
+
+
+def _kind_of(default) -> str | None:
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "number"
+    if isinstance(default, str):
+        return None if default == "auto" else "str"
+    if isinstance(default, dict):
+        return "mapping"
+    if isinstance(default, (list, tuple)):
+        return "list"
+    return None
+
+
+def scheduler_parameters(scheduler: type) -> dict[str, str | None]:
+    """A DeepSpeed scheduler's parameters (those a config gives) -> the kind of value it takes: from the literal
+    default, else the annotation (WarmupDecayLR's total_num_steps: int), else None (anything)."""
+    out = {}
+    for name, parameter in inspect.signature(scheduler.__init__).parameters.items():
+        if name in ("self", "optimizer", "last_batch_iteration"):
+            continue
+        kind = _kind_of(parameter.default) if parameter.default is not inspect.Parameter.empty else None
+        annotation = {"bool": bool, "int": int, "float": float, "str": str}.get(parameter.annotation,
+                                                                                parameter.annotation)
+        if kind is None and annotation in (bool, int, float, str):
+            kind = _kind_of(annotation())
+        out[name] = kind
+    return out
 
 
 @contextlib.contextmanager

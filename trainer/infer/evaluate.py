@@ -32,13 +32,14 @@ from .. import ranks
 from ..config import Config
 from ..errors import UserError
 from ..files import check_target, write_text_atomic
-from ..presets import load_preset
+from ..options import resolved_with_overrides
+from ..presets import load_preset, preset_path
 from ..train.evaluation import EvalSet
 from ..train.evaluation import evaluate as evaluate_set
 from ..train.sequence_parallel import forward_inputs
 from .runner import DTYPES, start_runner
 from .session import Request, add_model_arguments, check_arguments, open_session
-from .source import architecture, load_model, resolve_source
+from .source import ModelSource, architecture, load_model, resolve_source
 
 
 def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +68,7 @@ def evaluate(args) -> int:
     if args.output:
         check_target(args.output)
     request = check_arguments(args)
-    cfg = data_config(args, request.source.config, int(request.hf_config.max_position_embeddings))
+    cfg = data_config(args, request.source, int(request.hf_config.max_position_embeddings))
     preference = cfg.data.task == "preference"
     if args.reference is not None and not preference:
         raise UserError("--reference is the reference model of preference pairs; the data here is "
@@ -168,32 +169,55 @@ def reference_source(args, request: Request) -> ReferenceSource:
     return ReferenceSource(seeded_init, f"the run's starting weights: its seeded init (train.seed {seed})")
 
 
-def data_config(args, saved: Config | None, context: int) -> Config:
+def data_config(args, source: ModelSource, context: int) -> Config:
     """The config whose data section says what to evaluate: --preset's, else the run's or checkpoint's own;
-    --data replaces the data with all of SOURCE."""
+    --data replaces the data with all of SOURCE. Resolved as `show` and `train` resolve it (the --set items
+    through the same rules), for the ranks the config was resolved for."""
+    saved = source.config
     without_data = [flag for flag, value in (("--task", args.task), ("--seq-len", args.seq_len)) if value is not None]
     if without_data and not args.data:
         raise UserError(f"{' and '.join(without_data)} say how to read --data SOURCE, and no --data was given: the "
                         f"run's or preset's own data is read as it was trained; drop them, or change it with --set "
                         f"data.seq_len=N")
-    if args.preset:
-        cfg = load_preset(args.preset, args.set)
-    elif saved is None and not args.data:
+    if not args.preset and saved is None and not args.data:
         raise UserError(f"--model {args.model} carries no training config (a plain HF model): say what to evaluate "
                         f"with --data SOURCE or --preset NAME")
+    if args.preset:
+        where, world = str(preset_path(args.preset)), None
+
+        def load(overrides: list[str]) -> Config:
+            return with_data(args, load_preset(args.preset, overrides), True, context)
     else:
         from ..presets import apply_overrides, config_from_dict
-        where = "the run's config" if saved is not None else "--set"
-        cfg = config_from_dict(apply_overrides(dataclasses.asdict(saved or Config()), args.set), source=where)
-    if args.data:
-        seq_len = args.seq_len or (cfg.data.seq_len if saved or args.preset else min(2048, context))
-        data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
-                                   task=args.task or cfg.data.task, seq_len=seq_len)
-        cfg = dataclasses.replace(cfg, data=data)
+        base = dataclasses.asdict(saved or plain_model_config())
+        where, world = ("the run's config", source.world_size) if saved is not None else ("--set", None)
+
+        def load(overrides: list[str]) -> Config:
+            return with_data(args, config_from_dict(apply_overrides(base, overrides), source=where), saved is not None,
+                             context)
+    cfg = resolved_with_overrides(load, args.set, where, world).config
     if cfg.data.seq_len > context:
         raise UserError(f"data.seq_len={cfg.data.seq_len} is longer than the model's context ({context}); pass "
                         f"--seq-len {context} or less")
     return cfg
+
+
+def with_data(args, cfg: Config, configured: bool, context: int) -> Config:
+    """`cfg` with --data (and --task, --seq-len) as its data: all of SOURCE, evaluated."""
+    if not args.data:
+        return cfg
+    seq_len = args.seq_len or (cfg.data.seq_len if configured else min(2048, context))
+    data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
+                               task=args.task or cfg.data.task, seq_len=seq_len)
+    return dataclasses.replace(cfg, data=data)
+
+
+def plain_model_config() -> Config:
+    """What --set items change for a plain HF model, which carries no training config: the defaults, in fp32 (the
+    model is evaluated in --dtype, so train.precision asks nothing of the DeepSpeed section the defaults leave
+    empty)."""
+    cfg = Config()
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32"))
 
 
 def batch_size(args, cfg: Config) -> int:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import numbers, paths
+from ..flag_needs import needs
 from .. import ranks
 from ..data.prompts import Prompt, completion_ids, encode_left_padded, read_prompts, render
 from ..errors import UserError
@@ -61,8 +62,10 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens to generate at most (default 64)")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (the default without --temperature)")
     parser.add_argument("--temperature", type=numbers.TEMPERATURE, help="sample at this temperature (> 0)")
-    parser.add_argument("--top-p", type=numbers.PROBABILITY, default=1.0,
-                        help="nucleus sampling mass, with --temperature")
+    needs(parser.add_argument("--top-p", type=numbers.PROBABILITY, default=None,
+                              help="nucleus sampling mass, with --temperature (default 1.0: all of it)"),
+          "--temperature (greedy decoding takes the likeliest token, whatever the nucleus)",
+          lambda args: args.temperature is not None)
     parser.add_argument("--seed", type=numbers.SEED, default=0, help="sampling seed (the same on every rank)")
     parser.add_argument("--num-beams", type=numbers.COUNT, default=1, help="beam search is not supported (DeepSpeed)")
     parser.add_argument("--batch-size", type=numbers.COUNT, default=8, help="prompts per generate call on one rank")
@@ -89,11 +92,12 @@ def settings_from(args) -> Settings:
               (args.batch_size >= 1, f"--batch-size {args.batch_size} must be >= 1"),
               (args.temperature is None or args.temperature > 0, f"--temperature {args.temperature} must be > 0 "
                                                                  f"(use --greedy for deterministic decoding)"),
-              (0 < args.top_p <= 1, f"--top-p {args.top_p} must be in (0, 1]")]
+              (args.top_p is None or 0 < args.top_p <= 1, f"--top-p {args.top_p} must be in (0, 1]")]
     for ok, message in checks:
         if not ok:
             raise UserError(message)
-    return Settings(args.max_new_tokens, args.temperature is not None, args.temperature or 1.0, args.top_p,
+    return Settings(args.max_new_tokens, args.temperature is not None, args.temperature or 1.0,
+                    1.0 if args.top_p is None else args.top_p,
                     args.seed, args.batch_size, args.chat, args.ignore_eos, tuple(args.stop))
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import numbers, paths
+from ..flag_needs import needs
 from .. import ranks
 from ..distributed import end_distributed, start_distributed
 from ..errors import UserError
@@ -34,8 +35,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero-inference", choices=("auto", "off", "cpu", "nvme"), default="auto",
                         help="ZeRO-3 with the weights offloaded to CPU or NVMe, for models that do not fit; auto = "
                              "the planner's choice from the model, batch, context and free memory")
-    parser.add_argument("--nvme-path", type=paths.input_dir("NVMe directory"),
-                        help="directory on NVMe for --zero-inference nvme")
+    needs(parser.add_argument("--nvme-path", type=paths.input_dir("NVMe directory"),
+                              help="directory on NVMe for --zero-inference nvme (or auto, when it picks NVMe)"),
+          "--zero-inference nvme or auto (off and cpu never offload to NVMe)",
+          lambda args: args.zero_inference in ("nvme", "auto"))
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="let transformers run the model's and tokenizer's own Python code (auto_map, *.py); "
                              "off unless given here: a saved config cannot turn it on")

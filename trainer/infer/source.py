@@ -41,6 +41,7 @@ class ModelSource:
     path: str                       # the directory (or hub id) that is loaded
     described: str                  # one line for the log: what SRC was taken to be
     config: Optional[Config] = None  # the training config saved with a run or checkpoint
+    world_size: Optional[int] = None  # the ranks that config was resolved for (its record's derived.world_size)
     trust_remote_code: bool = False  # the user's --trust-remote-code (never a saved config's)
 
 
@@ -99,7 +100,7 @@ def run_source(run_dir: Path, flag: str = "--model") -> ModelSource:
     if exported and (newest is None or export_step(export) >= checkpoint_step(newest)):
         source = _resolve(str(export), flag)
         source.described = f"run {run_dir}: its HF export {export}"
-        source.config = run_config(run_dir)
+        source.config, source.world_size = run_config(run_dir)
         return source
     if newest is None:
         raise UserError(f"{flag} {run_dir}: the run has no HF export (hf/) and no complete checkpoint yet; "
@@ -107,12 +108,20 @@ def run_source(run_dir: Path, flag: str = "--model") -> ModelSource:
     return checkpoint_source(newest, f"run {run_dir}: its newest complete checkpoint {newest.name}")
 
 
-def run_config(run_dir: Path) -> Optional[Config]:
-    """The run's resolved config (config.resolved.yaml), for evaluating it with its own data settings."""
+def run_config(run_dir: Path) -> tuple[Optional[Config], Optional[int]]:
+    """The run's resolved config (config.resolved.yaml), for evaluating it with its own data settings, and the
+    world size it was resolved for."""
     path = run_dir / "config.resolved.yaml"
     if not path.exists():
-        return None
-    return _saved_config(read_yaml_mapping(path, "run's saved config"), path)
+        return None, None
+    raw = read_yaml_mapping(path, "run's saved config")
+    return _saved_config(raw, path), saved_world_size(raw)
+
+
+def saved_world_size(raw: dict) -> Optional[int]:
+    """The world size a saved record was resolved for (None in a record that does not say)."""
+    world = (raw.get("derived") or {}).get("world_size")
+    return world if isinstance(world, int) and not isinstance(world, bool) and world >= 1 else None
 
 
 # sections a saved record adds to the config: what resolution derived, and which code and stack produced the run
@@ -155,7 +164,7 @@ def checkpoint_source(path: Path, described: str) -> ModelSource:
     from ..distributed import comm_device
     checkpoint.verify(path, comm_device())
     _, saved = checkpoint.read_trainer_state(path)
-    return ModelSource("checkpoint", str(path), described, _saved_config(saved, path))
+    return ModelSource("checkpoint", str(path), described, _saved_config(saved, path), world_size=saved_world_size(saved))
 
 
 # --- loading --------------------------------------------------------------------------------------

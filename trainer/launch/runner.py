@@ -172,7 +172,7 @@ def run_slurm(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
     cfg = resolved.config
     run_dir = str(Path(cfg.train.output_dir).resolve())
     job = SlurmJob(nodes=topology.nodes, gpus_per_node=0 if cfg.hardware.gpu == "cpu" else topology.ranks_per_node,
-                   ranks_per_node=topology.ranks_per_node, time=args.time or "24:00:00",
+                   ranks_per_node=topology.ranks_per_node, time="24:00:00" if args.time is None else args.time,
                    grace_s=300 if args.signal_grace_s is None else args.signal_grace_s,
                    run_dir=run_dir, job_name=cfg.name or Path(args.preset).stem, partition=args.partition,
                    account=args.account,

@@ -24,7 +24,7 @@ import shlex
 from typing import Optional
 
 from ..errors import UserError
-from ..resolve import CONTROL, control_characters
+from ..paths import CONTROL, control_characters
 
 
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

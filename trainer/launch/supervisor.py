@@ -31,6 +31,7 @@ import time
 from typing import Optional
 
 from .. import numbers, shm_buffers
+from ..flag_needs import needs
 from ..errors import UserError
 from ..redact import redact_argv
 from .shell import join
@@ -45,7 +46,9 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc-per-node", type=numbers.RANKS_PER_NODE, default=None,
                         help="ranks on this node (default: the preset's hardware.gpus_per_node)")
     parser.add_argument("--nnodes", type=numbers.COUNT, default=None, help="nodes in the job (default: hardware.nodes)")
-    parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1")
+    needs(parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1"),
+          "a launcher started on each node (local or torchrun; deepspeed and slurm number the nodes themselves)",
+          lambda args: getattr(args, "launcher", None) in (None, "local", "torchrun"))
     parser.add_argument("--master-addr", default=None,
                         help="address of node 0 (local: default 127.0.0.1; deepspeed: the first host's `hostname -I`)")
     parser.add_argument("--master-port", type=numbers.PORT, default=None,

@@ -2,16 +2,14 @@
 preset: its world size resolved into the config, and the groups that must stay inside a node checked."""
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import dataclass
 from typing import Optional
 
 from .. import ds as dsc
 from ..errors import UserError
-from ..options import resolve_run
-from ..presets import blamed, load_preset, preset_path
-from ..resolve import Resolved, resolve
+from ..options import resolved_with_overrides
+from ..presets import load_preset, preset_path
+from ..resolve import Resolved
 from .hostfile import Hostfile, check_against_preset, read_hostfile
 
 
@@ -58,9 +56,9 @@ def resolve_for(args, config, topology: Topology) -> Resolved:
         raise UserError(f"--world-size {args.world_size} but the launch starts {topology.nodes} node(s) x "
                         f"{topology.ranks_per_node} rank(s) = {world}: leave --world-size out (launch sets it)")
     try:
-        alone = lambda: resolve(load_preset(args.preset), world)  # noqa: E731 (the preset without --set items)
-        with contextlib.redirect_stdout(sys.stderr), blamed(str(preset_path(args.preset)), args.overrides, alone):
-            resolved = resolve_run(config, world)
+        resolved = resolved_with_overrides(lambda overrides: config if overrides == args.overrides
+                                           else load_preset(args.preset, overrides),
+                                           args.overrides, str(preset_path(args.preset)), world)
     except UserError as err:
         source = (f"the hostfile {topology.hostfile.path}" if topology.hostfile
                   else "the launch flags / hardware section")

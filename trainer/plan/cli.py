@@ -7,6 +7,7 @@ import json
 import sys
 
 from .. import numbers, paths
+from ..flag_needs import needs
 from .. import ds as dsc
 from ..errors import ConfigError
 from ..files import check_target, finite_json, write_text_atomic
@@ -47,9 +48,11 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-parallel", type=numbers.COUNT, metavar="N",
                         help="MoE: DeepSpeed AutoEP group size, each GPU holding experts / N (default 1)")
     parser.add_argument("--no-activation-checkpointing", action="store_true", help="never plan checkpointing")
-    parser.add_argument("--checkpoint-offload", choices=("auto", "on", "off"), default="auto",
-                        help="checkpointed layer inputs in host memory (DeepSpeed cpu_checkpointing, ALST's checkpoint "
-                             "offload); auto (default): only when nothing fits without it")
+    needs(parser.add_argument("--checkpoint-offload", choices=("auto", "on", "off"), default="auto",
+                              help="checkpointed layer inputs in host memory (DeepSpeed cpu_checkpointing, ALST's "
+                                   "checkpoint offload); auto (default): only when nothing fits without it"),
+          "a training plan (--inference plans generation, which keeps no activation checkpoints)",
+          lambda args: not args.inference)
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
     parser.add_argument("-o", "--output", type=paths.output_file("DeepSpeed config"),
                         help="write the chosen DeepSpeed config (JSON) here")

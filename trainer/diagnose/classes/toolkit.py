@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ... import ds as dsc
+from ...launch.shell import quote
 from ..advice import TRAINER_DEEPSPEED, _nvme_to_cpu
 from ..findings import Diagnosis, Found, Proposal
 
@@ -229,7 +230,8 @@ def diagnose_jit_lock(f: Found) -> Diagnosis:
     d = Diagnosis("jit_lock", ("waiting on a JIT op build's lock file" if waiting else
                                "the run stopped while loading a JIT-built op (a stale lock file, or a build still "
                                "running)"), f.line)
-    pattern = lock or f"{root or '~/.cache/torch_extensions/<py>_<cuda>'}/*/lock"
+    # paths read from the log are pasted into a shell: quoted by the one quoting function (the glob left outside)
+    pattern = quote(lock) if lock else f"{quote(root) if root else '~/.cache/torch_extensions/<py>_<cuda>'}/*/lock"
     building = next(iter(f.log.all(BUILDING_NOW)), None)
     if building is not None and not f.log.has(STALE):
         d.proposal = Proposal(f"let the build that holds the lock finish ({building.group(1)})", [],
