@@ -152,7 +152,8 @@ def test_the_heartbeat_names_the_build_every_30_s_while_it_runs(tmp_path, monkey
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     op = jit_ops.op_load(shm_builder)
     op.directory.mkdir(parents=True)
-    worker = subprocess.Popen(["sleep", "30"], cwd=op.directory)  # ninja and the compilers work in the op's dir
+    with open(op.directory / "lock", "w") as lock:  # a build holds its lock file open (torch's FileBaton)
+        worker = subprocess.Popen(["sleep", "30"], cwd=op.directory, stdin=lock)
     expected = waits.duration(op.expected()[0])
     try:
         with waits.during(op.still) as build:

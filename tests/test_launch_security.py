@@ -30,7 +30,7 @@ from distributed import REPO, last_wins, new_port, read_metrics
 from loopback_ssh import install_if_missing, loopback_sshd
 from trainer.errors import UserError
 from trainer.launch.hostfile import parse_hostfile
-from trainer.launch.shell import ShellVariable, host_problem, join, quote
+from trainer.shell import ShellVariable, host_problem, join, quote
 from trainer.launch.slurm import SlurmJob, sbatch_script
 
 DS_RUNNER = pytest.importorskip("deepspeed.launcher.runner")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import waits
-from .launch.shell import quote
+from .shell import quote
 
 GRACE_S = 30.0  # a lock younger than this may be a build that is still writing its ninja file
 

@@ -207,8 +207,11 @@ def with_data(args, cfg: Config, configured: bool, context: int) -> Config:
     if not args.data:
         return cfg
     seq_len = args.seq_len or (cfg.data.seq_len if configured else min(2048, context))
-    data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data,
-                               task=args.task or cfg.data.task, seq_len=seq_len)
+    task = args.task or cfg.data.task
+    # a run's saved config holds its task's resolved packing choice; on data of another task it is decided again
+    cross = cfg.data.cross_document_attention if task == cfg.data.task else None
+    data = dataclasses.replace(cfg.data, source=args.data, sources=[], eval_source=args.data, task=task,
+                               seq_len=seq_len, cross_document_attention=cross)
     return dataclasses.replace(cfg, data=data)
 
 

@@ -34,7 +34,7 @@ from . import supervisor
 from .command import Rendezvous, train_argv
 from .fabric import Fabric, load_fabric, shipped_profiles
 from .record import print_command, record_launch, set_aside_for_a_fresh_launch
-from .shell import check_host
+from ..shell import check_host
 from .topology import Topology, resolve_for, topology_of
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from .. import ds as dsc
-from .shell import EnvAssignment, ShellVariable, join
+from ..shell import EnvAssignment, ShellVariable, join
 
 
 LAUNCHERS = ("deepspeed", "torchrun", "local")

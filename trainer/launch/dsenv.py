@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..files import read_text, write_text_atomic
 from ..redact import REDACTED, looks_secret
 from .fabric import NAME, Fabric, duplicate
-from .shell import export_value_problem
+from ..shell import export_value_problem
 
 
 MIN_REDACTED_LENGTH = 4  # shorter values are not searched for in the output: "1" would be redacted everywhere

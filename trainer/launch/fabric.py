@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..files import read_text
 from ..redact import looks_secret
-from .shell import export_value_problem
+from ..shell import export_value_problem
 
 
 PROFILE_DIR = Path(__file__).resolve().parent / "fabrics"

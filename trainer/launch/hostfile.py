@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..files import read_text
-from .shell import host_problem
+from ..shell import host_problem
 
 
 # DeepSpeed's own pattern (runner.py), then what may follow it here: nothing, or a comment

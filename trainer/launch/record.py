@@ -16,7 +16,7 @@ from ..resolve import Resolved
 from ..run_dir import set_aside_previous_run
 from .command import cpu_offloaded
 from .fabric import Fabric
-from .shell import EnvAssignment, join
+from ..shell import EnvAssignment, join
 from .topology import Topology
 
 

@@ -20,7 +20,7 @@ from .command import Rendezvous, cpu_offloaded, train_argv
 from .dsenv import EnvFile, deepspeed_env_file, start_redacted
 from .fabric import Fabric
 from .record import print_command, record_launch, script_path, set_aside_for_a_fresh_launch
-from .shell import export_value_problem, pdsh_word_problem
+from ..shell import export_value_problem, pdsh_word_problem
 from .signals import GUARD
 from .slurm import SlurmJob, sbatch_script
 from .topology import Topology

@@ -15,7 +15,7 @@ from typing import Optional
 
 from ..errors import UserError
 from .command import Rendezvous, train_argv
-from .shell import ShellVariable, export, join, quote, sbatch_token
+from ..shell import ShellVariable, export, join, quote, sbatch_token
 
 
 TIME = re.compile(r"(\d+-)?\d+(:\d{2}){0,2}")  # Slurm's formats: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]

@@ -34,7 +34,7 @@ from .. import numbers, shm_buffers
 from ..flag_needs import needs
 from ..errors import UserError
 from ..redact import redact_argv
-from .shell import join
+from ..shell import join
 from .signals import GUARD, LaunchSignals, hold, send
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ... import ds as dsc
-from ...launch.shell import quote
+from ...shell import quote
 from ..advice import TRAINER_DEEPSPEED, _nvme_to_cpu
 from ..findings import Diagnosis, Found, Proposal
 

@@ -23,8 +23,8 @@ import re
 import shlex
 from typing import Optional
 
-from ..errors import UserError
-from ..paths import CONTROL, control_characters
+from .errors import UserError
+from .paths import CONTROL, control_characters
 
 
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
