@@ -114,12 +114,18 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
     return Resolved(resolved, world, batch, notices(resolved, ds, world))
 
 
-def cross_document_attention(data) -> bool:
+def cross_document_attention(data):
     """data.cross_document_attention, "auto" (None) decided: pretraining windows cut through the token stream and
-    attend across it; packed SFT documents are separate conversations, each attending to itself."""
+    attend across it; packed SFT documents are separate conversations, each attending to itself. Where each sequence
+    holds one document (preference pairs, unpacked SFT) there is nothing to decide and it stays None: a resolved
+    config saved with a run is resolved again by evaluate and resume, and the rule refuses any value there."""
     if data.cross_document_attention is not None:
         return data.cross_document_attention
-    return data.task == "pretrain"
+    if data.task == "pretrain":
+        return True
+    if data.task == "sft" and data.packing:
+        return False
+    return None
 
 
 LONG_SEQUENCE_LOGITS = 1 << 30  # logits of one rank's share of a sequence from which tiling is on by default
