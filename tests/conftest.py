@@ -271,6 +271,28 @@ def pytest_configure(config):
         seed = int(os.environ.setdefault("TRAINER_TEST_ORDER_SEED", str(random.SystemRandom().randrange(10**6))))
     config._order_seed = seed
     processes.progress = _progress_printer(config)
+    if os.environ.get("TRAINER_TEST_PROCESS_LOG"):
+        _log_processes(os.environ["TRAINER_TEST_PROCESS_LOG"])
+
+
+def _log_processes(path: str) -> None:
+    """Measurement (docs/tests.md, "where the time goes"): every process a test starts, one JSON line when it ends -
+    the test, the command's first words, seconds alive. Each worker appends whole lines to the one file."""
+    import subprocess
+
+    class TimedPopen(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            self._started, self._test = time.monotonic(), os.environ.get("PYTEST_CURRENT_TEST", "")
+            self._words = [os.path.basename(str(w)) for w in ([args] if isinstance(args, (str, bytes)) else args)]
+            super().__init__(args, *rest, **kwargs)
+
+        def _handle_exitstatus(self, *args, **kwargs):
+            super()._handle_exitstatus(*args, **kwargs)
+            line = json.dumps({"test": self._test, "words": self._words[:8], "seconds": round(
+                time.monotonic() - self._started, 2), "code": self.returncode}) + "\n"
+            with open(path, "a") as log:
+                log.write(line)
+    subprocess.Popen = TimedPopen
 
 
 def _progress_printer(config):

@@ -60,14 +60,22 @@ def start(args: list[str], log) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def nodes(per_node_args, out_dir, tmp_path, timeout: int = 900) -> list[str]:
-    """Start one launch per "node" (node 1 first: node 0 hosts the rendezvous), wait for all; their outputs."""
+def nodes(per_node_args, out_dir, tmp_path, timeout: int = 300) -> list[str]:
+    """Start one launch per "node" (node 1 first: node 0 hosts the rendezvous), wait for all; their outputs. A run
+    here takes under a minute: past `timeout` (all nodes together) every node is stopped and the test fails with
+    what each node printed (a hang shows where each one was)."""
     procs, logs = [], []
     for node in reversed(range(len(per_node_args))):
         logs.insert(0, open(tmp_path / f"{out_dir.name}-node{node}.log", "w+"))
         procs.insert(0, start(per_node_args[node], logs[0]))
+    deadline = time.monotonic() + timeout
+    codes: list = [None] * len(procs)
     try:
-        codes = [p.wait(timeout=timeout) for p in procs]
+        while None in codes and time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if any(code not in (None, 0) for code in codes):
+                break  # one node failed: the others would wait for it at the next collective
+            time.sleep(0.2)
     finally:
         for p in procs:  # also after a normal exit: nothing a node's launch started outlives it
             stop_tree(p.pid)
@@ -77,8 +85,10 @@ def nodes(per_node_args, out_dir, tmp_path, timeout: int = 900) -> list[str]:
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    for node, (code, output) in enumerate(zip(codes, outputs)):
-        assert code == 0, f"node {node} failed ({code}):\n{output[-6000:]}"
+    if any(code != 0 for code in codes):
+        shown = {None: f"still running after {timeout} s or after another node failed: stopped"}
+        raise AssertionError("a node did not finish cleanly; what each node printed:\n" + "\n".join(
+            f"--- node {n}: {shown.get(c, f'exit {c}')}\n{o[-4000:]}" for n, (c, o) in enumerate(zip(codes, outputs))))
     return outputs
 
 

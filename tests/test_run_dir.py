@@ -3,6 +3,7 @@ run moves that whole run to previous/<time>/ (the training and a fresh `launch` 
 directory holding files but no run is refused with the flag to give; a resume touches nothing."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,11 +86,15 @@ def test_a_fresh_launch_sets_the_previous_run_aside_and_a_resuming_one_does_not(
     resumed = launch()
     assert resumed.returncode == 0, resumed.stderr
     assert not (run / PREVIOUS).exists() and (run / "hf" / "model.safetensors").read_bytes() == b"first run's weights"
+    # Both launches may start within one second, so their records can be equal byte for byte: tell the first apart
+    first_record = json.loads((run / "launch.json").read_text())
+    (run / "launch.json").write_text(json.dumps({**first_record, "test": "the first launch's record"}))
     fresh = launch("--resume", "off")
     assert fresh.returncode == 0, fresh.stderr
     [shelf] = (run / PREVIOUS).iterdir()
     assert (shelf / "hf" / "model.safetensors").read_bytes() == b"first run's weights"
-    assert (shelf / "launch.json").read_text() != (run / "launch.json").read_text()  # the old record went along
+    assert json.loads((shelf / "launch.json").read_text())["test"] == "the first launch's record"  # it went along
+    assert "test" not in json.loads((run / "launch.json").read_text())  # and this launch wrote its own
     assert sorted(p.name for p in run.iterdir()) == ["job.sbatch", "launch.json", PREVIOUS]
     assert f"launch: starting fresh in {run}, which held a previous run" in fresh.stderr
 
