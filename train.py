@@ -5,7 +5,9 @@ launcher's --local_rank) to `python -m trainer train`.
 """
 import sys
 
+from trainer import jit_env
 from trainer.__main__ import main
 
 if __name__ == "__main__":
+    jit_env.resolve_interpreter()  # a virtualenv reached through a symlink: run as its real path, before any op loads
     sys.exit(main(["train", *sys.argv[1:]]))

@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from trainer import ds as dsc  # noqa: E402  (imports trainer first: this environment's extensions directory)
-from trainer import jit_ops, waits  # noqa: E402
+from trainer import jit_env, jit_ops, waits  # noqa: E402
 from trainer.errors import UserError  # noqa: E402
 from trainer.presets import load_preset  # noqa: E402
 from trainer.resolve import resolve  # noqa: E402
@@ -96,4 +96,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    jit_env.resolve_interpreter()  # the ops of the real path a symlinked virtualenv stands for
     sys.exit(main())

@@ -19,6 +19,7 @@ import pytest
 
 import distributed
 import ports
+import preloaded
 import processes
 from distributed import last_wins, run_many  # pytest puts tests/ on sys.path
 
@@ -156,17 +157,22 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_POR
 
 
 @pytest.fixture(autouse=True)
-def no_rank_variables_left():
-    """An in-process training sets RANK=0, WORLD_SIZE=1, MASTER_PORT=... in pytest's own environment; left
-    there, every later subprocess (a launch, a supervisor, a CLI command) would start as "rank 0 of a
-    one-rank job" on a dead port. Restore them after each test."""
-    before = {name: os.environ.get(name) for name in RANK_VARIABLES}
+def process_state_restored():
+    """Each test leaves the worker as it found it, so no test's outcome depends on which ran before it in the same
+    worker: the environment (an in-process training sets RANK=0, WORLD_SIZE=1, MASTER_PORT=..., OMP_NUM_THREADS;
+    left there, every later subprocess would start as "rank 0 of a one-rank job" on a dead port) and torch's
+    intra-op thread count (an in-process rank takes its share of the cores: a later test's float sums then round
+    differently - a comparison with TRL to 1e-6 failed that way)."""
+    environ = dict(os.environ)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None
     yield
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    if dict(os.environ) != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    torch = sys.modules.get("torch")
+    if torch is not None and threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -228,6 +234,7 @@ def _install_guard(patch: pytest.MonkeyPatch) -> None:
                 _refuse(f"{heavy} ({' '.join(map(str, args))[:200]})")
             super().__init__(args, *rest, **kwargs)
     patch.setattr(subprocess, "Popen", CheckedPopen)
+    patch.setenv("TRAINER_TEST_PRELOAD", "0")  # every process real, so the check above sees it
     patch.setattr(torch.distributed, "init_process_group",
                   lambda *a, **k: _refuse("starts a process group in-process (a training, an engine)"))
     if "deepspeed" in sys.modules:
@@ -272,26 +279,22 @@ def pytest_configure(config):
     config._order_seed = seed
     processes.progress = _progress_printer(config)
     if os.environ.get("TRAINER_TEST_PROCESS_LOG"):
-        _log_processes(os.environ["TRAINER_TEST_PROCESS_LOG"])
+        _log_processes()
 
 
-def _log_processes(path: str) -> None:
-    """Measurement (docs/tests.md, "where the time goes"): every process a test starts, one JSON line when it ends -
-    the test, the command's first words, seconds alive. Each worker appends whole lines to the one file."""
+def _log_processes() -> None:
+    """Measurement: every real process a test starts is logged when it ends (tests/preloaded.py's log_process, which
+    logs the forked ones)."""
     import subprocess
 
     class TimedPopen(subprocess.Popen):
         def __init__(self, args, *rest, **kwargs):
-            self._started, self._test = time.monotonic(), os.environ.get("PYTEST_CURRENT_TEST", "")
-            self._words = [os.path.basename(str(w)) for w in ([args] if isinstance(args, (str, bytes)) else args)]
+            self._started, self._args = time.monotonic(), args
             super().__init__(args, *rest, **kwargs)
 
         def _handle_exitstatus(self, *args, **kwargs):
             super()._handle_exitstatus(*args, **kwargs)
-            line = json.dumps({"test": self._test, "words": self._words[:8], "seconds": round(
-                time.monotonic() - self._started, 2), "code": self.returncode}) + "\n"
-            with open(path, "a") as log:
-                log.write(line)
+            preloaded.log_process(self._args, time.monotonic() - self._started, self.returncode, forked=False)
     subprocess.Popen = TimedPopen
 
 

@@ -1,6 +1,7 @@
 """Processes a test starts, and nothing left of them afterwards.
 
-`run_group` starts a command in its own session, streams its output (lines saying what a launch waits for -
+`run_group` starts a command in its own session (a fork of the worker's preloaded interpreter where it can be one,
+tests/preloaded.py), streams its output (lines saying what a launch waits for -
 op builds, lock waits, a fixture's runs - and a line a minute reach the terminal through `progress`, which
 conftest sets), and on a timeout, a `stop_on` line or any exception stops the command with everything it
 started (`stop_tree`, trainer/process_tree.py: frozen, then killed, its JIT build locks removed).
@@ -15,6 +16,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+import preloaded
 from trainer.process_tree import leftovers, stop_tree, tree  # noqa: F401 - the tests import them from here
 
 progress: Optional[Callable[[str], None]] = None  # set by conftest: a line on the terminal while a test runs
@@ -40,9 +42,9 @@ def run_group(cmd: list[str], *, cwd, env: Optional[dict] = None, timeout: float
     """Run `cmd` in its own session; stdout and stderr merged into stdout (or kept apart with merge=False).
     A timeout or a line matching `stop_on` stops the whole tree and raises subprocess.TimeoutExpired (with the
     output); whatever ends the run, nothing it started is left running."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, errors="replace",
-                            start_new_session=True)
+    proc = preloaded.start(cmd, cwd, env, merge) or subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     lines: "queue.Queue[tuple[int, str]]" = queue.Queue()
     streams = [proc.stdout] if merge else [proc.stdout, proc.stderr]
     readers = [threading.Thread(target=_read, args=(stream, index, lines), daemon=True)

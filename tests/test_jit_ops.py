@@ -39,6 +39,29 @@ def test_each_environment_has_its_own_root_beside_torchs(tmp_path, monkeypatch):
     assert "srv-a-.venv" in a.name and a.name.startswith(f"py{sys.version_info.major}{sys.version_info.minor}-")
 
 
+def test_a_virtualenv_reached_through_a_symlink_runs_as_its_real_path(tmp_path):
+    """Issue 38 item 8: the entry points re-execute under the environment's real path once, so the op builds see
+    one spelling of it (two would rewrite build.ninja in turn and rebuild every op); an interpreter that runs the
+    entry code embedded (runpy inside another command) is left as it is."""
+    prefix = Path(sys.prefix)
+    linked = tmp_path / "venv"
+    linked.symlink_to(prefix.resolve(), target_is_directory=True)
+    python = linked / Path(sys.executable).relative_to(prefix)
+    (tmp_path / "probe.py").write_text("import sys\nfrom trainer import jit_env\njit_env.resolve_interpreter()\n"
+                                       "print(sys.prefix, sys.argv[1:])\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    env.pop(jit_env.RESOLVED_ONCE, None)
+
+    def prefix_of(*argv: str) -> str:
+        proc = subprocess.run([str(python), *argv], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip()
+    assert prefix_of(str(tmp_path / "probe.py"), "a", "b") == f"{prefix.resolve()} ['a', 'b']"
+    assert prefix_of("-m", "probe", "c") == f"{prefix.resolve()} ['c']"
+    embedded = f"import runpy, sys; sys.argv = ['probe.py', 'd']; runpy.run_path({str(tmp_path / 'probe.py')!r})"
+    assert prefix_of("-c", embedded) == f"{linked} ['d']"
+
+
 def test_settle_keeps_the_users_choice_and_replaces_another_environments(tmp_path):
     mine = {"PATH": "/usr/bin:/bin", "TORCH_EXTENSIONS_DIR": str(tmp_path / "mine")}
     jit_env.settle(mine)

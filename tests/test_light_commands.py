@@ -74,6 +74,14 @@ LIGHT = {  # name: (argv, what the command wrote or said when it did its work)
 }
 
 
+def test_every_command_not_marked_heavy_is_held_light_here():
+    """trainer/commands.py marks the commands that import torch to do their work (`heavy`); each of the others is
+    run by the test below, so a light command that starts importing torch is caught."""
+    from trainer.commands import COMMANDS
+    covered = {argv[0] for argv, _ in LIGHT.values() if argv and not argv[0].startswith("-")}
+    assert {name for name, command in COMMANDS.items() if not command.heavy} <= covered
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LIGHT))
 def test_a_light_command_imports_neither_torch_nor_deepspeed(name, cache_home, tmp_path):

@@ -73,7 +73,7 @@ def one_rank():
 
 def engine_of(cfg, micro_batch: int, frozen: bool = False):
     """A real one-rank DeepSpeed engine (ZeRO-0, fp32) around trainer.model.build_model's model for `cfg` (the
-    engine reads LOCAL_RANK; conftest's no_rank_variables_left restores the environment after the test)."""
+    engine reads LOCAL_RANK; conftest's process_state_restored restores the environment after the test)."""
     import os
 
     import deepspeed

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from . import flag_needs, numbers, paths
+from . import flag_needs, jit_env, numbers, paths
 from .commands import COMMANDS, FIRST_READ, SUMMARY, listing, subparser_options
 from .errors import UserError
 
@@ -127,4 +127,5 @@ def command_word(argv: list[str]) -> str | None:
 
 
 if __name__ == "__main__":
+    jit_env.resolve_interpreter()  # a virtualenv reached through a symlink: run as its real path, before any op loads
     sys.exit(main())

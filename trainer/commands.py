@@ -17,6 +17,8 @@ class Command:
     purpose: str   # one line, shown in the command list
     example: str   # one command line that works as written
     page: str      # the docs/ page (and anchor) that explains the job
+    heavy: bool = False  # imports torch, DeepSpeed or datasets to do its work; every other command stays light
+                         # (tests/test_light_commands.py holds each of those to it)
 
 
 COMMANDS = {
@@ -28,16 +30,17 @@ COMMANDS = {
                       "python -m trainer export 70b_8xa100 -o ds_config.json", "docs/training.md#presets"),
     "train": Command("trainer.train.cli", "train (run it under deepspeed/torchrun; same as train.py)",
                      "deepspeed --num_gpus 2 train.py --preset tiny_cpu --set train.max_steps=50",
-                     "docs/training.md"),
+                     "docs/training.md", heavy=True),
     "launch": Command("trainer.launch.cli", "start a preset's ranks: deepspeed (hostfile), torchrun, slurm or node-local",
                       "python -m trainer launch 70b_32xa100 --launcher slurm --time 2-00:00:00 --dry-run",
                       "docs/multi-node.md"),
     "preflight": Command("trainer.preflight.cli", "before a run: bus bandwidth, free memory, same versions and config "
                                                   "on every rank",
                          "deepspeed --num_gpus 2 --module trainer preflight --preset tiny_cpu --json preflight.json",
-                         "docs/multi-node.md#preflight"),
+                         "docs/multi-node.md#preflight", heavy=True),
     "autotune": Command("trainer.autotune.cli", "run DeepSpeed's autotuner over what the planner says fits (CUDA)",
-                        "python -m trainer autotune 7b_8xa100 --dry-run", "docs/plan-doctor-lint.md#autotuning"),
+                        "python -m trainer autotune 7b_8xa100 --dry-run", "docs/plan-doctor-lint.md#autotuning",
+                        heavy=True),
     "plan": Command("trainer.plan.cli", "choose ZeRO stage, offload, micro-batch and launch line for a model and GPUs",
                     "python -m trainer plan --model 70b --gpu a100-80g --gpus-per-node 8 --task full",
                     "docs/plan-doctor-lint.md#plan"),
@@ -47,14 +50,16 @@ COMMANDS = {
     "lint": Command("trainer.diagnose.lint", "check a resolved preset against the tuning checklist",
                     "python -m trainer lint 70b_32xa100", "docs/plan-doctor-lint.md#lint"),
     "prepare-data": Command("trainer.data.cli", "tokenize a preset's data once into token shards on disk",
-                            "python -m trainer prepare-data --preset 1b_pretrain_8xh100", "docs/data.md"),
+                            "python -m trainer prepare-data --preset 1b_pretrain_8xh100", "docs/data.md",
+                            heavy=True),
     "generate": Command("trainer.infer.generate", "complete prompts with a trained model (init_inference, TP, "
                                                   "ZeRO-Inference)",
                         'python -m trainer generate --model runs/tiny_cpu --prompt "Once upon a time" --greedy',
-                        "docs/inference.md#generate"),
+                        "docs/inference.md#generate", heavy=True),
     "evaluate": Command("trainer.infer.evaluate", "loss and perplexity of a model on data, or of a run on its eval set; "
                                               "preference pairs: accuracy and reward margin",
-                        "python -m trainer evaluate --model runs/tiny_cpu", "docs/inference.md#evaluate"),
+                        "python -m trainer evaluate --model runs/tiny_cpu", "docs/inference.md#evaluate",
+                        heavy=True),
     "report": Command("trainer.report.cli", "draw runs' metrics.jsonl (loss, lr, grad norm, tokens/s, memory) as "
                                             "PNG or HTML",
                       "python -m trainer report runs/tiny_cpu -o report.png", "docs/experiments.md#report"),

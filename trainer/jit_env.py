@@ -35,6 +35,41 @@ def environment_prefix() -> Path:
     return Path(sys.prefix).resolve()
 
 
+RESOLVED_ONCE = "TRAINER_INTERPRETER_RESOLVED"  # set before the one re-exec below: never a second
+
+
+def resolve_interpreter() -> None:
+    """Run as the environment's real path when it was reached through a symlink (a virtualenv under a symlinked
+    home, a checkout's `.venv` linked to another's): DeepSpeed and torch write the include paths of the modules'
+    own locations into each op's build.ninja, so two spellings of one environment would rewrite it in turn and
+    rebuild every op at each switch (~8 min on 2 cores). Called first by the entry points (`python -m trainer`,
+    train.py, scripts/build_ops.py): re-executes this same command line with the resolved interpreter, once - the
+    pid, environment and open files stay; only a process started as this command line is re-executed (a forked
+    or embedded interpreter is left alone)."""
+    prefix = Path(sys.prefix)
+    real = environment_prefix()
+    if real == prefix or os.environ.get(RESOLVED_ONCE) or not started_as(sys.argv):
+        return
+    executable = real / Path(sys.executable).relative_to(prefix) if Path(sys.executable).is_relative_to(prefix) \
+        else None
+    if executable is None or not os.access(executable, os.X_OK):
+        return
+    os.environ[RESOLVED_ONCE] = str(prefix)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(executable, [str(executable), *sys.orig_argv[1:]])
+
+
+def started_as(argv: list[str]) -> bool:
+    """This process was started as `python [options] SCRIPT|-m MODULE argv[1:]`: its command line ends with argv's
+    arguments, after the script argv names or a `-m`."""
+    original, tail = sys.orig_argv, argv[1:]
+    start = len(original) - len(tail)
+    if start < 2 or original[start:] != tail:
+        return False
+    return original[start - 1] == argv[0] or original[start - 2] == "-m"
+
+
 def environment_root(prefix: Optional[Path] = None) -> Path:
     """This environment's extensions root: beside torch's default one, named by the python version and the
     environment's path (readable) plus a digest of it (unique)."""
