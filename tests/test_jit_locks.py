@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from distributed import DEEPSPEED, REPO, new_port, remove_shm_buffers
@@ -161,3 +163,37 @@ def test_the_doctor_reads_a_log_that_stops_while_loading_an_op():
     assert d.failure == "jit_lock" and "stopped while loading" in d.title
     assert d.proposal.step == "remove the stale lock: rm -f /root/.cache/torch_extensions/py39_cu117/*/lock"
     assert diagnose(resolve(load_preset("7b_8xa100")), text + "step=1, loss=2.3\n").failure != "jit_lock"
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_op_build_stops_the_build_and_leaves_no_lock(tmp_path):
+    """Issue 38 item 8: `python -m trainer launch` signalled while rank 0 builds an op (here the CPU all-reduce, in a
+    private extensions directory) - the build stops at once (no compiler left running), its lock goes with it, the
+    rank says so, and the next run is not left waiting on the lock."""
+    ext = tmp_path / "ext"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    launch = subprocess.Popen([sys.executable, "-m", "trainer", "launch", "tiny_cpu", "--master-port",
+                               str(new_port()), "--set", f"train.output_dir={tmp_path / 'run'}"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    try:
+        for line in launch.stdout:
+            lines.append(line)
+            if f"op {OP}: not built for this environment yet" in line:
+                break
+        deadline = time.time() + 60  # the build has started once ninja's compilers run
+        while time.time() < deadline and not any((d / "build.ninja").is_file() for d in ext.glob("*")):
+            time.sleep(0.2)
+        time.sleep(2)
+        assert (ext / OP / "lock").is_file(), "".join(lines[-20:])
+        launch.send_signal(signal.SIGTERM)
+        lines += launch.stdout.readlines()
+        code = launch.wait(timeout=120)
+    finally:
+        stop_tree(launch.pid)
+        launch.wait()
+    output = "".join(lines)
+    assert f"op {OP}: build stopped by SIGTERM - its compilers stopped, no lock left" in output, output[-4000:]
+    assert code != 0 and not (ext / OP / "lock").exists()
+    compilers = [p for p in psutil.process_iter(["cmdline"]) if str(ext) in " ".join(p.info["cmdline"] or [])]
+    assert compilers == [], [p.info["cmdline"][:3] for p in compilers]

@@ -74,3 +74,40 @@ def test_a_run_resolved_for_another_world_size_is_evaluated_at_its_own():
     assert source.world_size == 1
     cfg = data_config(evaluate_args(["train.eval_sequences=4"]), source, CONTEXT)
     assert cfg.train.eval_sequences == 4
+
+
+def a_pretrained_dir(tmp_path, **fields) -> str:
+    """What `model.name_or_path` points at for resolve: a transformers config.json (no weights are read)."""
+    import json
+    config = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 512, "num_local_experts": 8,
+              "num_experts_per_tok": 2, "max_position_embeddings": 8192, **fields}
+    folder = tmp_path / "-".join(["pretrained", *(f"{k}{v}" for k, v in fields.items())])
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_a_pretrained_models_architecture_is_its_config_json(tmp_path):
+    """The resolved config records what from_pretrained builds, not the preset's numbers, and says what it replaced;
+    every rule sees the real model (4 experts cannot be split 8 ways; a sequence past its positions); a --set that
+    contradicts config.json is refused, naming both."""
+    from trainer.options import resolved_with_overrides
+
+    def resolved(*items):
+        return resolved_with_overrides(lambda sets: load_preset("mixtral_8x7b_8xa100", sets), list(items),
+                                       "mixtral_8x7b_8xa100", None)
+    path = a_pretrained_dir(tmp_path)
+    run = resolved(f"model.name_or_path={path}")
+    model = run.config.model
+    assert (model.num_experts, model.hidden_size, model.num_layers, model.vocab_size) == (8, 64, 2, 512)
+    assert any("config.json decides the pretrained model's architecture" in n and "model.hidden_size 4096 -> 64" in n
+               for n in run.notices)
+    with pytest.raises(ConfigError, match=r"model\.num_experts=4: the pretrained model .* has num_experts=8 .*"
+                                          r"\(from --set model\.num_experts=4\)"):
+        resolved(f"model.name_or_path={path}", "model.num_experts=4")
+    assert resolved(f"model.name_or_path={path}", "model.num_experts=8").config.model.num_experts == 8
+    with pytest.raises(ConfigError, match=r"autoep_size=8 must divide the 4 experts per layer"):
+        resolved(f"model.name_or_path={a_pretrained_dir(tmp_path, num_local_experts=4)}")
+    with pytest.raises(ConfigError, match=r"data\.seq_len=4096 exceeds model\.max_position_embeddings=256"):
+        resolved(f"model.name_or_path={a_pretrained_dir(tmp_path, max_position_embeddings=256)}")

@@ -171,10 +171,12 @@ def test_the_loss_and_rewards_equal_trls_dpo_trainer_on_the_same_batch(settings)
     trl = pytest.importorskip("trl")
     from collections import defaultdict
     from trl import DPOTrainer
-    policy, reference = tiny_model(), tiny_model()
+    # in float64: the two sides sum the same log-probs in other orders (TRL's rows are concatenated), which in
+    # float32 differs by ~1e-6 from machine to machine (IPO squares it); in float64 they agree to ~1e-12
+    policy, reference = tiny_model().double(), tiny_model().double()
     with torch.no_grad():
         for p in policy.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(0.05 * torch.randn(p.shape).to(p.dtype))
     batch = pair_batch()
     objective = PreferenceObjective(Engine(policy),
                                     lambda ids, mask: reference(input_ids=ids, attention_mask=mask).logits, settings)
@@ -196,12 +198,12 @@ def test_the_loss_and_rewards_equal_trls_dpo_trainer_on_the_same_batch(settings)
               "ref_chosen_logps": ref[:3], "ref_rejected_logps": ref[3:]}
     with torch.no_grad():
         theirs = DPOTrainer._compute_loss(trainer, policy, inputs, return_outputs=False)
-    assert ours == pytest.approx(float(theirs), abs=1e-6, rel=0), trl.__version__
+    assert ours == pytest.approx(float(theirs), abs=1e-9, rel=0), trl.__version__
     at_start = {"sigmoid": math.log(2), "ipo": 1 / (2 * settings.beta) ** 2}[settings.loss]
     assert abs(ours - at_start) > 1e-3  # the policy has moved away from its reference
     logged = trainer._metrics["eval"]
     for name in ("rewards/chosen", "rewards/rejected"):
-        assert rewards[name] == pytest.approx(logged[name][-1], abs=1e-6)
+        assert rewards[name] == pytest.approx(logged[name][-1], abs=1e-9)
 
 
 def test_eval_metrics_are_kept_apart_from_the_training_window():

@@ -6,15 +6,18 @@ beside the ops (<root>/build_times.json), so the next estimate on this machine c
 The lines come from a wrapper around DeepSpeed's OpBuilder.jit_load - the one path by which every op that is
 not prebuilt into the wheel is built or loaded - so an op nobody listed is announced like the others. A missing
 ninja is a named error with the fix, before DeepSpeed's bare "Unable to JIT load the <op> op due to ninja not
-being installed".
+being installed". A SIGTERM or Ctrl-C during a build stops it at once and leaves no lock (`stopped_by_signals`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +94,12 @@ class OpLoad:
         return (f"op {self.name}: still {doing} - {waits.duration(elapsed)} so far, ~{waits.duration(seconds)} "
                 f"expected")
 
+    def stopped(self, signum: int) -> str:
+        lock = self.directory / "lock"
+        left = f"its lock {lock} is still there" if lock.exists() else "no lock left"
+        return (f"op {self.name}: build stopped by {signal.Signals(signum).name} - its compilers stopped, {left}; "
+                f"the next run builds it again")
+
     def finished(self, elapsed: float, before: Optional[float]) -> str:
         after = self.built_at()
         if after is None or after == before:
@@ -148,12 +157,57 @@ def announced(jit_load, emit: Callable[[str], None]):
             return jit_load(builder, verbose)
         emit(op.announce(ninja, version))
         before, started = op.built_at(), time.monotonic()
-        with waits.during(op.still):
-            module = jit_load(builder, verbose)
+        try:
+            with waits.during(op.still), stopped_by_signals():
+                module = jit_load(builder, verbose)
+        except BuildStopped as stop:
+            emit(op.stopped(stop.signum))
+            raise SystemExit(128 + stop.signum) from None
         emit(op.finished(time.monotonic() - started, before))
         return module
     jit_load_announced.announced = True
     return jit_load_announced
+
+
+class BuildStopped(BaseException):
+    """SIGTERM or SIGINT while this rank builds an op (a BaseException: nothing on the way out may swallow it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """While an op builds, SIGTERM/SIGINT stop the build rather than wait for it: the compilers this process started
+    are stopped, then BuildStopped unwinds through torch's builder, whose `finally` removes the build's lock. Left
+    to the rank's usual handlers, the build would run on (the trainer's SIGTERM handler saves at the next step) until
+    the launcher's SIGKILL, which leaves the lock every later run waits on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        stop_descendants()
+        raise BuildStopped(signum)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_descendants() -> None:
+    """ninja and the compilers under it (torch kills ninja on the way out, not its children)."""
+    import psutil
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(children, timeout=10)
 
 
 def install(emit: Callable[[str], None]) -> None:

@@ -40,7 +40,24 @@ def resolved_with_overrides(load: Callable[[list[str]], Config], overrides: list
     with contextlib.redirect_stdout(sys.stderr):
         config = load(overrides)
         with blamed(source, overrides, alone=lambda: resolve(load([]), world_size)):
+            check_no_architecture_override(config, overrides)
             return resolve_run(config, world_size)
+
+
+def check_no_architecture_override(config, overrides: list[str]) -> None:
+    """`--set model.num_experts=8` over a pretrained model whose config.json has 4 would be replaced by the 4 that
+    runs (resolve.adopt_pretrained_architecture): the item would do nothing, so it is refused, naming both."""
+    from .errors import ConfigError
+    from .resolve import pretrained_architecture
+    runs = pretrained_architecture(config)
+    asked = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
+    problems = [f"model.{name}={getattr(config.model, name)}: the pretrained model {config.model.name_or_path} has "
+                f"{name}={value} (its config.json decides its architecture; from_pretrained would build {value}): "
+                f"remove the --set item, or train from scratch (--set model.name_or_path=null)"
+                for name, value in runs.items()
+                if f"model.{name}" in asked and getattr(config.model, name) != value]
+    if problems:
+        raise ConfigError(problems, "the command line")
 
 
 def resolve_run(config, world_size: Optional[int] = None) -> Resolved:

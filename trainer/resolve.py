@@ -89,6 +89,7 @@ def launcher_world_size() -> int | None:
 
 def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Resolved:
     cfg = _canonical_gpu_name(cfg)
+    cfg, adopted = adopt_pretrained_architecture(cfg)
     world = declared_world_size(cfg) if world_size is None else world_size  # an explicit 0 is an error, not "unset"
     problems = check_values(cfg)
     if world < 1:
@@ -111,7 +112,64 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
     model = dataclasses.replace(cfg.model, tiled_logits=tiled_logits(cfg, batch, ds))
     data = dataclasses.replace(cfg.data, cross_document_attention=cross_document_attention(cfg.data))
     resolved = dataclasses.replace(cfg, model=model, data=data, train=train, deepspeed=ds)
-    return Resolved(resolved, world, batch, notices(resolved, ds, world))
+    return Resolved(resolved, world, batch, adopted_notices(adopted, cfg) + notices(resolved, ds, world))
+
+
+# The model.* fields a transformers config.json decides, by its key (Qwen3-MoE: num_experts, and the experts' width
+# is moe_intermediate_size; trainer/plan/models.py reads config.json for the planner the same way)
+ARCHITECTURE = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+                "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
+                "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
+                "tie_word_embeddings": "tie_word_embeddings", "num_local_experts": "num_experts",
+                "num_experts_per_tok": "num_experts_per_tok"}
+QWEN3_MOE_ARCHITECTURE = {"num_experts": "num_experts", "moe_intermediate_size": "intermediate_size",
+                          "head_dim": "head_dim"}
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A model.* value the pretrained model's config.json replaced: what the config said, what runs."""
+    field: str
+    said: object
+    runs: object
+
+
+def pretrained_architecture(cfg: Config) -> dict:
+    """{model field: value} from the pretrained model's config.json when it is on disk ({} otherwise): the
+    architecture that from_pretrained builds, whatever model.* says."""
+    from .rules import pretrained_config
+    saved = pretrained_config(cfg)
+    if not saved:
+        return {}
+    fields = dict(ARCHITECTURE)
+    if saved.get("model_type") == "qwen3_moe":
+        fields.update(QWEN3_MOE_ARCHITECTURE)
+    found = {ours: saved[theirs] for theirs, ours in fields.items() if theirs in saved}
+    if "num_attention_heads" in saved and saved.get("num_key_value_heads") in (None, saved["num_attention_heads"]):
+        found["num_kv_heads"] = None  # MHA: transformers' default, and model.num_kv_heads' None
+    well_typed = {k: v for k, v in found.items()
+                  if v is None or (isinstance(v, bool) if k == "tie_word_embeddings" else
+                                   isinstance(v, int) and not isinstance(v, bool) and v > 0)}
+    return {k: v for k, v in well_typed.items() if hasattr(cfg.model, k)}
+
+
+def adopt_pretrained_architecture(cfg: Config) -> tuple[Config, list[Adopted]]:
+    """A pretrained model's architecture is its config.json's: model.* takes those values, so the resolved config
+    (config.resolved.yaml, `show`, the planner's memory, every rule) describes the model that runs - not a preset's
+    numbers that from_pretrained ignores (a 4-expert checkpoint recorded as 8). A `--set` that contradicts it is
+    refused (options.resolved_with_overrides); a preset's values are replaced, and said."""
+    runs = pretrained_architecture(cfg)
+    adopted = [Adopted(k, getattr(cfg.model, k), v) for k, v in runs.items() if getattr(cfg.model, k) != v]
+    if not adopted:
+        return cfg, []
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **{a.field: a.runs for a in adopted})), adopted
+
+
+def adopted_notices(adopted: list[Adopted], cfg: Config) -> list[str]:
+    if not adopted:
+        return []
+    changes = ", ".join(f"model.{a.field} {a.said} -> {a.runs}" for a in adopted)
+    return [f"{cfg.model.name_or_path}/config.json decides the pretrained model's architecture: {changes}"]
 
 
 def cross_document_attention(data):

@@ -19,6 +19,7 @@ as a real process.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -36,8 +37,11 @@ TERMINATE_GRACE_S = 30  # DeepSpeed's launcher: psutil.wait_procs(children, time
 
 
 def preload() -> None:
-    for name in PRELOAD:
-        importlib.import_module(name)
+    """The imports, as the trainer makes them: with stdout sent to stderr (its commands keep stdout for their
+    JSON/YAML, and DeepSpeed's logger binds the stdout it finds at import to its handler for good)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        for name in PRELOAD:
+            importlib.import_module(name)
     import transformers
     transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # resolve the lazy names ranks use
 
