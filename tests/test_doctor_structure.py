@@ -192,3 +192,36 @@ def test_200000_distinct_matching_lines_are_diagnosed_in_seconds():
     d = doctor(distinct_oom_lines(200_000))
     assert d.failure == "cuda_oom" and d.raised.index == 199_999
     assert time.process_time() - start < 30
+
+
+def test_an_argument_the_installed_release_lacks_is_a_version_mismatch_not_a_deepspeed_key():
+    d = doctor("training_arguments_renamed.log")
+    assert d.failure == "version" and "evaluation_strategy" in d.title and "TrainingArguments" in d.title
+    assert "DeepSpeed" not in d.proposal.step
+
+
+def installed_raise_site() -> tuple[str, int, str]:
+    """A `raise` in the installed DeepSpeed's config.py with its condition a line or two above: (file, line, the
+    condition), found in the source so the test follows the installed release."""
+    from importlib import metadata
+    path = metadata.distribution("deepspeed").locate_file("deepspeed/runtime/config.py")
+    lines = Path(path).read_text().split("\n")
+    for number, line in enumerate(lines, 1):
+        if line.strip().startswith("raise ") and lines[number - 2].strip().startswith("if "):
+            return str(path), number, lines[number - 2].strip()
+    pytest.skip("no raise under an if in the installed deepspeed/runtime/config.py")
+
+
+@pytest.mark.parametrize("same_version", [True, False])
+def test_the_condition_that_raised_is_read_from_the_installed_source_when_the_versions_match(same_version):
+    from importlib import metadata
+    file, line, condition = installed_raise_site()
+    version = metadata.version("deepspeed") if same_version else "0.9.0"
+    d = doctor(f"deepspeed=={version}\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+               f"    deepspeed.initialize(model=m, config=c)\n  File \"{file}\", line {line}, in _do_sanity_check\n"
+               f"    raise SomethingOdd(x)\nSomethingOddError: a value DeepSpeed refuses")
+    said = "\n".join(d.advice)
+    if same_version:
+        assert f"the condition that raised (deepspeed {version}" in said and condition[:60] in said
+    else:
+        assert "the raising code is deepspeed 0.9.0's" in said and "the condition that raised" not in said

@@ -7,13 +7,15 @@ bug report for the library that raised it.
 from __future__ import annotations
 
 import re
+from importlib import metadata
+from pathlib import Path
 from typing import Optional
 
 from ...plan.estimate import gb
 from .. import phases
 from ..findings import Diagnosis, Found, planned
 from ..logtext import ERROR_WORDS, EXCEPTION, Frame, Log, bounded
-from ..raised import final_exception
+from ..raised import Site, final_exception
 
 TRACKERS = {"deepspeed": "https://github.com/deepspeedai/DeepSpeed/issues (attach `ds_report`)",
             "transformers": "https://github.com/huggingface/transformers/issues (attach `transformers env`)",
@@ -75,6 +77,9 @@ def diagnose_unknown(f: Found) -> Diagnosis:
         d.advice.append(f"the exception: {bounded(exc.headline)}; raised at {exc.site.short()}"
                         + (f" (`{exc.site.code}`)" if exc.site.code else "")
                         + (f", first caused by {exc.chain[0][0]}: {bounded(exc.chain[0][1], 160)}" if exc.chain else ""))
+        source = raising_condition(exc.site, versions)
+        if source:
+            d.advice.append(source)
     message = log.joined(index, following=2)  # "Failed to import X ...:" and, wrapped, the error it names
     hint = next((text for pattern, text in HINTS if pattern.search(message)), None)
     if hint:
@@ -98,6 +103,36 @@ def diagnose_unknown(f: Found) -> Diagnosis:
                     "distributed failures), the command line, the DeepSpeed config, `pip list` and `nvidia-smi`, to "
                     + TRACKERS.get(library, "the project that owns the script (the innermost frame of your code)"))
     return d
+
+
+CONDITION = re.compile(r"^\s*(if|elif|assert|while)\b")
+
+
+def raising_condition(site: Site, versions: dict) -> Optional[str]:
+    """The condition that raised, read from the installed package's source at the site's line, when the
+    installed version is the one the log shows (else which versions differ, when the log shows one)."""
+    package = site.package
+    if package not in ("deepspeed", "transformers", "accelerate", "torch", "peft", "trl", "datasets"):
+        return None
+    try:
+        here = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+    theirs = versions.get(package)
+    if theirs is None:
+        return None
+    if theirs.split("+")[0] != here.split("+")[0]:
+        return f"the raising code is {package} {theirs}'s; {here} is installed where the doctor runs, so its source " \
+               f"at {site.short()} is not shown"
+    relative = re.split(r"(?:site|dist)-packages[\\/]", site.file)[-1]
+    path = Path(metadata.distribution(package).locate_file(relative))
+    try:
+        lines = path.read_text(errors="replace").split("\n")[max(0, site.line - 12):site.line]
+    except OSError:
+        return None
+    condition = next((line.strip() for line in reversed(lines) if CONDITION.match(line)), None)
+    return f"the condition that raised ({package} {here}, {site.short()}): `{bounded(condition, 200)}`" \
+        if condition else None
 
 
 def _called_from(frames: list[Frame]) -> str:

@@ -166,11 +166,17 @@ def _current(f: Found, path: str):
     return node
 
 
+CALLEE = re.compile(r"([\w.]+)\(\) got an unexpected keyword argument")
+
+
 def _unknown_key(f: Found, raised: Raised, text: str) -> Diagnosis:
     keys = _extra_keys(raised.message) or UNEXPECTED.findall(text)
     model = MODEL.search(text)
     where = f" of {model.group(1)}" if model else ""
     known = deepspeed_fields()
+    deepspeed_model = model is not None and model.group(1) in set(known.values())
+    if not deepspeed_model and not any(k in known for k in keys):
+        return _foreign_keys(raised, keys, model.group(1) if model else None, text)
     d = Diagnosis("config_message", f"the run's DeepSpeed does not know the key{'s' if len(keys) > 1 else ''} "
                                     f"{', '.join(keys)}{where}", raised.headline)
     newer = [k for k in keys if k in known]
@@ -192,6 +198,21 @@ def _unknown_key(f: Found, raised: Raised, text: str) -> Diagnosis:
                           "has them"), removals if not named else [],
                           "no DeepSpeed model has this key (the installed DeepSpeed's learned keys); "
                           + ("the nearest known key is named" if named else "null removes it from the preset"))
+    return d
+
+
+def _foreign_keys(raised: Raised, keys: list[str], model: Optional[str], text: str) -> Diagnosis:
+    """Keys refused by something other than DeepSpeed (a TrainingArguments keyword, a tool's config model): the
+    code that passes them was written for another version of the code that refuses them."""
+    callee = CALLEE.search(text)
+    what = model or (callee.group(1) if callee else "the callee")
+    package = next((fr.package for fr in reversed(raised.frames) if fr.package), "")
+    d = Diagnosis("version", f"{what} does not accept {', '.join(repr(k) for k in keys)}", raised.headline)
+    d.proposal = Proposal(f"match the versions: {what}{' (' + package + ')' if package else ''} of the installed "
+                          f"release has no {', '.join(keys)}", [],
+                          "an argument or key the installed release does not have was renamed, removed, or added "
+                          "after it: install the release the script or config was written for (its requirements "
+                          "file), or rename the argument to the installed release's name")
     return d
 
 
