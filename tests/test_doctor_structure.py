@@ -225,3 +225,15 @@ def test_the_condition_that_raised_is_read_from_the_installed_source_when_the_ve
         assert f"the condition that raised (deepspeed {version}" in said and condition[:60] in said
     else:
         assert "the raising code is deepspeed 0.9.0's" in said and "the condition that raised" not in said
+
+
+def test_facts_read_gpu_memory_allocation_world_and_cuda_from_the_log():
+    facts = read_facts(Log.of(
+        "nvcc version ..................... 12.4\ntorch version .................... 2.4.0+cu121\n"
+        "[2024-05-20 08:11:40,003] [INFO] [launch.py:146:main] WORLD INFO DICT: {'localhost': [0, 1, 2, 3]}\n"
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1b2c)\n"
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.59 GiB (GPU 3; 39.39 GiB total capacity; 30.49 GiB "
+        "already allocated; 1.73 GiB free; 33.07 GiB reserved in total by PyTorch)\n"))
+    assert (facts.gpu, facts.gpu_memory_gb, facts.allocated_gb, facts.nodes) == ("NVIDIA A100-SXM4-40GB", 39.39, 30.49, 1)
+    assert (facts.cuda_toolkit, facts.torch_cuda) == ("12.4", "12.1")
+    assert facts.environment is None and facts.exported == {}  # a fact not shown is not assumed

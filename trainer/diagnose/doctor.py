@@ -125,6 +125,8 @@ def print_diagnosis(args, r: Resolved, d: Diagnosis, memory: Optional[str], comm
         site = f" at {d.raised.site.short()}" if d.raised.site else ""
         print(f"  raised: {bounded(d.raised.headline)}{site}" + (f" (rank {d.raised.rank})" if d.raised.rank is not None
                                                                else "") + f"; phase: {d.phase}")
+    if d.facts and d.facts.as_json():
+        print("  the log states: " + ", ".join(f"{key} {value}" for key, value in d.facts.as_json().items()))
     if d.proposal:
         print(f"next change ({d.proposal.step}):")
         if d.proposal.overrides:

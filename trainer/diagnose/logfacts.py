@@ -12,10 +12,12 @@ from typing import Optional
 
 from .logtext import Log
 
-GPU_NAME = re.compile(r"\b(NVIDIA [A-Z][\w -]*?\d+\w*(?: \d+GB)?(?: (?:PCIe|SXM\d?|HBM\d\w*|NVL))?|Tesla [A-Z]\d+\w*|"
-                      r"(?:GeForce )?RTX \w+ ?\d{3,4}\w*(?: Ti)?|A100[\w-]*|H100[\w-]*|H200|V100[\w-]*|A10G|L4|L40S?|"
+GPU_NAME = re.compile(r"\b(NVIDIA (?=[\w -]{0,30}\d)[A-Z][\w-]*(?: [A-Z0-9][\w-]*){0,3}|Tesla [A-Z]\d+[\w-]*|"
+                      r"(?:GeForce )?RTX \w+ ?\d{3,4}\w*(?: Ti)?|A100[\w-]*|H100[\w-]*|H200|V100[\w-]*|A10G|L40S?|"
                       r"MI\d{3}X?)\b")
-CAPACITY = re.compile(r"total capacity of ([\d.]+) GiB")
+CAPACITY = re.compile(r"(?:total capacity of ([\d.]+) GiB|([\d.]+) GiB total capacity)")  # torch 2.x / 1.x OOM
+NVCC = re.compile(r"(?:nvcc version\s*\.*\s*|Cuda compilation tools, release )(\d+\.\d+)")
+TORCH_CUDA = re.compile(r"(?:torch cuda version\s*\.*\s*|torch(?:==|\s+version\s*\.*\s*:?\s*)\d[\w.]*\+cu)(\d+(?:\.\d+)?)")
 ALLOCATED = re.compile(r"(?:Of the allocated memory )?([\d.]+) GiB (?:is )?allocated by PyTorch|([\d.]+) GiB already "
                        r"allocated")
 WORLD = re.compile(r"(?:\bworld[_ ]size\b\s*[=:]\s*|\bdist_world_size=|WORLD_SIZE=|--nproc_per_node[= ])(\d+)",
@@ -45,6 +47,8 @@ class LogFacts:
     environment: Optional[str] = None       # 'container', 'WSL2' or None (not shown)
     exported: dict = field(default_factory=dict)  # NAME -> value the user set before the run
     interfaces: list = field(default_factory=list)  # network interfaces the log shows in use or up
+    cuda_toolkit: Optional[str] = None      # nvcc's release (ds_report, `nvcc --version`)
+    torch_cuda: Optional[str] = None        # the CUDA torch was built with (ds_report, a +cuXYZ wheel)
 
     @property
     def single_node(self) -> bool:
@@ -68,7 +72,13 @@ def read_facts(log: Log) -> LogFacts:
                                                                 ("world", WORLD), ("nnodes", NNODES),
                                                                 ("world_info", WORLD_INFO))}
     facts.gpu = first["gpu"].group(1).strip() if first["gpu"] else None
-    facts.gpu_memory_gb = float(first["capacity"].group(1)) if first["capacity"] else None
+    capacity = first["capacity"]
+    facts.gpu_memory_gb = float(capacity.group(1) or capacity.group(2)) if capacity else None
+    if (nvcc := NVCC.search(text)):
+        facts.cuda_toolkit = nvcc.group(1)
+    if (torch_cuda := TORCH_CUDA.search(text)):
+        built = torch_cuda.group(1)  # "121" from a wheel tag is 12.1
+        facts.torch_cuda = built if "." in built else f"{built[:-1]}.{built[-1]}"
     allocated = None
     for allocated in ALLOCATED.finditer(text):
         pass
