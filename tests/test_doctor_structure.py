@@ -237,3 +237,18 @@ def test_facts_read_gpu_memory_allocation_world_and_cuda_from_the_log():
     assert (facts.gpu, facts.gpu_memory_gb, facts.allocated_gb, facts.nodes) == ("NVIDIA A100-SXM4-40GB", 39.39, 30.49, 1)
     assert (facts.cuda_toolkit, facts.torch_cuda) == ("12.4", "12.1")
     assert facts.environment is None and facts.exported == {}  # a fact not shown is not assumed
+
+
+def test_two_settings_that_cannot_go_together_are_named_without_guessing_a_value():
+    d = doctor("Traceback (most recent call last):\n  File \"run.py\", line 5, in <module>\n    parse()\n"
+               "ValueError: `--deepspeed` cannot be used with `--fsdp`; choose one of the two backends")
+    assert d.proposal.overrides == [] and "--deepspeed" in d.proposal.step and "--fsdp" in d.proposal.step
+
+
+def test_a_statement_in_the_cause_of_a_wrapping_exception_is_read():
+    d = doctor("Traceback (most recent call last):\n  File \"a.py\", line 2, in <module>\n    import peft\n"
+               "ImportError: peft requires accelerate>=0.30.0 (found 0.27.2)\n\n"
+               "The above exception was the direct cause of the following exception:\n\n"
+               "Traceback (most recent call last):\n  File \"train.py\", line 8, in <module>\n    load()\n"
+               "RuntimeError: Failed to import trl.trainer.sft_trainer (look up to see its traceback)")
+    assert d.failure == "version" and "pip install 'accelerate>=0.30.0'" in d.proposal.step and "0.27.2" in d.title

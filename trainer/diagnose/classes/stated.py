@@ -34,7 +34,9 @@ from ..raised import Raised, final_exception
 _NAME = r"(?:--?[\w-]+|`[\w.-]+`|'[\w.-]+'|\"[\w.-]+\"|[A-Za-z_][\w.]*)"
 CONFLICT = re.compile(rf"(?P<key>{_NAME})\s*(?:=\s*\S+\s+)?(?:cannot|can't|can not|must not|should not|may not|is not "
                       rf"allowed to|is incompatible with being) be (?:set to |used as |)['\"`]?(?P<value>[\w.-]+)['\"`]?"
-                      rf",? (?:when|if|while|because|since|as long as|with) (?P<other>[^.\n]+)", re.IGNORECASE)
+                      rf",? (?:when|if|while|because|since|as long as|with) (?P<other>[^.;\n]+)", re.IGNORECASE)
+QUOTES = "`'\""
+PARTICIPLES = {"used", "set", "specified", "enabled", "combined", "passed", "given", "provided", "true", "on"}
 EXTRA = re.compile(r"(extra fields not permitted|Extra inputs are not permitted|extra_forbidden)", re.IGNORECASE)
 MODEL = re.compile(r"validation errors? for (\w+)")
 UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
@@ -61,8 +63,14 @@ def find(log: Log) -> Optional[int]:
     return raised.index if raised is not None and _statement(raised) else None
 
 
+def stated_text(raised: Raised) -> str:
+    """The final exception's message, then the messages of the exceptions it was raised from (a wrapper's
+    "Failed to import X because of the following error" carries the statement in its cause)."""
+    return "\n".join([f"{raised.type}: {raised.message}"] + [f"{kind}: {message}" for kind, message in raised.chain])
+
+
 def _statement(raised: Raised) -> Optional[str]:
-    text = f"{raised.type}: {raised.message}"
+    text = stated_text(raised)
     if EXTRA.search(text) or UNEXPECTED.search(text):
         return "unknown_key"
     if CONFLICT.search(text):
@@ -78,7 +86,7 @@ def diagnose(f: Found) -> Diagnosis:
     raised = final_exception(f.log)
     kind = _statement(raised)
     return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
-            "expected": _expected}[kind](f, raised, f"{raised.type}: {raised.message}")
+            "expected": _expected}[kind](f, raised, stated_text(raised))
 
 
 # --- the indexes the keys are looked up in -------------------------------------------------------------------
@@ -130,6 +138,12 @@ def _conflict(f: Found, raised: Raised, text: str) -> Diagnosis:
     m = CONFLICT.search(text)
     key, value, other = _bare(m.group("key")), m.group("value").strip("'\"`"), m.group("other")
     words = [w.strip("`'\"-") for w in re.findall(r"[\w.`'\"-]+", other)]
+    if value.lower() in PARTICIPLES:  # "X cannot be used with Y": one of the two goes
+        d = Diagnosis("config_message", f"the error states a conflict: {key} cannot be {value} with {other.strip()}",
+                      raised.headline)
+        d.proposal = Proposal(f"use {m.group('key').strip(QUOTES)} or {other.strip().strip(QUOTES)}, not both", [],
+                              "the message names both settings; remove one where the run sets it")
+        return d
     d = Diagnosis("config_message", f"the error states a conflict: {key} cannot be {value} when {other.strip()}",
                   raised.headline)
     # the setting whose choices hold both A and what B names is the one the message is about
