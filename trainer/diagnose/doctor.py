@@ -7,8 +7,10 @@ data), with the reason. The current config is read through `trainer.ds` accessor
 are skipped. The rerun line comes from the one launch-command builder (`trainer.launch.command`), for the
 world size the run had, so the trainer accepts it.
 
-`--json` prints: recognised, failure, title, evidence, proposal {step, overrides, reason}, then, advice,
-memory, command.
+`--json` prints: recognised, failure (and the same as class), title, evidence, phase, exception {type, message,
+rank, chain, site {file, function, line, code}}, raising_site, nearest {class, confidence} (unrecognised logs),
+facts (what the log states: GPU, memory, world size, nodes, container, exported variables), proposal {step,
+overrides, reason}, then, advice, memory, command.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from ..presets import load_preset, with_overrides
 from ..resolve import Resolved, resolve
 from .classes.versions import record_versions
 from .findings import Diagnosis, Proposal, first_error_line
-from .logtext import read_log
+from .logtext import bounded, read_log
 from .recognise import diagnose
 
 __all__ = ["diagnose", "doctor", "doctor_arguments", "rerun_command"]
@@ -98,7 +100,12 @@ def rerun_command(args, resolved: Resolved, d: Diagnosis) -> str:
 
 
 def diagnosis_json(d: Diagnosis, memory: Optional[str], command: Optional[str]) -> dict:
-    return {"recognised": d.recognised, "failure": d.failure, "title": d.title, "evidence": d.evidence,
+    raised = d.raised.as_json() if d.raised else None
+    return {"recognised": d.recognised, "failure": d.failure, "class": d.failure, "title": d.title,
+            "evidence": d.evidence, "phase": d.phase, "exception": raised,
+            "raising_site": raised.get("site") if raised else None,
+            "nearest": {"class": d.nearest[0], "confidence": d.nearest[1]} if d.nearest else None,
+            "facts": d.facts.as_json() if d.facts else {},
             "proposal": d.proposal.as_json() if d.proposal else None, "then": [p.as_json() for p in d.then],
             "advice": d.advice, "memory": memory, "command": command}
 
@@ -114,6 +121,12 @@ def print_diagnosis(args, r: Resolved, d: Diagnosis, memory: Optional[str], comm
           f"{'on' if r.config.model.gradient_checkpointing else 'off'}, {dsc.precision(r.ds)}) + {args.log}")
     print(f"{'recognised' if d.recognised else 'NOT RECOGNISED'}: {d.title}")
     print(f"  evidence: {d.evidence}")
+    if d.raised:
+        site = f" at {d.raised.site.short()}" if d.raised.site else ""
+        print(f"  raised: {bounded(d.raised.headline)}{site}" + (f" (rank {d.raised.rank})" if d.raised.rank is not None
+                                                               else "") + f"; phase: {d.phase}")
+    if d.facts and d.facts.as_json():
+        print("  the log states: " + ", ".join(f"{key} {value}" for key, value in d.facts.as_json().items()))
     if d.proposal:
         print(f"next change ({d.proposal.step}):")
         if d.proposal.overrides:

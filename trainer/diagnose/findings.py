@@ -8,7 +8,9 @@ from typing import Callable, Optional
 from ..errors import UserError
 from ..plan.estimate import plan_for_resolved
 from ..resolve import Resolved
+from .logfacts import LogFacts
 from .logtext import Log, bounded
+from .raised import Raised
 
 Reresolve = Callable[[list[str]], Resolved]  # the same preset with extra --set overrides, resolved
 
@@ -41,6 +43,10 @@ class Diagnosis:
     then: list[Proposal] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     launcher: str = "deepspeed"  # how the rerun line starts the ranks (torchrun when the failed run used it)
+    raised: Optional[Raised] = None  # the log's final exception, its raising site and chain (raised.py)
+    phase: str = "unknown"  # phases.py's name for where the run was
+    facts: Optional[LogFacts] = None  # what the log states about the run (logfacts.py)
+    nearest: Optional[tuple[str, float]] = None  # unrecognised: the closest class and how close (0..1)
 
     def __post_init__(self):
         self.evidence = bounded(self.evidence)
@@ -61,6 +67,7 @@ class Found:
     match: Optional[re.Match]
     reresolve: Optional[Reresolve] = None
     versions: dict = field(default_factory=dict)  # package -> version, as the log prints it or the run recorded
+    facts: LogFacts = field(default_factory=LogFacts)  # what the log states: GPU, world, nodes, exports
 
     @property
     def line(self) -> str:

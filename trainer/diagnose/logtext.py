@@ -6,6 +6,8 @@ rich-formatted tracebacks and exception messages wrapped over several lines.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -55,15 +57,55 @@ class Log:
         # \r\n (Windows), then a bare \r (a redrawn progress bar): each redraw is a line of its own
         return cls(tuple(collapse_repeats(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n"))[0]))
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        """Each line's offset in `text`."""
+        starts, at = [], 0
+        for line in self.lines:
+            starts.append(at)
+            at += len(line) + 1
+        return starts
+
+    def _line_at(self, offset: int) -> int:
+        return bisect.bisect_right(self._starts, offset) - 1
+
     def first(self, pattern: re.Pattern, start: int = 0) -> Optional[int]:
-        return next((i for i in range(start, len(self.lines)) if pattern.search(self.lines[i])), None)
+        """The first line from `start` the pattern matches. The whole text is searched at once (in C, not line by
+        line in Python: a 200,000-line log is read in a fraction of a second); a match that starts on a line but
+        only matches across the line break is checked against that line alone and passed over."""
+        text, whole = self.text, _per_line(pattern)
+        at = self._starts[start] if start < len(self.lines) else len(text) + 1
+        while at <= len(text):
+            found = whole.search(text, at)
+            if found is None:
+                return None
+            index = self._line_at(found.start())
+            if pattern.search(self.lines[index]):
+                return index
+            at = self._starts[index + 1] if index + 1 < len(self.lines) else len(text) + 1
+        return None
 
     def last(self, pattern: re.Pattern) -> Optional[int]:
-        return next((i for i in reversed(range(len(self.lines))) if pattern.search(self.lines[i])), None)
+        """The last line the pattern matches, from one search of the whole text: every line that matches alone
+        lies within the span of some whole-text match (a match starting earlier may run over it), so the lines
+        of those spans, last first, are the only ones checked."""
+        spans = [(m.start(), max(m.start(), m.end() - 1)) for m in _per_line(pattern).finditer(self.text)]
+        for start, end in reversed(spans):
+            for index in range(self._line_at(end), self._line_at(start) - 1, -1):
+                if pattern.search(self.lines[index]):
+                    return index
+        return None
+
+    def ends(self, lines: int = 3000) -> str:
+        """The first and the last `lines` lines: where a log states its setting (versions, GPUs, the command,
+        exports) and its end; a bound on what reading those facts costs in a log of any length."""
+        if len(self.lines) <= 2 * lines:
+            return self.text
+        return "\n".join(self.lines[:lines] + self.lines[-lines:])
 
     def all(self, pattern: re.Pattern) -> list[re.Match]:
         return [m for line in self.lines for m in pattern.finditer(line)]
@@ -116,6 +158,12 @@ class Log:
         if index is not None:
             return self.line(index)
         return next((line.strip() for line in reversed(self.lines) if line.strip()), "")
+
+
+@functools.lru_cache(maxsize=512)
+def _per_line(pattern: re.Pattern) -> re.Pattern:
+    """The pattern with ^ and $ at line boundaries, to search a whole log at once."""
+    return re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
 
 
 REPEAT_BLOCK_LINES = 64  # the longest block of lines whose back-to-back repeats are collapsed (a traceback per step)

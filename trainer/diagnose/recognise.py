@@ -22,6 +22,7 @@
 | op_build          | a JIT op build failing (cpu_adam, ...), no ninja on PATH      | the toolchain fix, then fallback  |
 | not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
+| stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
 | config_message    | an exception whose message says what to change (names keys)   | that change (overrides if it can) |
@@ -40,9 +41,12 @@ from typing import Callable, Optional
 from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
-from .classes import checkpoint, fallback, launch, messages, network, sequence, toolkit, versions
+from . import phases
+from .classes import checkpoint, fallback, launch, messages, network, sequence, stated, toolkit, versions
 from .findings import Diagnosis, Found, Reresolve
+from .logfacts import read_facts
 from .logtext import Log
+from .raised import final_exception
 
 SSH = re.compile(r"(was not reachable via ssh|ssh exited with exit code 255|PasswordAuthentication=no \S+ hostname' "
                  r"returned non-zero exit status 255|ssh: connect to host \S+ port \d+: (Connection refused|No route|"
@@ -75,10 +79,18 @@ class Recogniser:
     find: Finder
     handler: Callable[[Found], Diagnosis]
     pattern: Optional[re.Pattern] = None  # whose match the handler reads (groups)
+    signature: tuple[re.Pattern, ...] = ()  # what the class's evidence reads like: the fallback's nearest class
+
+    @property
+    def signatures(self) -> tuple[re.Pattern, ...]:
+        return getattr(self.find, "signature", ()) + self.signature + ((self.pattern,) if self.pattern else ())
 
 
 def _first(pattern: re.Pattern) -> Finder:
-    return lambda log: log.first(pattern)
+    def find(log: Log) -> Optional[int]:
+        return log.first(pattern)
+    find.signature = (pattern,)
+    return find
 
 
 def _gpu_oom(loading: bool) -> Finder:
@@ -103,6 +115,16 @@ def _op_build(log: Log) -> Optional[int]:
     return min(causes) if causes else log.first(BUILD_STOPPED) if log.has(BUILD_STOPPED) else log.first(OP_BUILD)
 
 
+def _weak_op(log: Log) -> Optional[int]:
+    """ds_report's "async_io requires the dev libaio" warning table is printed by healthy runs: the cause only when
+    the log ends in no exception, or in one about the op."""
+    index = log.first(OP_WEAK)
+    if index is None:
+        return None
+    raised = final_exception(log)
+    return index if raised is None or re.search(r"(aio|AsyncIO|async_io|libaio)", raised.headline) else None
+
+
 def _save(log: Log) -> Optional[int]:
     return log.first(SAVE_SKIPPED) if log.has(SAVE_SKIPPED) else log.first(EMPTY_WEIGHTS)
 
@@ -111,28 +133,31 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("ssh_launch", _first(SSH), launch.diagnose_ssh),
     Recogniser("version", lambda log: None, versions.diagnose),  # found with the run's versions: see diagnose()
     Recogniser("jit_lock", _first(toolkit.LOCK_WAIT), toolkit.diagnose_jit_lock),
-    Recogniser("launch_args", launch.find_unrecognized, launch.diagnose_launch_args),
+    Recogniser("launch_args", launch.find_unrecognized, launch.diagnose_launch_args,
+               signature=(launch.UNRECOGNIZED, launch.LOCAL_RANK)),
     Recogniser("port_in_use", _first(launch.PORT_IN_USE), launch.diagnose_port),
     Recogniser("cuda_toolkit", _first(toolkit.CUDA_TOOLKIT), toolkit.diagnose_cuda_toolkit),
     Recogniser("zero3_device_map", _first(checkpoint.DEVICE_MAP), checkpoint.diagnose_device_map),
     Recogniser("zero3_load", _first(ZERO3_LOAD), checkpoint.diagnose_zero3_load),
-    Recogniser("stage3_save", _save, checkpoint.diagnose_save),
+    Recogniser("stage3_save", _save, checkpoint.diagnose_save, signature=(SAVE_SKIPPED, EMPTY_WEIGHTS)),
     Recogniser("ckpt_topology", _first(checkpoint.TOPOLOGY), checkpoint.diagnose_topology),
     Recogniser("offload_optimizer", _first(messages.CLIENT_OPTIMIZER), messages.diagnose_client_optimizer),
     Recogniser("sequence_parallel", sequence.find, sequence.diagnose),
     Recogniser("nvme_aio", _first(NVME), advice.diagnose_nvme),
-    Recogniser("load_oom", _gpu_oom(loading=True), memory.diagnose_load_oom),
-    Recogniser("cuda_oom", _gpu_oom(loading=False), memory.diagnose_gpu_oom),
+    Recogniser("load_oom", _gpu_oom(loading=True), memory.diagnose_load_oom, signature=(memory.GPU_OOM,)),
+    Recogniser("cuda_oom", _gpu_oom(loading=False), memory.diagnose_gpu_oom, signature=(memory.GPU_OOM,)),
     Recogniser("shm", _first(launch.SHM), launch.diagnose_shm),
     Recogniser("host_oom", _first(memory.HOST_KILL), memory.diagnose_host_oom),
     Recogniser("fp16_loss_scale", _first(LOSS_SCALE), advice.diagnose_loss_scale),
-    Recogniser("op_build", _op_build, toolkit.diagnose_op_build),
+    Recogniser("op_build", _op_build, toolkit.diagnose_op_build, signature=(OP_BUILD, BUILD_STOPPED)),
     Recogniser("not_distributed", _first(launch.NO_LAUNCHER), launch.diagnose_no_launcher),
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
+    Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
-    Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl),
-    Recogniser("config_message", messages.find_message, messages.diagnose_message),
-    Recogniser("op_build", _first(OP_WEAK), toolkit.diagnose_op_build),
+    Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,
+               signature=(collectives.NCCL_TIMEOUT, collectives.MISMATCH)),
+    Recogniser("config_message", messages.find_message, messages.diagnose_message, signature=(messages.INSTRUCTION,)),
+    Recogniser("op_build", _weak_op, toolkit.diagnose_op_build),
     Recogniser("jit_lock", toolkit.find_stopped_at_op_loading, toolkit.diagnose_jit_lock),
 ]
 
@@ -147,16 +172,56 @@ def diagnose(r: Resolved, text: str, reresolve: Optional[Reresolve] = None,
     """The first recogniser that finds its evidence in `text` diagnoses it against the resolved preset; with
     none, the fallback still says what failed, where, and what to report."""
     log = Log.of(text)
-    seen = run_versions(log.text, recorded_versions)
+    seen = run_versions(log.ends(), recorded_versions)
+    facts = read_facts(log)
     reresolve = _remembered(reresolve) if reresolve else None
     for recogniser in RECOGNISERS:
         index = _find_version(log, seen) if recogniser.failure == "version" else recogniser.find(log)
         if index is None:
             continue
         match = recogniser.pattern.search(log.joined(index)) if recogniser.pattern else None
-        return _launched_like(log, recogniser.handler(Found(r, log, index, match, reresolve, seen)))
-    index = fallback.failure_line(log)
-    return fallback.diagnose_unknown(Found(r, log, index or 0, None, reresolve, seen))
+        d = recogniser.handler(Found(r, log, index, match, reresolve, seen, facts))
+        return _described(log, _launched_like(log, d), index, facts)
+    index = fallback.failure_line(log) or 0
+    d = fallback.diagnose_unknown(Found(r, log, index, None, reresolve, seen, facts))
+    d.nearest = nearest_class(log)
+    if d.nearest:
+        d.advice.insert(0, f"nearest known class: {d.nearest[0]} (confidence {d.nearest[1]:.2f}, not enough to act on)")
+    return _described(log, d, index, facts)
+
+
+def _described(log: Log, d: Diagnosis, index: int, facts) -> Diagnosis:
+    """The diagnosis with the log's structure: its final exception and raising site, the phase, the facts."""
+    d.raised, d.facts = final_exception(log), facts
+    frames = list(d.raised.frames) if d.raised else []
+    d.phase = phases.phase_of_frames(frames) or phases.phase(log, d.raised.index if d.raised else index)
+    return d
+
+
+WORD = re.compile(r"[A-Za-z][a-z]{3,}(?:_[a-z]+)*")
+COMMON = {"error", "with", "from", "that", "this", "none", "true", "false", "failed", "version", "process", "info",
+          "warn", "rank", "torch", "cuda"}
+
+
+def nearest_class(log: Log) -> Optional[tuple[str, float]]:
+    """The class whose evidence patterns share the most words with the log's failure (its final exception and
+    the lines before it), and a confidence: half the share of the class's words seen (at most 0.5, since the
+    class's own evidence did not match), when any word is shared."""
+    raised = final_exception(log)
+    if raised is not None:  # the exception and where it was raised speak; a ds_report table before it does not
+        text = " ".join([raised.type, raised.message] + [f"{fr.file} {fr.func} {fr.code}" for fr in raised.frames])
+    else:
+        text = log.before(fallback.failure_line(log) or 0, 30)
+    seen = {w.lower() for w in WORD.findall(text)}
+    best: Optional[tuple[str, float]] = None
+    for recogniser in RECOGNISERS:
+        words = {w.lower() for p in recogniser.signatures for w in WORD.findall(p.pattern)} - COMMON
+        if not words:
+            continue
+        score = round(len(words & seen) / min(len(words), 6), 2)  # a long alternation needs only a few of its words
+        if score > 0 and (best is None or score > best[1]):
+            best = (recogniser.failure, min(score, 1.0) / 2)
+    return best
 
 
 def _remembered(reresolve: Reresolve) -> Reresolve:

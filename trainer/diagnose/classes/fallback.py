@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
+from pathlib import Path
 from typing import Optional
 
 from ...plan.estimate import gb
 from .. import phases
 from ..findings import Diagnosis, Found, planned
-from ..logtext import ERROR_WORDS, EXCEPTION, Frame, Log
+from ..logtext import ERROR_WORDS, EXCEPTION, Frame, Log, bounded
+from ..raised import Site, final_exception
 
 TRACKERS = {"deepspeed": "https://github.com/deepspeedai/DeepSpeed/issues (attach `ds_report`)",
             "transformers": "https://github.com/huggingface/transformers/issues (attach `transformers env`)",
@@ -22,7 +24,6 @@ TRACKERS = {"deepspeed": "https://github.com/deepspeedai/DeepSpeed/issues (attac
             "nccl": "https://github.com/NVIDIA/nccl/issues (attach the NCCL_DEBUG=INFO log of every rank)",
             "trainer": "this trainer's maintainers (attach `python -m trainer show PRESET` and the run's "
                        "config.resolved.yaml)"}
-STACK = ("torch", "deepspeed", "transformers", "accelerate")
 # What the exception type alone says, whatever raised it ({0}: the first quoted name in the message).
 HINTS = [(re.compile(p), text) for p, text in (
     (r"ModuleNotFoundError|No module named", "the module '{0}' is not installed in the environment this rank ran: "
@@ -61,26 +62,24 @@ def raised_in(log: Log, index: int, frames: list[Frame]) -> str:
     return "your script" if frames else "unknown"
 
 
-def installed() -> dict[str, str]:
-    found = {}
-    for name in STACK:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
-
-
 def diagnose_unknown(f: Found) -> Diagnosis:
     log, index, versions = f.log, f.index, f.versions
-    frames = log.frames(index)
+    exc = final_exception(log)
+    frames = list(exc.frames) if exc and exc.frames else log.frames(index)
     library = raised_in(log, index, frames)
-    phase = phases.phase(log, index)
+    phase = phases.phase_of_frames(frames) or phases.phase(log, index)
     exception = re.match(r"^(?:\[rank\d+\]:\s*)?([\w.]+?(?:Error|Exception|Exit|Interrupt))\b", log.line(index))
-    kind = exception.group(1).rsplit(".", 1)[-1] if exception else "a failure"
+    kind = exc.name if exc else exception.group(1).rsplit(".", 1)[-1] if exception else "a failure"
     where = "" if phase == "unknown" else f" {phases.WORDS[phase]}"
     raised = f" raised in {library}" if library != "unknown" else " (the log shows no traceback)"
-    d = Diagnosis("unrecognised", f"{kind}{raised}{where}", log.line(index))
+    d = Diagnosis("unrecognised", f"{kind}{raised}{where}", exc.headline if exc else log.line(index))
+    if exc and exc.site:
+        d.advice.append(f"the exception: {bounded(exc.headline)}; raised at {exc.site.short()}"
+                        + (f" (`{exc.site.code}`)" if exc.site.code else "")
+                        + (f", first caused by {exc.chain[0][0]}: {bounded(exc.chain[0][1], 160)}" if exc.chain else ""))
+        source = raising_condition(exc.site, versions)
+        if source:
+            d.advice.append(source)
     message = log.joined(index, following=2)  # "Failed to import X ...:" and, wrapped, the error it names
     hint = next((text for pattern, text in HINTS if pattern.search(message)), None)
     if hint:
@@ -90,9 +89,12 @@ def diagnose_unknown(f: Found) -> Diagnosis:
     if innermost is not None:
         d.advice.append(f"raised in {library} at {innermost.file.split('site-packages/')[-1]} ({innermost.func})"
                         + _called_from(frames))
-    seen = ", ".join(f"{name} {v}" for name, v in sorted(versions.items())) or "none printed"
-    here = ", ".join(f"{name} {v}" for name, v in installed().items())
-    d.advice.append(f"versions in the log: {seen}; installed where the doctor runs: {here}")
+    seen = ", ".join(f"{name} {v}" for name, v in sorted(versions.items()))
+    d.advice.append(f"versions in the log: {seen} (not the doctor's machine's)" if seen else
+                    "the log shows no versions: attach `ds_report` (or `pip list`) from the machine that ran it")
+    shown = f.facts.as_json()
+    if shown:
+        d.advice.append("the log states: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     plan = planned(f.resolved)
     if plan is not None:
         d.advice.append(f"preset {f.resolved.config.name} plans {gb(plan.gpu_total)} of {gb(plan.gpu_budget)} GB per "
@@ -101,6 +103,36 @@ def diagnose_unknown(f: Found) -> Diagnosis:
                     "distributed failures), the command line, the DeepSpeed config, `pip list` and `nvidia-smi`, to "
                     + TRACKERS.get(library, "the project that owns the script (the innermost frame of your code)"))
     return d
+
+
+CONDITION = re.compile(r"^\s*(if|elif|assert|while)\b")
+
+
+def raising_condition(site: Site, versions: dict) -> Optional[str]:
+    """The condition that raised, read from the installed package's source at the site's line, when the
+    installed version is the one the log shows (else which versions differ, when the log shows one)."""
+    package = site.package
+    if package not in ("deepspeed", "transformers", "accelerate", "torch", "peft", "trl", "datasets"):
+        return None
+    try:
+        here = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+    theirs = versions.get(package)
+    if theirs is None:
+        return None
+    if theirs.split("+")[0] != here.split("+")[0]:
+        return f"the raising code is {package} {theirs}'s; {here} is installed where the doctor runs, so its source " \
+               f"at {site.short()} is not shown"
+    relative = re.split(r"(?:site|dist)-packages[\\/]", site.file)[-1]
+    path = Path(metadata.distribution(package).locate_file(relative))
+    try:
+        lines = path.read_text(errors="replace").split("\n")[max(0, site.line - 12):site.line]
+    except OSError:
+        return None
+    condition = next((line.strip() for line in reversed(lines) if CONDITION.match(line)), None)
+    return f"the condition that raised ({package} {here}, {site.short()}): `{bounded(condition, 200)}`" \
+        if condition else None
 
 
 def _called_from(frames: list[Frame]) -> str:

@@ -32,9 +32,16 @@ def diagnose_network(f: Found) -> Diagnosis:
                               "torch==<same>` on each node, then `python -m trainer preflight` checks the versions "
                               "agree", env=DEBUG_ENV)
         return d
-    if f.log.has(IB):
+    facts = f.facts
+    ib_off = facts.already_set("NCCL_IB_DISABLE", "1")
+    wrong = _wrong_interface(f)
+    if wrong:
+        return wrong
+    if f.log.has(IB) and not ib_off and _ib_beyond_exports(f):
         return _infiniband(f)
-    if f.log.has(SOCKET):
+    if facts.single_node:
+        return _one_node(f)
+    if f.log.has(SOCKET) or ib_off:
         return _sockets(f)
     d = Diagnosis("nccl_network", "NCCL failed in a system call (network, shared memory or a peer that went away)",
                   f.line)
@@ -42,12 +49,69 @@ def diagnose_network(f: Found) -> Diagnosis:
                           "'unhandled system error' is NCCL's code for a failing socket, InfiniBand verb or shared "
                           "memory call; the INFO log names it (the lines before the NCCL WARN) and the transport it "
                           "chose (NET/IB or NET/Socket, and the interface)", env=DEBUG_ENV)
-    d.advice += [
-        "across nodes: pin the interface that connects them, NCCL_SOCKET_IFNAME=<iface> (`ip -br addr` on each node)",
-        "with InfiniBand/RoCE: test with NCCL_IB_DISABLE=1 - if sockets work, the IB setup is the problem (NCCL_IB_HCA, "
-        "NCCL_IB_GID_INDEX for RoCE, `ulimit -l` unlimited, `ibstat` ports Active)",
-        "if another rank died first (OOM, kill), that is the cause: look for the first error of every rank",
-    ]
+    if not facts.single_node:
+        d.advice.append("across nodes: pin the interface that connects them, NCCL_SOCKET_IFNAME=<iface> (`ip -br addr` "
+                        "on each node)")
+    if not facts.already_set("NCCL_IB_DISABLE"):
+        d.advice.append("with InfiniBand/RoCE: test with NCCL_IB_DISABLE=1 - if sockets work, the IB setup is the "
+                        "problem (NCCL_IB_HCA, NCCL_IB_GID_INDEX for RoCE, `ulimit -l` unlimited, `ibstat` ports Active)")
+    if facts.single_node and facts.environment == "container":
+        d.advice.append("one node in a container: NCCL's intra-node transports need the host's IPC and a large "
+                        "/dev/shm - docker run --ipc=host (or --shm-size=16g)")
+    d.advice.append("if another rank died first (OOM, kill), that is the cause: look for the first error of every rank")
+    return d
+
+
+IFNAME_IGNORED = ("lo", "docker0")
+
+
+def _one_node(f: Found) -> Diagnosis:
+    """One node: the ranks talk through shared memory and P2P, not through an interface between nodes."""
+    d = Diagnosis("nccl_network", "NCCL failed between the GPUs of one node (shared memory / P2P, not the network)",
+                  f.line)
+    if f.facts.environment == "container":
+        d.proposal = Proposal("give the container the host's IPC and a large /dev/shm: docker run --ipc=host "
+                              "(or --shm-size=16g)", [],
+                              "on one node NCCL moves data through /dev/shm and CUDA IPC; a container's default 64 MB "
+                              "/dev/shm and private IPC namespace break both", env=DEBUG_ENV)
+    else:
+        d.proposal = Proposal("rerun with NCCL_DEBUG=INFO; test with NCCL_P2P_DISABLE=1 (P2P between the GPUs)", [],
+                              "on one node the transports are P2P (NVLink/PCIe) and shared memory; the INFO log names "
+                              "the one that failed. P2P failing under IOMMU/ACS or a virtual machine is common: "
+                              "NCCL_P2P_DISABLE=1 as a test", env=DEBUG_ENV)
+    d.then.append(Proposal("or keep NCCL off shared memory", [], "NCCL_SHM_DISABLE=1 (slower)",
+                           env=(("NCCL_SHM_DISABLE", "1"),)))
+    d.advice.append("if another rank died first (OOM, kill), that is the cause: look for the first error of every rank")
+    return d
+
+
+IB_SIGNS = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|\bGID\b)")
+SETTING = re.compile(r"(NCCL_IB_\w+\s*=|NCCL_IB_\w+ set by environment)")
+
+
+def _ib_beyond_exports(f: Found) -> bool:
+    """IB shows in the log beyond the user's own NCCL_IB_* settings: an export names IB, it does not show it used."""
+    return f.log.has(IB_SIGNS) or any(not SETTING.search(line) for line in f.log.lines if "NCCL_IB_" in line)
+
+
+def _wrong_interface(f: Found):
+    """NCCL_SOCKET_IFNAME set to an interface the log shows is not the one in use or up (or NCCL found none)."""
+    named = f.facts.exported.get("NCCL_SOCKET_IFNAME")
+    if not named or named.startswith(("^", "=")):
+        return None
+    wanted = [name.strip() for name in named.split(",")]
+    others = [i for i in f.facts.interfaces if i not in IFNAME_IGNORED and not any(i.startswith(w) for w in wanted)]
+    none_found = re.search(r"no socket interface found|No interface found|Bootstrap : no socket", f.log.text, re.IGNORECASE)
+    if not others and not none_found:
+        return None
+    d = Diagnosis("nccl_network", f"NCCL_SOCKET_IFNAME={named} names an interface NCCL cannot use here", f.line)
+    target = others[0] if others else "<iface>"
+    d.proposal = Proposal(f"set NCCL_SOCKET_IFNAME to the interface the nodes share: NCCL_SOCKET_IFNAME={target}", [],
+                          f"the run exported NCCL_SOCKET_IFNAME={named}"
+                          + (f", but the log shows {', '.join(others)}" if others else ", and NCCL found no interface "
+                             "by that name") + "; `ip -br addr` on every node shows the names (they may differ per "
+                          "node: a comma list, or a prefix such as NCCL_SOCKET_IFNAME=en)",
+                          env=(("NCCL_SOCKET_IFNAME", target),) + DEBUG_ENV if others else DEBUG_ENV)
     return d
 
 
@@ -72,6 +136,7 @@ def _sockets(f: Found) -> Diagnosis:
                           "container. `ip -br addr` on each node shows the interface on the nodes' network; set "
                           "NCCL_SOCKET_IFNAME to it (a comma list when the names differ per node) on every node, and "
                           "NCCL_DEBUG=INFO shows the one it used (NET/Socket : Using [0]eth0:10.0.0.1)", env=DEBUG_ENV)
-    d.advice += ["without InfiniBand add NCCL_IB_DISABLE=1 so NCCL does not probe for it",
-                 "if another rank died first (OOM, kill), that is the cause: look for the first error of every rank"]
+    if not f.facts.already_set("NCCL_IB_DISABLE"):
+        d.advice.append("without InfiniBand add NCCL_IB_DISABLE=1 so NCCL does not probe for it")
+    d.advice.append("if another rank died first (OOM, kill), that is the cause: look for the first error of every rank")
     return d

@@ -1,0 +1,285 @@
+"""Messages that state their own fix by naming keys, flags, values or versions - read as statements, not matched
+as phrases:
+
+- a conflict, "X cannot be A when B" (`--mixed_precision cannot be fp16 when bf16 is set`): the setting whose
+  values include A and B (the trainer schema's choices, the preset's DeepSpeed keys) is set to what B says;
+- an unknown key, pydantic's "extra fields not permitted" / "Extra inputs are not permitted" under a key, or
+  "unexpected keyword argument 'k'": a key the installed DeepSpeed knows (its learned keys) means the run's
+  DeepSpeed is older than the key (the pin); a key no DeepSpeed model has is a misspelling (the nearest key);
+- a requirement, "requires torch>=2.5", "needs transformers 4.46 or later": the pin, with the version the log
+  shows;
+- an expectation, "expected K to be V, got W" naming a key of the config: `--set K=V`.
+
+The keys are looked up in the project's own indexes (the preset's resolved DeepSpeed config, DeepSpeed's learned
+pydantic models, the trainer's config schema), so a key is proposed under the path the trainer accepts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import typing
+from typing import Optional
+
+from ... import config as schema
+from ... import ds as dsc
+from ...ds import learned
+from ...errors import UserError
+from ..advice import TRAINER_DEEPSPEED
+from ..findings import Diagnosis, Found, Proposal
+from ..logtext import Log
+from ..raised import Raised, final_exception
+
+_NAME = r"(?:--?[\w-]+|`[\w.-]+`|'[\w.-]+'|\"[\w.-]+\"|[A-Za-z_][\w.]*)"
+CONFLICT = re.compile(rf"(?P<key>{_NAME})\s*(?:=\s*\S+\s+)?(?:cannot|can't|can not|must not|should not|may not|is not "
+                      rf"allowed to|is incompatible with being) be (?:set to |used as |)['\"`]?(?P<value>[\w.-]+)['\"`]?"
+                      rf",? (?:when|if|while|because|since|as long as|with) (?P<other>[^.;\n]+)", re.IGNORECASE)
+QUOTES = "`'\""
+PARTICIPLES = {"used", "set", "specified", "enabled", "combined", "passed", "given", "provided", "true", "on"}
+EXTRA = re.compile(r"(extra fields not permitted|Extra inputs are not permitted|extra_forbidden)", re.IGNORECASE)
+MODEL = re.compile(r"validation errors? for (\w+)")
+UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+PACKAGE = r"(?P<pkg>torch|pytorch|transformers|accelerate|deepspeed|peft|trl|datasets|bitsandbytes|flash[_-]attn|" \
+          r"triton|numpy|safetensors|tokenizers|huggingface[_-]hub|liger[_-]kernel|pydantic)"
+REQUIREMENT = re.compile(rf"`?{PACKAGE}`?\s*(?:version\s*)?(?P<op>>=|==|~=|<=|>|<)\s*v?(?P<ver>\d+(?:\.\d+)*)",
+                         re.IGNORECASE)
+LATER = re.compile(rf"{PACKAGE}\s*(?:version\s*)?v?(?P<ver>\d+\.\d+(?:\.\d+)?)\s*(?:or|and) (?:later|higher|newer|"
+                   rf"above)|(?:at least|minimum(?: version)?(?: of)?)\s*{PACKAGE.replace('pkg', 'pkg2')}\s*"
+                   rf"(?:version\s*)?v?(?P<ver2>\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
+REQUIRE_WORDS = re.compile(r"(requir|need|install|upgrade|at least|minimum|or later|or higher|supported|compatible)",
+                           re.IGNORECASE)
+FOUND_VERSION = re.compile(r"(?:found|but|have|installed|got|current(?:ly)?|detected|you are using)\s+(?:version\s+)?"
+                           r"(?:\w+\s*(?:==|version:?)?\s*)?v?(\d+\.\d+[\w.+]*)", re.IGNORECASE)
+EXPECTED = re.compile(r"expected\s+(?:the\s+)?[`'\"]?(?P<key>[\w.-]+)[`'\"]?\s+(?:to be|to equal|==?|of|as)\s+"
+                      r"[`'\"]?(?P<want>[\w.-]+)[`'\"]?,?\s*(?:but\s+)?(?:got|found|received|is|was)\s+[`'\"]?"
+                      r"(?P<got>[\w.-]+)", re.IGNORECASE)
+PIP_NAMES = {"pytorch": "torch", "flash_attn": "flash-attn", "huggingface_hub": "huggingface-hub",
+             "liger_kernel": "liger-kernel"}
+
+
+def find(log: Log) -> Optional[int]:
+    raised = final_exception(log)
+    return raised.index if raised is not None and _statement(raised) else None
+
+
+def stated_text(raised: Raised) -> str:
+    """The final exception's message, then the messages of the exceptions it was raised from (a wrapper's
+    "Failed to import X because of the following error" carries the statement in its cause)."""
+    return "\n".join([f"{raised.type}: {raised.message}"] + [f"{kind}: {message}" for kind, message in raised.chain])
+
+
+def _statement(raised: Raised) -> Optional[str]:
+    text = stated_text(raised)
+    if EXTRA.search(text) or UNEXPECTED.search(text):
+        return "unknown_key"
+    if CONFLICT.search(text):
+        return "conflict"
+    if REQUIRE_WORDS.search(text) and (REQUIREMENT.search(text) or LATER.search(text)):
+        return "requirement"
+    if (m := EXPECTED.search(text)) and _known_key(m.group("key")):
+        return "expected"
+    return None
+
+
+def diagnose(f: Found) -> Diagnosis:
+    raised = final_exception(f.log)
+    kind = _statement(raised)
+    return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
+            "expected": _expected}[kind](f, raised, stated_text(raised))
+
+
+# --- the indexes the keys are looked up in -------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def schema_fields() -> dict[str, tuple]:
+    """Every field of the trainer's config as `section.field` -> its choices (a Literal's values; () for none)."""
+    out: dict[str, tuple] = {}
+
+    def walk(cls, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for fld in dataclasses.fields(cls):
+            hint = hints.get(fld.name)
+            if dataclasses.is_dataclass(hint):
+                walk(hint, f"{prefix}{fld.name}.")
+            else:
+                out[f"{prefix}{fld.name}"] = tuple(str(v) for v in typing.get_args(hint)) \
+                    if typing.get_origin(hint) is typing.Literal else ()
+    walk(schema.Config, "")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def deepspeed_fields() -> dict[str, str]:
+    """Every key DeepSpeed's pydantic models know (learned from the installed DeepSpeed) -> the model's name."""
+    try:
+        models = learned.facts()["models"]
+    except (UserError, OSError, ImportError):  # no DeepSpeed to learn from: the index is empty, the rest still works
+        return {}
+    return {name: model["name"] for model in models.values() for name in model.get("fields", {})}
+
+
+def _bare(key: str) -> str:
+    return key.strip("`'\"").lstrip("-").replace("-", "_")
+
+
+def _known_key(key: str) -> bool:
+    leaf = _bare(key).rsplit(".", 1)[-1]
+    return "_" in leaf and (leaf in deepspeed_fields() or any(p.endswith(f".{leaf}") for p in schema_fields()))
+
+
+def _ds_path(f: Found, leaf: str) -> Optional[str]:
+    return next((p for p in dsc.leaf_paths(f.resolved.ds) if p == leaf or p.endswith(f".{leaf}")), None)
+
+
+# --- the four statements ------------------------------------------------------------------------------------
+
+def _conflict(f: Found, raised: Raised, text: str) -> Diagnosis:
+    m = CONFLICT.search(text)
+    key, value, other = _bare(m.group("key")), m.group("value").strip("'\"`"), m.group("other")
+    words = [w.strip("`'\"-") for w in re.findall(r"[\w.`'\"-]+", other)]
+    if value.lower() in PARTICIPLES:  # "X cannot be used with Y": one of the two goes
+        d = Diagnosis("config_message", f"the error states a conflict: {key} cannot be {value} with {other.strip()}",
+                      raised.headline)
+        d.proposal = Proposal(f"use {m.group('key').strip(QUOTES)} or {other.strip().strip(QUOTES)}, not both", [],
+                              "the message names both settings; remove one where the run sets it")
+        return d
+    d = Diagnosis("config_message", f"the error states a conflict: {key} cannot be {value} when {other.strip()}",
+                  raised.headline)
+    # the setting whose choices hold both A and what B names is the one the message is about
+    for path, choices in schema_fields().items():
+        wanted = next((w for w in words if w in choices and w != value), None)
+        if value in choices and wanted:
+            override = f"{path}={wanted}"
+            if str(_current(f, path)) != wanted:
+                if f.resolves([override]) is not None:
+                    d.proposal = Proposal(f"make {key} agree with {wanted}: {path}={wanted}", [override],
+                                          f"the message says {key} cannot be {value} when {other.strip()}; the "
+                                          f"trainer's {path} sets both (and DeepSpeed's blocks from it)")
+                else:
+                    d.proposal = Proposal(f"drop {wanted} where the run sets it ({path}={wanted} does not resolve "
+                                          f"for preset {f.resolved.config.name})", [],
+                                          f"the message says {key} cannot be {value} when {other.strip()}; this "
+                                          f"preset cannot take {wanted}, so the setting that asks for it must go")
+                return d
+            d.proposal = Proposal(f"set {key} to {wanted} (or drop it) where the run sets it", [],
+                                  f"preset {f.resolved.config.name} has {path}={_current(f, path)} already: the "
+                                  f"{key}={value} came from the launch command or a config of its own (an accelerate "
+                                  f"config, the training arguments); make it {wanted} there")
+            return d
+    d.proposal = Proposal(f"change {key} from {value}, or undo what it conflicts with ({other.strip()})", [],
+                          "the message names both settings; change one where the run sets it")
+    return d
+
+
+def _current(f: Found, path: str):
+    section, _, name = path.partition(".")
+    node = getattr(f.resolved.config, section, None)
+    for part in name.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+CALLEE = re.compile(r"([\w.]+)\(\) got an unexpected keyword argument")
+
+
+def _unknown_key(f: Found, raised: Raised, text: str) -> Diagnosis:
+    keys = _extra_keys(raised.message) or UNEXPECTED.findall(text)
+    model = MODEL.search(text)
+    where = f" of {model.group(1)}" if model else ""
+    known = deepspeed_fields()
+    deepspeed_model = model is not None and model.group(1) in set(known.values())
+    if not deepspeed_model and not any(k in known for k in keys):
+        return _foreign_keys(raised, keys, model.group(1) if model else None, text)
+    d = Diagnosis("config_message", f"the run's DeepSpeed does not know the key{'s' if len(keys) > 1 else ''} "
+                                    f"{', '.join(keys)}{where}", raised.headline)
+    newer = [k for k in keys if k in known]
+    seen = f.versions.get("deepspeed")
+    removals = [dsc.set_override(p, None) for k in keys for p in [_ds_path(f, k)] if p]
+    if newer:
+        d.proposal = Proposal(f"pin a DeepSpeed that knows {', '.join(newer)}: pip install deepspeed=={TRAINER_DEEPSPEED}",
+                              [], f"{', '.join(newer)} {'is' if len(newer) == 1 else 'are'} keys of DeepSpeed "
+                              f"{TRAINER_DEEPSPEED} (this trainer's pin; its learned keys hold them)"
+                              + (f"; the log's DeepSpeed is {seen}" if seen else "") +
+                              ": an older DeepSpeed's pydantic models refuse keys they do not have")
+        if removals:
+            d.then.append(Proposal("or keep that DeepSpeed and drop the keys", removals,
+                                   "null removes a key from the preset's DeepSpeed config"))
+        return d
+    guesses = {k: difflib.get_close_matches(k, list(known), n=1, cutoff=0.75) for k in keys}
+    named = [f"{k} -> {g[0]}" for k, g in guesses.items() if g]
+    d.proposal = Proposal("rename the misspelt key" + (f": {', '.join(named)}" if named else "s: no DeepSpeed model "
+                          "has them"), removals if not named else [],
+                          "no DeepSpeed model has this key (the installed DeepSpeed's learned keys); "
+                          + ("the nearest known key is named" if named else "null removes it from the preset"))
+    return d
+
+
+def _foreign_keys(raised: Raised, keys: list[str], model: Optional[str], text: str) -> Diagnosis:
+    """Keys refused by something other than DeepSpeed (a TrainingArguments keyword, a tool's config model): the
+    code that passes them was written for another version of the code that refuses them."""
+    callee = CALLEE.search(text)
+    what = model or (callee.group(1) if callee else "the callee")
+    package = next((fr.package for fr in reversed(raised.frames) if fr.package), "")
+    d = Diagnosis("version", f"{what} does not accept {', '.join(repr(k) for k in keys)}", raised.headline)
+    d.proposal = Proposal(f"match the versions: {what}{' (' + package + ')' if package else ''} of the installed "
+                          f"release has no {', '.join(keys)}", [],
+                          "an argument or key the installed release does not have was renamed, removed, or added "
+                          "after it: install the release the script or config was written for (its requirements "
+                          "file), or rename the argument to the installed release's name")
+    return d
+
+
+def _extra_keys(message: str) -> list[str]:
+    """The keys pydantic names above its "extra fields not permitted" lines (v1 and v2 print the location on the
+    line before the error; `a -> b` and `a.b` are nested locations: the leaf is the key)."""
+    lines = message.split("\n")
+    keys = []
+    for i, line in enumerate(lines):
+        if EXTRA.search(line) and i > 0:
+            location = re.split(r"\s*->\s*|\.", lines[i - 1].strip())[-1]
+            if re.fullmatch(r"\w+", location) and location not in keys:
+                keys.append(location)
+    return keys
+
+
+def _requirement(f: Found, raised: Raised, text: str) -> Diagnosis:
+    m = REQUIREMENT.search(text)
+    if m and REQUIRE_WORDS.search(text):
+        package, spec = m.group("pkg"), f"{m.group('op')}{m.group('ver')}"
+    else:
+        later = LATER.search(text)
+        package, spec = later.group("pkg") or later.group("pkg2"), f">={later.group('ver') or later.group('ver2')}"
+    package = PIP_NAMES.get(package.lower().replace("-", "_"), package.lower())
+    found = FOUND_VERSION.search(text[m.end():] if m else text)
+    have = found.group(1).rstrip(".") if found else f.versions.get(package)
+    d = Diagnosis("version", f"the error states a requirement: {package}{spec}"
+                             + (f" (the run has {have})" if have else ""), raised.headline)
+    d.proposal = Proposal(f"pin {package}{spec}: pip install '{package}{spec}'", [],
+                          f"the message states it needs {package}{spec}" + (f" and the run has {have}" if have else "")
+                          + "; install it in the environment the ranks run (every node), or pin the package that "
+                          "asks for it to a release that accepts the installed one")
+    return d
+
+
+def _expected(f: Found, raised: Raised, text: str) -> Diagnosis:
+    m = EXPECTED.search(text)
+    leaf, want = _bare(m.group("key")).rsplit(".", 1)[-1], m.group("want")
+    d = Diagnosis("config_message", f"the error states the value it expects: {leaf}={want} (got {m.group('got')})",
+                  raised.headline)
+    path = _ds_path(f, leaf)
+    override = dsc.set_override(path, _scalar(want)) if path else next(
+        (f"{p}={want}" for p in schema_fields() if p.endswith(f".{leaf}")), None)
+    if override and f.resolves([override]) is not None:
+        d.proposal = Proposal(f"set {leaf} to {want}", [override], f"the message expects {leaf}={want}")
+    else:
+        d.proposal = Proposal(f"set {leaf} to {want} where the run sets it", [],
+                              f"the message expects {want} and got {m.group('got')}")
+    return d
+
+
+def _scalar(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    return int(text) if re.fullmatch(r"-?\d+", text) else float(text) if re.fullmatch(r"-?\d+\.\d*", text) else text

@@ -1,0 +1,104 @@
+"""Facts a log states about the run, so that advice fits the run and not an assumption: the GPU and its memory,
+what was allocated when it failed, the world size and the nodes, where it ran (a container, WSL2, bare metal)
+and what the user had already exported (NCCL_IB_DISABLE=1 set before the run is not advice to give again).
+
+Each fact is None when the log does not show it; nothing here is read from the doctor's own machine.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .logtext import Log
+
+GPU_NAME = re.compile(r"\b(NVIDIA (?=[\w -]{0,30}\d)[A-Z][\w-]*(?: [A-Z0-9][\w-]*){0,3}|Tesla [A-Z]\d+[\w-]*|"
+                      r"(?:GeForce )?RTX \w+ ?\d{3,4}\w*(?: Ti)?|A100[\w-]*|H100[\w-]*|H200|V100[\w-]*|A10G|L40S?|"
+                      r"MI\d{3}X?)\b")
+CAPACITY = re.compile(r"(?:total capacity of ([\d.]+) GiB|([\d.]+) GiB total capacity)")  # torch 2.x / 1.x OOM
+NVCC = re.compile(r"(?:nvcc version\s*\.*\s*|Cuda compilation tools, release )(\d+\.\d+)")
+TORCH_CUDA = re.compile(r"(?:torch cuda version\s*\.*\s*|torch(?:==|\s+version\s*\.*\s*:?\s*)\d[\w.]*\+cu)(\d+(?:\.\d+)?)")
+ALLOCATED = re.compile(r"(?:Of the allocated memory )?([\d.]+) GiB (?:is )?allocated by PyTorch|([\d.]+) GiB already "
+                       r"allocated")
+WORLD = re.compile(r"(?:\bworld[_ ]size\b\s*[=:]\s*|\bdist_world_size=|WORLD_SIZE=|--nproc_per_node[= ])(\d+)",
+                   re.IGNORECASE)
+NNODES = re.compile(r"(?:--num_nodes[= ]|--nnodes[= ]|NNODES=|num_nodes=|\bnnodes=)(\d+)", re.IGNORECASE)
+WORLD_INFO = re.compile(r"WORLD INFO DICT: (\{.*\})")
+NODE_PREFIX = re.compile(r"^([\w.-]+): \[(?:20\d\d|rank\d)", re.MULTILINE)  # pdsh's "host: [2024-..." / "host: [rank3]"
+CONTAINER = re.compile(r"(/\.dockerenv|\bdocker (?:run|exec|compose)\b|\bkubectl\b|\bpodman\b|singularity|apptainer|"
+                       r"\benroot\b|running (?:inside|in) (?:a )?(?:docker|container)|nvcr\.io/|/workspace/)", re.IGNORECASE)
+WSL = re.compile(r"(microsoft-standard-WSL2|\bWSL2?\b|/mnt/[a-z]/|\\\\wsl)", re.IGNORECASE)
+# what a shell line sets: `export X=1`, `$ X=1 Y=2 deepspeed ...`, `+ X=1 torchrun ...` (not "run with X=1" in a message)
+SHELL_SETTINGS = re.compile(r"^[ \t]*(?:[$+#>][ \t]*)?(?:export[ \t]+)?((?:[A-Z][A-Z0-9_]*=\S*[ \t]*(?:;[ \t]*)?(?:export[ \t]+)?)+)",
+                            re.MULTILINE)
+SETTING = re.compile(r"([A-Z][A-Z0-9_]*)=(['\"]?)([^\s'\";]*)\2")
+NCCL_SET_BY_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (\S+)")
+NCCL_INTERFACE = re.compile(r"NET/(?:Socket|IB) : Using \[\d\]([\w.-]+)(?::|/)")
+IFACE_ADDR = re.compile(r"^\d+: ([\w.@-]+?)(?:@\w+)?: <[A-Z,_]*UP", re.MULTILINE)  # `ip addr`'s interface lines
+
+
+@dataclass
+class LogFacts:
+    gpu: Optional[str] = None
+    gpu_memory_gb: Optional[float] = None
+    allocated_gb: Optional[float] = None
+    world_size: Optional[int] = None
+    nodes: Optional[int] = None
+    environment: Optional[str] = None       # 'container', 'WSL2' or None (not shown)
+    exported: dict = field(default_factory=dict)  # NAME -> value the user set before the run
+    interfaces: list = field(default_factory=list)  # network interfaces the log shows in use or up
+    cuda_toolkit: Optional[str] = None      # nvcc's release (ds_report, `nvcc --version`)
+    torch_cuda: Optional[str] = None        # the CUDA torch was built with (ds_report, a +cuXYZ wheel)
+
+    @property
+    def single_node(self) -> bool:
+        """True only when the log shows one node (a node count of 1, or a world on one host)."""
+        return self.nodes == 1
+
+    def already_set(self, name: str, value: Optional[str] = None) -> bool:
+        return name in self.exported and (value is None or self.exported[name] == value)
+
+    def as_json(self) -> dict:
+        return {key: value for key, value in vars(self).items() if value not in (None, {}, [])}
+
+
+def read_facts(log: Log) -> LogFacts:
+    """The facts, each read by one search of the log's first and last lines (Log.ends: where a log states its
+    setting and its end; a fixed cost in a log of any length): the first GPU, capacity, world size and
+    environment the log names, the last allocation."""
+    text = log.ends()
+    facts = LogFacts()
+    first = {name: pattern.search(text) for name, pattern in (("gpu", GPU_NAME), ("capacity", CAPACITY),
+                                                                ("world", WORLD), ("nnodes", NNODES),
+                                                                ("world_info", WORLD_INFO))}
+    facts.gpu = first["gpu"].group(1).strip() if first["gpu"] else None
+    capacity = first["capacity"]
+    facts.gpu_memory_gb = float(capacity.group(1) or capacity.group(2)) if capacity else None
+    if (nvcc := NVCC.search(text)):
+        facts.cuda_toolkit = nvcc.group(1)
+    if (torch_cuda := TORCH_CUDA.search(text)):
+        built = torch_cuda.group(1)  # "121" from a wheel tag is 12.1
+        facts.torch_cuda = built if "." in built else f"{built[:-1]}.{built[-1]}"
+    allocated = None
+    for allocated in ALLOCATED.finditer(text):
+        pass
+    facts.allocated_gb = float(allocated.group(1) or allocated.group(2)) if allocated else None
+    facts.world_size = int(first["world"].group(1)) if first["world"] else None
+    hosts = {m.group(1) for m in NODE_PREFIX.finditer(text)}
+    if first["nnodes"]:
+        facts.nodes = int(first["nnodes"].group(1))
+    elif first["world_info"]:  # {'host1': [0, 1], 'host2': [0, 1]}
+        facts.nodes = len(re.findall(r"'[^']+':", first["world_info"].group(1))) or None
+    elif len(hosts) > 1:
+        facts.nodes = len(hosts)
+    facts.environment = "WSL2" if WSL.search(text) else "container" if CONTAINER.search(text) else None
+    for shell in SHELL_SETTINGS.finditer(text):
+        for m in SETTING.finditer(shell.group(1)):
+            facts.exported.setdefault(m.group(1), m.group(3))
+    for m in NCCL_SET_BY_ENV.finditer(text):
+        facts.exported.setdefault(m.group(1), m.group(2).rstrip("."))
+    for pattern in (NCCL_INTERFACE, IFACE_ADDR):
+        for m in pattern.finditer(text):
+            if m.group(1) not in facts.interfaces:
+                facts.interfaces.append(m.group(1))
+    return facts
