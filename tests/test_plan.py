@@ -197,7 +197,7 @@ def test_model_specs(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "7b", "--gpu", "h100"], "unknown GPU type 'h100' (did you mean 'h100-80g'?)"),
+    (["--model", "7b", "--gpu", "h100-90g"], "unknown GPU type 'h100-90g' (did you mean 'h100-80g' or"),
     (["--model", "7b"], "--gpu is required"),
     (["--model", "7b", "--gpu", "a100-80g", "--gpus-per-node", "0"], "argument --gpus-per-node: '0' must be >= 1"),
     (["--model", "7b", "--gpu", "a100-80g", "--seq-len", "-5"], "argument --seq-len: '-5' must be >= 2"),
@@ -239,10 +239,10 @@ def test_a_scenario_file_reports_every_problem_at_once(tmp_path):
 
 def test_plan_inputs_report_every_problem_at_once():
     with pytest.raises(UserError) as err:
-        build_inputs({"model": "7b", "gpu": "h100", "gpus_per_node": 0, "task": "finetune", "cpu_ram_gb": -1})
+        build_inputs({"model": "7b", "gpu": "h100-90g", "gpus_per_node": 0, "task": "finetune", "cpu_ram_gb": -1})
     message = str(err.value)
     assert message.startswith("4 problem(s) in the command line:"), message
-    for problem in ("--gpu: unknown GPU type 'h100' (did you mean 'h100-80g'?)", "--gpus-per-node: 0 must be",
+    for problem in ("--gpu: unknown GPU type 'h100-90g' (did you mean 'h100-80g' or", "--gpus-per-node: 0 must be",
                     "--task: 'finetune' is not one of pretrain, full, lora, dpo, dpo-lora", "--cpu-ram-gb: -1 must be a size"):
         assert problem in message, (problem, message)
 

@@ -70,7 +70,8 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         plan.suggestions = what_would_fit(inputs)
         return plan
     plan.notes += (sequence_parallel_notes(inputs, chosen) + tiling_notes(inputs, chosen)
-                   + checkpoint_offload_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen))
+                   + checkpoint_offload_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen)
+                   + rocm_notes(inputs))
     chosen, note = add_zeropp(inputs, chosen)
     plan.notes += [note] if note else []
     plan.choice, line = largest_micro_batch(inputs, chosen)
@@ -220,6 +221,18 @@ def expert_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
     return [f"AutoEP all-to-all: {gb(per_layer * recompute)} GB sent per GPU per MoE layer per micro-batch "
             f"({gb(per_layer * recompute * m.num_layers)} GB over {m.num_layers} layers), {fabric}; each GPU holds "
             f"{m.num_experts // ep} of {m.num_experts} experts per layer (the ZeRO-3 largest layer shrinks with it)"]
+
+
+def rocm_notes(inputs: PlanInputs) -> list[str]:
+    """What changes on an AMD card (ROCm builds of torch and DeepSpeed): the collectives' library, and the fused
+    kernels the trainer takes from CUDA builds by default."""
+    if not inputs.gpu.rocm:
+        return []
+    return [f"ROCm ({inputs.gpu.name}): the collectives run on RCCL, which reads the same NCCL_* variables "
+            f"(a `launch --fabric` profile applies as written; NCCL_DEBUG=INFO logs as RCCL); DeepSpeed's JIT ops "
+            f"(fused_adam, cpu_adam) build with hipcc on the machine (scripts/build_ops.py there); model.liger and "
+            f"attn_implementation flash_attention_2 need the ROCm builds of liger-kernel and flash-attn (the plan counts "
+            f"attention 'auto' as sdpa, so its memory holds without flash-attn)"]
 
 
 def add_zeropp(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional[str]]:
