@@ -42,7 +42,7 @@ from ..resolve import Resolved, alst_mlp_tiles
 
 SEVERITIES = ("error", "warn", "info")
 LONG_SEQUENCE = 8192            # seed step 6 #6: "long sequences: checkpointing is a must"
-USEFUL_BUCKET = (int(1e7), int(1e9))  # elements: below, many small collectives; above, late start and GBs of buffers
+USEFUL_BUCKET = dsc.USEFUL_BUCKET  # elements: the planner sizes a small model's 'auto' buckets into it
 
 
 @dataclass(frozen=True)

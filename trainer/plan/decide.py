@@ -79,8 +79,8 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
     plan.grad_accum = (dsc.accumulation(inputs.global_batch, plan.choice.micro_batch, inputs.data_parallel_size)
                        if inputs.global_batch else 1)  # largest_micro_batch chose a micro-batch that divides
     plan.deepspeed = planned_deepspeed_config(plan)
-    plan.preset, plan.preset_differences, overrides = nearest_preset(plan)
-    plan.launch = launch_line(plan, overrides, output)
+    plan.preset, plan.preset_differences, plan.preset_overrides = nearest_preset(plan)
+    plan.launch = launch_line(plan, plan.preset_overrides, output)
     return plan
 
 

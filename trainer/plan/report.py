@@ -33,6 +33,7 @@ def plan_to_json(plan: Plan) -> dict:
         "notes": plan.notes,
         "preset": plan.preset,
         "preset_differences": plan.preset_differences,
+        "preset_overrides": plan.preset_overrides,
         "deepspeed_config": plan.deepspeed,
         "launch": plan.launch,
     }
