@@ -45,7 +45,8 @@ from .keys import (
 from .ops import jit_ops, optimizer_ops
 
 __all__ = [
-    "AUTO_BUCKETS", "Batch", "CHECKPOINT_WRITERS", "USEFUL_BUCKET", "bucket_floor_overrides", "with_bucket_floor", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
+    "AUTO_BUCKETS", "Batch", "CHECKPOINT_WRITERS", "USEFUL_BUCKET", "bucket_floor_overrides", "with_bucket_floor",
+    "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
     "accumulation", "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autoep_size", "autotp_size",
     "autotuning_block", "base_config", "bf16_enabled", "check_keys", "client_optimizer_on_cpu_override",
     "contiguous_gradients", "cpu_checkpointing", "decode_launcher_config", "expert_parallel", "experiment_configs", "experiment_overrides", "fill_auto",

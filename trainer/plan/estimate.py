@@ -145,7 +145,7 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
                                        inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles,
                                        checkpoint_offload, forward="policy" if inputs.preference else "causal")
-    # the plan's own config: 'auto' (hidden^2), raised to the useful range's floor for a small model (ds.with_bucket_floor)
+    # the plan's own config: 'auto' (hidden^2), raised to the useful floor for a small model (ds.with_bucket_floor)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else max(m.hidden_size ** 2, dsc.USEFUL_BUCKET[0])
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
                + mem.hpz_secondary_bytes(inputs.params, hpz_partition_size if stage == 3 else 1, precision))

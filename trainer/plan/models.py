@@ -113,7 +113,8 @@ HF_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "n
              "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
              "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
              "tie_word_embeddings": "tie_word_embeddings", "model_type": "family",
-             "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok", "rope_theta": "rope_theta"}
+             "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok",
+             "rope_theta": "rope_theta"}
 # Qwen3-MoE names its experts num_experts, their width moe_intermediate_size (its intermediate_size is the width of
 # dense MLP layers, which Qwen3-30B-A3B has none of), and its head_dim is free
 QWEN3_MOE_FIELDS = {"num_experts": "num_experts", "moe_intermediate_size": "intermediate_size", "head_dim": "head_dim"}

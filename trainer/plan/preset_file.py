@@ -83,8 +83,8 @@ def header(plan: Plan, path: Path) -> list[str]:
     weights = resolved.config.model.name_or_path or "none: trained from scratch"
     host = resolved.config.hardware.cpu_ram_gb
     return [
-        f"{path.stem} — {TASKS[inputs.task]} of {inputs.model.label} on {inputs.nodes} node(s) x {inputs.gpus_per_node} "
-        f"{inputs.gpu.description}.",
+        f"{path.stem} — {TASKS[inputs.task]} of {inputs.model.label} on {inputs.nodes} node(s) x "
+        f"{inputs.gpus_per_node} {inputs.gpu.description}.",
         f"{MARK} from the shipped preset {plan.preset} and the plan's --set items.",
         f"Hardware: {inputs.nodes} node(s) x {inputs.gpus_per_node} {inputs.gpu.description}, "
         + (f"{host:g} GB host RAM per node" if host else "host RAM not given")

@@ -28,7 +28,8 @@ class Expect:
     micro_batch: Optional[tuple[int, int]] = doc("[low, high]: the chosen micro-batch lies in this range.")
     activation_checkpointing: Optional[bool] = doc("Whether the plan turns activation checkpointing on.")
     hpz_partition_size: Optional[int] = doc("ZeRO++ hpZ partition size of the plan (1 = none).")
-    preset: Optional[str] = doc("The nearest shipped preset the plan names (for a model no preset ships, the one its launch line makes that model).")
+    preset: Optional[str] = doc("The nearest shipped preset the plan names (for a model no preset ships, the one "
+                                "its launch line makes that model).")
     fits: Optional[bool] = doc("false: nothing fits, and the planner says what would.")
     suggestions_mention: Optional[list[str]] = doc("Words the 'what would fit' suggestions contain.")
 
