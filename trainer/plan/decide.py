@@ -25,7 +25,7 @@ from . import memory as mem
 from .artifacts import launch_line, nearest_preset, planned_deepspeed_config
 from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
-    micro_batch_options, planned_mlp_tiles
+    micro_batch_options, planned_mlp_tiles, stage_below_two_wasted
 )
 from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
@@ -110,6 +110,10 @@ def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate],
     The first candidate that fits (or None), and one line per candidate tried."""
     lines = []
     for candidate in WALK:
+        if stage_below_two_wasted(candidate.stage, inputs.data_parallel_size):
+            lines.append(f"{candidate.name}: skipped on {inputs.data_parallel_size} data-parallel ranks: stage 2 has "
+                         f"the same communication and shards gradients and optimizer states too")
+            continue
         shot = best_shot(inputs, candidate, micro_batch)
         if shot.fits:
             how = "with activation checkpointing" if shot.checkpointing else "without activation checkpointing"
@@ -158,6 +162,8 @@ def smallest_sequence_parallel(inputs: PlanInputs, candidates: tuple[Candidate, 
     for candidate in candidates:
         for sp in sizes:
             trial = dataclasses.replace(inputs, sequence_parallel=sp)
+            if stage_below_two_wasted(candidate.stage, trial.data_parallel_size):
+                continue
             shot = best_shot(trial, candidate, 1)
             if shot.fits:
                 lines.append(f"{candidate.name} + sequence parallel {sp} (DeepSpeed Ulysses): each GPU holds "
