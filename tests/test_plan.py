@@ -155,8 +155,8 @@ def test_launch_line_shapes(plans):
     assert "--bind_cores_to_rank" not in plans["seed1_7b_8xa100"]["launch"]
     # no preset ships Llama-2-13B: the nearest one with the items that make it 13B
     assert plans["13b_8xa100"]["launch"].startswith("deepspeed --num_gpus 8 train.py --preset 7b_8xa100 --set "
-                                                    "model.name_or_path=meta-llama/Llama-2-13b-hf --set "
-                                                    "model.hidden_size=5120")
+                                                    "model.name_or_path=meta-llama/Llama-2-13b-hf --set ")
+    assert " --set model.hidden_size=5120 " in plans["13b_8xa100"]["launch"]
 
 
 def test_cli_json_stdout_is_only_json_and_o_writes_a_valid_config(tmp_path):

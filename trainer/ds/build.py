@@ -142,6 +142,14 @@ def bucket_floor_overrides(ds: dict, hidden_size: int) -> list[str]:
             if z.get(key) == AUTO and factor * hidden_size * hidden_size < USEFUL_BUCKET[0]]
 
 
+def bucket_overrides(current: dict, target: dict) -> list[str]:
+    """`--set` items that give `current` the bucket sizes of `target` (a preset of another model: its buckets were
+    sized for that model's hidden size, the plan's for this one)."""
+    cz, tz = zero(current), zero(target)
+    return [set_override(f"zero_optimization.{key}", tz[key]) for key in AUTO_BUCKETS
+            if key in tz and key in cz and cz[key] != tz[key]]
+
+
 def with_bucket_floor(ds: dict, hidden_size: int) -> dict:
     """`ds` with `bucket_floor_overrides` applied (the planner's own config)."""
     out = copy.deepcopy(ds)

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from .. import ds as dsc
 from ..config import Config, DataConfig, HardwareConfig, PreferenceConfig, TrainConfig
-from ..presets import PRESET_DIR, load_preset, parse_yaml
+from ..presets import PRESET_DIR, load_preset, parse_yaml, with_overrides
 from . import memory as mem
 from .estimate import Candidate, Plan
 from .inputs import PlanInputs
@@ -100,9 +100,10 @@ def nearest_for_model(plan: Plan, shipped: list[tuple[str, Config]]) -> tuple[Op
     for name, config in shipped:
         model_differences, model_items = model_overrides(plan, config)
         differences, overrides = preset_overrides(plan, config, name)
-        key = (_kind_mismatches(plan, config), len(model_items) + len(overrides), name)
+        items = with_overrides(model_items, overrides)  # a key both set (a bucket size) once
+        key = (_kind_mismatches(plan, config), len(items), name)
         if best is None or key < best[0]:
-            best = (key, name, model_differences + differences, model_items + overrides)
+            best = (key, name, model_differences + differences, items)
     if best is None:
         return None, [], []
     _, name, differences, overrides = best
@@ -135,9 +136,11 @@ def model_overrides(plan: Plan, config: Config) -> tuple[list[str], list[str]]:
     differences = [f"model: {config.name} trains {have.name_or_path or 'an inline model'}; the --set items below make "
                    f"it {inputs.model.label}"]
     differences += [f"{key}: preset {old}, plan {new}" for key, old, new in changes]
+    buckets = dsc.bucket_overrides(config.deepspeed, plan.deepspeed)  # sized for the preset's model
+    differences += [f"{item.split('=')[0]}: sized for this model's hidden size" for item in buckets]
     if weights is None and inputs.task != "pretrain":
         differences.append(f"{inputs.model.label} names no weights: add --set model.name_or_path=YOUR_WEIGHTS")
-    return differences, [f"{key}={_yaml_value(new)}" for key, _, new in changes]
+    return differences, [f"{key}={_yaml_value(new)}" for key, _, new in changes] + buckets
 
 
 def _same_model(inputs: PlanInputs, config: Config) -> bool:
