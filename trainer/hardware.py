@@ -8,6 +8,7 @@ what torch reports (GiB), which is what the planner budgets.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +174,6 @@ def unknown_hint(name: str, allow_cpu: bool = True) -> str:
         everything = {k: v for k, v in everything.items() if v != "cpu"}
     prefixed = [everything[k] for k in everything if typed and k.startswith(typed)]
     if not prefixed:
-        import difflib
         prefixed = [everything[k] for k in difflib.get_close_matches(typed, list(everything), n=6, cutoff=0.6)]
     close = list(dict.fromkeys(prefixed))[:4]
     return f" (did you mean {' or '.join(repr(g) for g in close)}?)" if close else ""

@@ -14,7 +14,7 @@ from . import ds as dsc
 from . import strict, text
 from .loss_path import fused_loss_possible
 from .config import AUTO, Config
-from .errors import ConfigError, closest, short
+from .errors import ConfigError, short
 from .hardware import GPUS, TABLE, canonical_name, unknown_hint
 from .named_inputs import named_input_problems
 from .paths import CONTROL, control_characters
