@@ -41,7 +41,7 @@ class Scenario:
         "Named size (7b, 70b, ...), preset name, HF config.json, inline architecture, or a parameter count.")
     hidden_size: Optional[int] = doc("Hidden size, with a raw parameter count.")
     num_layers: Optional[int] = doc("Layers, with a raw parameter count.")
-    gpu: Optional[str] = doc("GPU type (trainer.hardware.GPUS).")
+    gpu: Optional[str] = doc("GPU type: a name or alias from trainer/accelerators.yaml.")
     gpus_per_node: int = doc("GPUs per node.", 1)
     nodes: int = doc("Nodes.", 1)
     cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB; absent = not checked.")
