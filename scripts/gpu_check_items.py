@@ -125,7 +125,7 @@ def gpu_row(ctx) -> str:
         return found.name
     if ctx.dry_run:
         return "h200"
-    raise RuntimeError(f"device {ctx.device_name!r} has no row in trainer/hardware.py GPUS ({', '.join(GPUS)})")
+    raise RuntimeError(f"device {ctx.device_name!r} has no entry in trainer/accelerators.yaml ({', '.join(GPUS)})")
 
 
 def remaining(deadline: float) -> float:

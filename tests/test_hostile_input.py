@@ -409,7 +409,7 @@ def test_batch_triad_error_shows_no_value_the_user_did_not_give(capsys):
 def test_gpu_names_are_case_insensitive_in_presets_as_in_plan(capsys):
     assert main(["show", "7b_8xa100", "--set", "hardware.gpu=A100-80G", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["hardware"]["gpu"] == "a100-80g"
-    refused(capsys, ["show", "7b_8xa100", "--set", "hardware.gpu=a100-80"], "(did you mean 'a100-80g'?)")
+    refused(capsys, ["show", "7b_8xa100", "--set", "hardware.gpu=a100-80"], "(did you mean 'a100-80g' or 'a100-80g-pcie'?)")
 
 
 def test_bf16_on_v100_says_v100_has_no_bf16(capsys):

@@ -250,7 +250,7 @@ def test_learning_rate_must_be_positive(lr):
     ({"data": {"seq_len": 256}}, ["data.seq_len=256", "model.max_position_embeddings=128"]),
     ({"model": {"num_heads": 5}}, ["model.hidden_size=64", "divisible by model.num_heads=5"]),
     ({"model": {"num_kv_heads": 3}}, ["model.num_heads=4", "model.num_kv_heads=3"]),
-    ({"hardware": {"gpu": "a100"}}, ["hardware.gpu", "'a100'", "a100-80g"]),
+    ({"hardware": {"gpu": "a100-81g"}}, ["hardware.gpu", "'a100-81g'", "a100-80g", "trainer/accelerators.yaml"]),
     ({"train": {"warmup_steps": 11}}, ["train.warmup_steps=11", "max_steps"]),
     ({"train": {"micro_batch_size": "lots"}}, ["train.micro_batch_size", "'lots'", "positive integer or 'auto'"]),
     ({"data": {"source": ""}}, ["data.source and data.sources: give exactly one"]),

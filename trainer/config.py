@@ -30,7 +30,8 @@ def doc(text: str, default: Any = None, factory: Any = None, kind: Optional[Kind
 
 @dataclass
 class HardwareConfig:
-    gpu: str = doc("GPU type from trainer.hardware.GPUS (a100-80g, h100-80g, v100-32g, ...) or 'cpu'.", "cpu")
+    gpu: str = doc("GPU type: a name or alias from trainer/accelerators.yaml (a100-80g, h100, mi300x, ...) "
+                   "or 'cpu'.", "cpu")
     gpus_per_node: int = doc("Ranks per node (GPUs per node; CPU ranks for 'cpu').", 1, kind=RANKS_PER_NODE)
     nodes: int = doc("Number of nodes; world size = nodes x gpus_per_node.", 1, kind=COUNT)
     cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB (planner: offload budget).", None, kind=GIGABYTES)

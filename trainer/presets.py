@@ -30,10 +30,10 @@ PRESET_DIR = REPO_ROOT / "presets"
 TEMPLATE_DIR = PRESET_DIR / "deepspeed"
 
 
-def list_presets() -> list[tuple[str, str]]:
-    """(name, description) of every shipped preset, sorted by name."""
+def list_presets(directory: Path = PRESET_DIR) -> list[tuple[str, str]]:
+    """(name, description) of every preset in presets/ (or `directory`), sorted by name."""
     rows = []
-    for path in sorted(PRESET_DIR.glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         raw = read_yaml_mapping(path, "preset")
         rows.append((path.stem, str(raw.get("description", ""))))
     return rows

@@ -14,8 +14,8 @@ from . import ds as dsc
 from . import strict, text
 from .loss_path import fused_loss_possible
 from .config import AUTO, Config
-from .errors import ConfigError, closest, short
-from .hardware import GPUS
+from .errors import ConfigError, short
+from .hardware import GPUS, TABLE, canonical_name, unknown_hint
 from .named_inputs import named_input_problems
 from .paths import CONTROL, control_characters
 from .redact import redact
@@ -233,10 +233,12 @@ def even_tiles(rows: int, tiles: int) -> int:
 
 
 def _canonical_gpu_name(cfg: Config) -> Config:
-    """hardware.gpu as the planner reads it: case does not matter (`A100-80G` is `a100-80g`)."""
+    """hardware.gpu as the planner reads it: case does not matter (`A100-80G` is `a100-80g`), and an alias is its
+    accelerator's name (`h100` is `h100-80g`: trainer/accelerators.yaml)."""
     name = cfg.hardware.gpu
-    if isinstance(name, str) and name not in GPUS and name.lower() in GPUS:
-        return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, gpu=name.lower()))
+    canonical = canonical_name(name) if isinstance(name, str) else None
+    if canonical and canonical != name:
+        return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, gpu=canonical))
     return cfg
 
 
@@ -245,8 +247,8 @@ def check_values(cfg: Config) -> list[str]:
     when the preset was read: trainer/numbers.py kinds in the schema)."""
     m, d, t, h = cfg.model, cfg.data, cfg.train, cfg.hardware
     checks = [
-        (h.gpu in GPUS, f"hardware.gpu: unknown GPU type {h.gpu!r}{closest(str(h.gpu).lower(), GPUS)}; "
-                        f"known: {', '.join(GPUS)}"),
+        (h.gpu in GPUS, f"hardware.gpu: unknown GPU type {h.gpu!r}{unknown_hint(str(h.gpu))}; "
+                        f"known: {', '.join(GPUS)} (or add an entry to trainer/{TABLE.name})"),
         (m.num_heads <= 0 or m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}"),
         (m.num_kv_heads is None or (m.num_kv_heads > 0 and m.num_heads % m.num_kv_heads == 0),

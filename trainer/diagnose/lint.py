@@ -36,13 +36,13 @@ from .. import ds as dsc
 from .. import hardware
 from ..options import add_preset_arguments, load_and_resolve
 from ..plan import memory as mem
-from ..plan.estimate import Candidate, gb, plan_for_resolved
+from ..plan.estimate import Candidate, gb, plan_for_resolved, stage_below_two_wasted
 from ..resolve import Resolved, alst_mlp_tiles
 
 
 SEVERITIES = ("error", "warn", "info")
 LONG_SEQUENCE = 8192            # seed step 6 #6: "long sequences: checkpointing is a must"
-USEFUL_BUCKET = (int(1e7), int(1e9))  # elements: below, many small collectives; above, late start and GBs of buffers
+USEFUL_BUCKET = dsc.USEFUL_BUCKET  # elements: the planner sizes a small model's 'auto' buckets into it
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def mixed_precision(r: Resolved) -> list[Finding]:
 
 
 def zero_stage_fits(r: Resolved) -> list[Finding]:
-    est, stage, world = plan_for_resolved(r), dsc.zero_stage(r.ds), r.world_size
+    est, stage = plan_for_resolved(r), dsc.zero_stage(r.ds)
     out = []
     if on_gpus(r):
         verdict = (f"planner: {gb(est.gpu_total)} GB per GPU of {gb(est.gpu_budget)} usable (params "
@@ -91,9 +91,10 @@ def zero_stage_fits(r: Resolved) -> list[Finding]:
             out.append(Finding("error", "#2 ZeRO stage", f"host RAM will not hold the offloaded states: {verdict}"))
         else:
             out.append(Finding("info", "#2 ZeRO stage", verdict))
-    if world > 1 and stage in (0, 1):
-        out.append(Finding("info", "#2 ZeRO stage", f"stage {stage} on {world} GPUs: stage 2 has the same "
-                           f"communication volume and shards gradients too (seed step 1.2)"))
+    if stage_below_two_wasted(stage, r.batch.data_parallel_size):  # the rule the planner's walk reads
+        out.append(Finding("info", "#2 ZeRO stage", f"stage {stage} on {r.batch.data_parallel_size} data-parallel "
+                           f"ranks: stage 2 has the same communication volume and shards gradients too (seed step "
+                           f"1.2)"))
     if on_gpus(r) and stage == 3 and dsc.offload_optimizer_device(r.ds) == "none":
         two = plan_for_resolved(r, candidate=Candidate("zero2", 2))
         if two.fits:

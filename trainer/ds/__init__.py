@@ -21,7 +21,9 @@ from .autotuning import (
 )
 from .batch import Batch, accumulation, solve_batch
 from .build import (
-    CHECKPOINT_WRITERS, activation_checkpointing_overrides, aio_defaults, base_config, client_optimizer_on_cpu_override,
+    AUTO_BUCKETS, CHECKPOINT_WRITERS, USEFUL_BUCKET, activation_checkpointing_overrides, bucket_floor_overrides,
+    bucket_overrides,
+    with_bucket_floor, aio_defaults, base_config, client_optimizer_on_cpu_override,
     frozen_reference_config, frozen_reference_placement, gather_on_save_override, global_batch_overrides,
     min_loss_scale_override, precision_overrides, rehearsal_changes,
     set_override, smaller_stage3_buffers, torch_adam_on_cpu_overrides, unpinned_offload_overrides,
@@ -44,7 +46,9 @@ from .keys import (
 from .ops import jit_ops, optimizer_ops
 
 __all__ = [
-    "Batch", "CHECKPOINT_WRITERS", "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
+    "AUTO_BUCKETS", "Batch", "CHECKPOINT_WRITERS", "USEFUL_BUCKET", "bucket_floor_overrides", "bucket_overrides",
+    "with_bucket_floor",
+    "PARAM_BUFFER_COUNT", "PERSISTENCE_THRESHOLD", "REMOVED_OPTIMIZERS",
     "accumulation", "activation_checkpointing_overrides", "aio_block", "aio_defaults", "autoep_size", "autotp_size",
     "autotuning_block", "base_config", "bf16_enabled", "check_keys", "client_optimizer_on_cpu_override",
     "contiguous_gradients", "cpu_checkpointing", "decode_launcher_config", "expert_parallel", "experiment_configs", "experiment_overrides", "fill_auto",

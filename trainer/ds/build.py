@@ -129,6 +129,36 @@ def set_override(path: str, value: Any) -> str:
     return f"deepspeed.{path}{':=' if isinstance(value, dict) else '='}{json.dumps(value)}"
 
 
+USEFUL_BUCKET = (int(1e7), int(1e9))  # elements: below, many small collectives; above, late start and GBs of buffers
+AUTO_BUCKETS = {"reduce_bucket_size": 1.0, "stage3_prefetch_bucket_size": 0.9}  # 'auto' = factor x hidden^2 (auto.py)
+
+
+def bucket_floor_overrides(ds: dict, hidden_size: int) -> list[str]:
+    """`--set` items for the 'auto' bucket sizes that hidden_size^2 (HF's rule, trainer.ds.auto) puts below the
+    useful range lint checks -- a small model's: 896^2 = 8e5 elements, hundreds of small collectives a step --
+    giving them the range's floor instead. None for a model of hidden size 3163 or more."""
+    z = zero(ds)
+    return [set_override(f"zero_optimization.{key}", USEFUL_BUCKET[0]) for key, factor in AUTO_BUCKETS.items()
+            if z.get(key) == AUTO and factor * hidden_size * hidden_size < USEFUL_BUCKET[0]]
+
+
+def bucket_overrides(current: dict, target: dict) -> list[str]:
+    """`--set` items that give `current` the bucket sizes of `target` (a preset of another model: its buckets were
+    sized for that model's hidden size, the plan's for this one)."""
+    cz, tz = zero(current), zero(target)
+    return [set_override(f"zero_optimization.{key}", tz[key]) for key in AUTO_BUCKETS
+            if key in tz and key in cz and cz[key] != tz[key]]
+
+
+def with_bucket_floor(ds: dict, hidden_size: int) -> dict:
+    """`ds` with `bucket_floor_overrides` applied (the planner's own config)."""
+    out = copy.deepcopy(ds)
+    for key, factor in AUTO_BUCKETS.items():
+        if zero(out).get(key) == AUTO and factor * hidden_size * hidden_size < USEFUL_BUCKET[0]:
+            zero(out)[key] = USEFUL_BUCKET[0]
+    return out
+
+
 def zero_overrides(current: dict, target: dict) -> list[str]:
     """Overrides that move `current`'s stage, offload devices, round-robin and ZeRO++ settings to `target`'s.
 

@@ -3,16 +3,18 @@ launch line."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shlex
 from typing import Any, Optional
 
 from .. import ds as dsc
 from ..config import Config, DataConfig, HardwareConfig, PreferenceConfig, TrainConfig
-from ..presets import list_presets, load_preset, parse_yaml
+from ..presets import PRESET_DIR, load_preset, parse_yaml, with_overrides
 from . import memory as mem
 from .estimate import Candidate, Plan
 from .inputs import PlanInputs
+from .preset_file import written_by_plan
 
 
 DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4, "dpo": 5e-7, "dpo-lora": 5e-6}  # DPO: the paper's 5e-7
@@ -28,6 +30,7 @@ def planned_deepspeed_config(plan: Plan) -> dict:
         ds = dsc.with_zeropp(ds, c.hpz_partition_size)
     ds = dsc.with_sequence_parallel(ds, inputs.sp)
     ds = dsc.with_expert_parallel(ds, inputs.expert_parallel)
+    ds = dsc.with_bucket_floor(ds, inputs.model.config.hidden_size)
     config = planned_trainer_config(plan, ds)
     problems: list[str] = []
     dp = inputs.data_parallel_size  # DeepSpeed's triad under SP counts world / sequence_parallel_size ranks
@@ -64,18 +67,80 @@ PARAMS_MATCH = 0.05  # a preset is "the same model" within 5% of the parameters
 
 
 def nearest_preset(plan: Plan) -> tuple[Optional[str], list[str], list[str]]:
-    """(name, differences, --set overrides) of the closest shipped preset for the same model, or (None, [], [])."""
-    inputs, scored = plan.inputs, []
-    for name, _ in list_presets():
-        config = load_preset(name)
-        if config.hardware.gpu == "cpu" or not _same_model(inputs, config):
-            continue
-        scored.append((-_similarity(plan, config), name, config))
+    """(name, differences, --set overrides) of the closest shipped preset for the same model; when none ships this
+    model, the nearest for the hardware and the task with the items that make it this model (`nearest_for_model`);
+    (None, [], []) only when no GPU preset ships at all."""
+    inputs = plan.inputs
+    shipped = [(path.stem, _shipped(path.stem, path.stat().st_mtime_ns)) for path in sorted(PRESET_DIR.glob("*.yaml"))
+               if not written_by_plan(path)]  # a preset `plan --write-preset` wrote is no source for another
+    shipped = [(name, config) for name, config in shipped if config.hardware.gpu != "cpu"]
+    scored = [(-_similarity(plan, config), name, config) for name, config in shipped if _same_model(inputs, config)]
     if not scored:
-        return None, [], []
+        return nearest_for_model(plan, shipped)
     _, name, config = min(scored, key=lambda item: (item[0], item[1]))
     differences, overrides = preset_overrides(plan, config, name)
     return name, differences, overrides
+
+
+@functools.lru_cache(maxsize=64)
+def _shipped(name: str, mtime_ns: int) -> Config:
+    """A shipped preset, read once per process while its file is unchanged (every plan compares them all)."""
+    return load_preset(name)
+
+
+MODEL_KEYS = ("family", "head_dim", "num_experts", "num_experts_per_tok", "rope_theta")  # beside ARCHITECTURE_FIELDS
+
+
+def nearest_for_model(plan: Plan, shipped: list[tuple[str, Config]]) -> tuple[Optional[str], list[str], list[str]]:
+    """No shipped preset trains this model: the preset of the same kind of training (pretrain, SFT or preference;
+    LoRA or not; dense or MoE; as many of these as one ships) that needs the fewest `--set` items to become the plan,
+    and those items: first the model's (its weights, family and architecture), then the plan's (hardware, ZeRO,
+    offload, batch)."""
+    best = None
+    for name, config in shipped:
+        model_differences, model_items = model_overrides(plan, config)
+        differences, overrides = preset_overrides(plan, config, name)
+        items = with_overrides(model_items, overrides)  # a key both set (a bucket size) once
+        key = (_kind_mismatches(plan, config), len(items), name)
+        if best is None or key < best[0]:
+            best = (key, name, model_differences + differences, items)
+    if best is None:
+        return None, [], []
+    _, name, differences, overrides = best
+    return name, differences, overrides
+
+
+def _kind_mismatches(plan: Plan, config: Config) -> int:
+    inputs = plan.inputs
+    return ((config.data.task == "preference") != inputs.preference) + (
+        (config.data.task == "pretrain") != (inputs.task == "pretrain")) + (
+        config.model.lora.enabled != inputs.lora_enabled) + (
+        (config.model.num_experts is None) != (inputs.model.config.num_experts is None))
+
+
+def model_overrides(plan: Plan, config: Config) -> tuple[list[str], list[str]]:
+    """What makes a preset of another model train the plan's: its weights (a config.json's directory, a named
+    model's hub id; none to pretrain), family and the keys ARCHITECTURE_FIELDS leaves out, the tokenizer of its
+    weights, ZeRO-3 leaf modules found anew for another family, LoRA on or off. (differences, --set items)."""
+    inputs, have, want = plan.inputs, config.model, plan.inputs.model.config
+    weights = None if inputs.task == "pretrain" else want.name_or_path
+    changes = [(f"model.{key}", getattr(have, key), getattr(want, key)) for key in MODEL_KEYS]
+    if weights is not None or inputs.task == "pretrain":
+        changes.insert(0, ("model.name_or_path", have.name_or_path, weights))
+    if weights is not None and have.tokenizer is not None:
+        changes.append(("model.tokenizer", have.tokenizer, None))  # the tokenizer of the weights
+    if have.zero3_leaf_modules is not None and have.family != want.family:
+        changes.append(("model.zero3_leaf_modules", have.zero3_leaf_modules, None))  # found in the model
+    changes.append(("model.lora.enabled", have.lora.enabled, inputs.lora_enabled))
+    changes = [(key, old, new) for key, old, new in changes if old != new]
+    differences = [f"model: {config.name} trains {have.name_or_path or 'an inline model'}; the --set items below make "
+                   f"it {inputs.model.label}"]
+    differences += [f"{key}: preset {old}, plan {new}" for key, old, new in changes]
+    buckets = dsc.bucket_overrides(config.deepspeed, plan.deepspeed)  # sized for the preset's model
+    differences += [f"{item.split('=')[0]}: sized for this model's hidden size" for item in buckets]
+    if weights is None and inputs.task != "pretrain":
+        differences.append(f"{inputs.model.label} names no weights: add --set model.name_or_path=YOUR_WEIGHTS")
+    return differences, [f"{key}={_yaml_value(new)}" for key, _, new in changes] + buckets
 
 
 def _same_model(inputs: PlanInputs, config: Config) -> bool:
@@ -130,6 +195,7 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
         differences.append(f"sequence parallel: preset {dsc.sequence_parallel_size(config.deepspeed)}, plan {inputs.sp}")
         overrides.append(f"deepspeed.sequence_parallel_size={inputs.sp}")
     ds_changes = (_zero_changes(config, plan)
+                  + dsc.bucket_floor_overrides(config.deepspeed, inputs.model.config.hidden_size)
                   + dsc.precision_overrides(config.deepspeed, inputs.precision)
                   + dsc.activation_checkpointing_overrides(config.deepspeed, c.checkpointing, c.checkpoint_offload))
     if ds_changes:

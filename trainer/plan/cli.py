@@ -18,6 +18,7 @@ from .inference_inputs import inference_inputs_from_args, misplaced_flags
 from .inference_plan import make_inference_plan
 from .inputs import inputs_from_args
 from .models import NAMED_MODELS
+from .preset_file import check_preset_target, write_preset
 from .report import inference_to_json, plan_to_json, print_inference, print_plan
 
 
@@ -56,6 +57,12 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the plan as one JSON object")
     parser.add_argument("-o", "--output", type=paths.output_file("DeepSpeed config"),
                         help="write the chosen DeepSpeed config (JSON) here")
+    needs(parser.add_argument("--write-preset", metavar="presets/NAME.yaml",
+                              type=paths.output_file("preset", suffixes=(".yaml", ".yml")),
+                              help="write the launch line as a preset file (the nearest shipped preset with the "
+                                   "plan's --set items in it, and the usual header); `presets`, `show`, `lint` "
+                                   "and train.py --preset take it at once"),
+          "a training plan (--inference plans generation, which trains nothing)", lambda args: not args.inference)
     parser.add_argument("--chart", metavar="PLAN.png", type=paths.output_file("chart", suffixes=(".png",)),
                         help="draw every candidate's memory against the budget here")
     inference = parser.add_argument_group("inference (--inference): weights + KV cache on the GPU, or ZeRO-Inference")
@@ -79,11 +86,16 @@ def plan(args) -> int:
     if args.chart is not None:
         check_suffix(args.chart, "--chart", (".png",))
         check_target(args.chart, "--chart")
+    if args.write_preset is not None:
+        check_preset_target(args.write_preset)
+        check_target(args.write_preset, "--write-preset")
     with contextlib.redirect_stdout(sys.stderr):
         inputs = inputs_from_args(args)
         result = make_plan(inputs, args.output)
         if args.output and result.deepspeed is not None:
             write_config(result.deepspeed, args.output)
+        if args.write_preset and result.choice is not None:
+            print(f"wrote {write_preset(result, args.write_preset)}", file=sys.stderr)
     if args.chart:  # a plan that fits nowhere is drawn too: the chart shows by how much
         from .chart import plan_figure  # matplotlib is imported here, by --chart only
         print(f"wrote {save_png(plan_figure(result), args.chart, '--chart')}", file=sys.stderr)

@@ -25,7 +25,7 @@ from . import memory as mem
 from .artifacts import launch_line, nearest_preset, planned_deepspeed_config
 from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
-    micro_batch_options, planned_mlp_tiles
+    micro_batch_options, planned_mlp_tiles, stage_below_two_wasted
 )
 from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
@@ -70,7 +70,8 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
         plan.suggestions = what_would_fit(inputs)
         return plan
     plan.notes += (sequence_parallel_notes(inputs, chosen) + tiling_notes(inputs, chosen)
-                   + checkpoint_offload_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen))
+                   + checkpoint_offload_notes(inputs, chosen) + expert_parallel_notes(inputs, chosen)
+                   + rocm_notes(inputs))
     chosen, note = add_zeropp(inputs, chosen)
     plan.notes += [note] if note else []
     plan.choice, line = largest_micro_batch(inputs, chosen)
@@ -78,8 +79,8 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
     plan.grad_accum = (dsc.accumulation(inputs.global_batch, plan.choice.micro_batch, inputs.data_parallel_size)
                        if inputs.global_batch else 1)  # largest_micro_batch chose a micro-batch that divides
     plan.deepspeed = planned_deepspeed_config(plan)
-    plan.preset, plan.preset_differences, overrides = nearest_preset(plan)
-    plan.launch = launch_line(plan, overrides, output)
+    plan.preset, plan.preset_differences, plan.preset_overrides = nearest_preset(plan)
+    plan.launch = launch_line(plan, plan.preset_overrides, output)
     return plan
 
 
@@ -109,6 +110,10 @@ def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate],
     The first candidate that fits (or None), and one line per candidate tried."""
     lines = []
     for candidate in WALK:
+        if stage_below_two_wasted(candidate.stage, inputs.data_parallel_size):
+            lines.append(f"{candidate.name}: skipped on {inputs.data_parallel_size} data-parallel ranks: stage 2 has "
+                         f"the same communication and shards gradients and optimizer states too")
+            continue
         shot = best_shot(inputs, candidate, micro_batch)
         if shot.fits:
             how = "with activation checkpointing" if shot.checkpointing else "without activation checkpointing"
@@ -157,6 +162,8 @@ def smallest_sequence_parallel(inputs: PlanInputs, candidates: tuple[Candidate, 
     for candidate in candidates:
         for sp in sizes:
             trial = dataclasses.replace(inputs, sequence_parallel=sp)
+            if stage_below_two_wasted(candidate.stage, trial.data_parallel_size):
+                continue
             shot = best_shot(trial, candidate, 1)
             if shot.fits:
                 lines.append(f"{candidate.name} + sequence parallel {sp} (DeepSpeed Ulysses): each GPU holds "
@@ -220,6 +227,18 @@ def expert_parallel_notes(inputs: PlanInputs, chosen: Estimate) -> list[str]:
     return [f"AutoEP all-to-all: {gb(per_layer * recompute)} GB sent per GPU per MoE layer per micro-batch "
             f"({gb(per_layer * recompute * m.num_layers)} GB over {m.num_layers} layers), {fabric}; each GPU holds "
             f"{m.num_experts // ep} of {m.num_experts} experts per layer (the ZeRO-3 largest layer shrinks with it)"]
+
+
+def rocm_notes(inputs: PlanInputs) -> list[str]:
+    """What changes on an AMD card (ROCm builds of torch and DeepSpeed): the collectives' library, and the fused
+    kernels the trainer takes from CUDA builds by default."""
+    if not inputs.gpu.rocm:
+        return []
+    return [f"ROCm ({inputs.gpu.name}): the collectives run on RCCL, which reads the same NCCL_* variables "
+            f"(a `launch --fabric` profile applies as written; NCCL_DEBUG=INFO logs as RCCL); DeepSpeed's JIT ops "
+            f"(fused_adam, cpu_adam) build with hipcc on the machine (scripts/build_ops.py there); model.liger and "
+            f"attn_implementation flash_attention_2 need the ROCm builds of liger-kernel and flash-attn (the plan counts "
+            f"attention 'auto' as sdpa, so its memory holds without flash-attn)"]
 
 
 def add_zeropp(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate, Optional[str]]:

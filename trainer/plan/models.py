@@ -2,6 +2,7 @@
 parameter count (a Llama-shaped stand-in with the exact count)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -63,8 +64,10 @@ def model_from_spec(spec: Any, hidden_size: Any, num_layers: Any, flag) -> Model
         return ModelSpec(config, label)
     path = Path(text)
     if path.suffix == ".json" or (path.is_dir() and (path / "config.json").exists()):
-        return ModelSpec(model_from_hf_config(path if path.suffix == ".json" else path / "config.json", where),
-                         str(path))
+        config = model_from_hf_config(path if path.suffix == ".json" else path / "config.json", where)
+        # the weights sit beside their config.json: the directory a launch line fine-tunes (model.name_or_path)
+        weights = (path.parent if path.suffix == ".json" else path).expanduser().resolve()
+        return ModelSpec(dataclasses.replace(config, name_or_path=str(weights)), str(path))
     if (PRESET_DIR / f"{text}.yaml").exists() or (path.suffix in (".yaml", ".yml") and path.exists()):
         preset = load_preset(text)
         return ModelSpec(_checked_model(preset.model, where), f"preset {preset.name}")
@@ -110,7 +113,8 @@ HF_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "n
              "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
              "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
              "tie_word_embeddings": "tie_word_embeddings", "model_type": "family",
-             "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok"}
+             "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok",
+             "rope_theta": "rope_theta"}
 # Qwen3-MoE names its experts num_experts, their width moe_intermediate_size (its intermediate_size is the width of
 # dense MLP layers, which Qwen3-30B-A3B has none of), and its head_dim is free
 QWEN3_MOE_FIELDS = {"num_experts": "num_experts", "moe_intermediate_size": "intermediate_size", "head_dim": "head_dim"}

@@ -33,6 +33,7 @@ def plan_to_json(plan: Plan) -> dict:
         "notes": plan.notes,
         "preset": plan.preset,
         "preset_differences": plan.preset_differences,
+        "preset_overrides": plan.preset_overrides,
         "deepspeed_config": plan.deepspeed,
         "launch": plan.launch,
     }
@@ -70,8 +71,9 @@ def print_plan(plan: Plan) -> None:
           + (f", reference {inputs.reference} (a micro-batch of pairs is twice the sequences)"
              if inputs.preference else "")
           + (f", sequence parallel {inputs.sp} ({inputs.seq_len // inputs.sp} tokens per GPU)" if inputs.sp > 1 else ""))
+    runtime = "HIP context, RCCL" if inputs.gpu.rocm else "CUDA context, NCCL"
     print(f"Budget per GPU {gb(gpu_budget)} GB ({int(GPU_HEADROOM * 100)}% of {gb(inputs.gpu.memory_bytes)} GB kept for "
-          f"CUDA context, NCCL, fragmentation); host RAM per node "
+          f"{runtime}, fragmentation); host RAM per node "
           f"{gb(cpu_budget) + ' GB' if cpu_budget else 'unknown (not checked)'}; NVMe "
           f"{gb(nvme_budget) + ' GB' if nvme_budget else 'none'}. GB = 1e9 bytes.")
     print()

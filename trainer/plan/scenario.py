@@ -28,7 +28,8 @@ class Expect:
     micro_batch: Optional[tuple[int, int]] = doc("[low, high]: the chosen micro-batch lies in this range.")
     activation_checkpointing: Optional[bool] = doc("Whether the plan turns activation checkpointing on.")
     hpz_partition_size: Optional[int] = doc("ZeRO++ hpZ partition size of the plan (1 = none).")
-    preset: Optional[str] = doc("The nearest shipped preset the plan names.")
+    preset: Optional[str] = doc("The nearest shipped preset the plan names (for a model no preset ships, the one "
+                                "its launch line makes that model).")
     fits: Optional[bool] = doc("false: nothing fits, and the planner says what would.")
     suggestions_mention: Optional[list[str]] = doc("Words the 'what would fit' suggestions contain.")
 
@@ -40,7 +41,7 @@ class Scenario:
         "Named size (7b, 70b, ...), preset name, HF config.json, inline architecture, or a parameter count.")
     hidden_size: Optional[int] = doc("Hidden size, with a raw parameter count.")
     num_layers: Optional[int] = doc("Layers, with a raw parameter count.")
-    gpu: Optional[str] = doc("GPU type (trainer.hardware.GPUS).")
+    gpu: Optional[str] = doc("GPU type: a name or alias from trainer/accelerators.yaml.")
     gpus_per_node: int = doc("GPUs per node.", 1)
     nodes: int = doc("Nodes.", 1)
     cpu_ram_gb: Optional[float] = doc("Host RAM per node in GB; absent = not checked.")
