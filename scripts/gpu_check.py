@@ -125,6 +125,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="keep corpora, configs and logs here (default: a temp dir)")
     parser.add_argument("--only", default="", help="comma-separated items to run (the rest: skipped, with why)")
     parser.add_argument("--skip", default="", help="comma-separated items not to run (recorded as skipped)")
+    parser.add_argument("--budget", type=float, default=TOTAL_BUDGET_S,
+                        help=f"seconds the whole check may take (default {TOTAL_BUDGET_S}); items that would not fit "
+                             f"are deferred, with the --only line that runs them next")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="no GPU: run every item's CPU-checkable part on tiny sizes, skip the measurements")
     parser.add_argument("--port", type=int, default=30500, help="first master port for launches (default: 30500)")
@@ -195,13 +198,38 @@ def plan_item(item: Item, ctx: Context, skip_reason: Optional[str], clock=time.m
 
 
 def plan_all(items: tuple[Item, ...], ctx: Context, args) -> list[dict]:
-    """Every item's row, in the items' order; those that plan last see the ops the others load (ctx.ops)."""
+    """Every item's row, in the items' order; those that plan last see the ops the others load (ctx.ops). Items that
+    would take the plan past the budget (--budget) are deferred, in the items' order, with the command that runs
+    them next: a lent GPU's time is counted, and a check stopped from outside half-way measures less than one
+    that planned to fit."""
     rows: dict[str, dict] = {}
-    for item in sorted(items, key=lambda i: i.plans_last):
-        if item.plans_last:
-            ctx.ops = planned_ops(rows.values())
-        rows[item.name] = plan_item(item, ctx, selected(item, args))
-    return [rows[item.name] for item in items]
+    deferred: dict[str, str] = {}
+    while True:
+        for item in sorted(items, key=lambda i: i.plans_last):
+            if item.plans_last:
+                ctx.ops = planned_ops(rows[i.name] for i in items if not i.plans_last)
+            rows[item.name] = plan_item(item, ctx, deferred.get(item.name) or selected(item, args))
+        over = over_budget([rows[item.name] for item in items], [i.plans_last for i in items], args.budget)
+        if not over:
+            return [rows[item.name] for item in items]
+        later = ",".join(over)  # the first of them may fit alone in a run of its own
+        deferred.update({name: f"deferred: past the {args.budget:g} s budget with the items before it; run it next: "
+                               f"scripts/gpu_check.py --only preflight,{later}" for name in over})
+
+
+def over_budget(rows: list[dict], first: list[bool], budget: float) -> list[str]:
+    """The planned rows, in order, that no longer fit once those before them have their budgets (the rows planned
+    first - preflight, which builds the ops of the rest - always stay)."""
+    spent = sum(r["budget_s"] + r["prepare_s"] for r, keep in zip(rows, first) if keep)
+    over = []
+    for row, keep in zip(rows, first):
+        if keep or row["status"] != "planned":
+            spent += 0 if keep else row["prepare_s"]
+            continue
+        spent += row["budget_s"] + row["prepare_s"]
+        if over or spent > budget:
+            over.append(row["name"])
+    return over
 
 
 def planned_ops(rows) -> tuple[str, ...]:
@@ -401,7 +429,7 @@ def main(argv: Optional[list[str]] = None, items: tuple[Item, ...] = ITEMS) -> i
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.time()
     rows = plan_all(items, ctx, args)
-    print(plan_table(rows), flush=True)
+    print(plan_table(rows, args.budget), flush=True)
     rows = run_all(items, rows, ctx, after_each=lambda done: write_report(make_report(done, ctx, started, time.time()),
                                                                             args.output))
     report = make_report(rows, ctx, started, time.time())

@@ -444,26 +444,41 @@ def test_the_trainers_kernels_line_is_read_from_a_launch_log(tmp_path):
 @pytest.mark.slow  # starts processes or builds a model (issue 36's tiers)
 def test_cpu_dry_run_end_to_end(tmp_path):
     """The plan for one H200 with the full stack: every item's work, estimate and budget, the total against the
-    480 s, and no measurement."""
-    report_path = tmp_path / "report.json"
-    proc = run_script("--cpu-dry-run", "-o", str(report_path), "--workdir", str(tmp_path / "work"), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    budget, and no measurement. With no budget to speak of every item is planned; with the default 480 s the plan
+    fits, and the items that would not are deferred with the command that runs them next."""
+    def dry_run(*flags: str) -> tuple[dict, str]:
+        report_path = tmp_path / f"report{len(flags)}.json"
+        proc = run_script("--cpu-dry-run", "-o", str(report_path), "--workdir", str(tmp_path / "work"), *flags,
+                          timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(report_path.read_text()), proc.stdout
+    report, stdout = dry_run("--budget", "100000")
     assert report["dry_run"] is True and report["exit_code"] == 0
     assert [r["name"] for r in report["items"]] == [i.name for i in gc.ITEMS]
     for row in report["items"]:
         assert row["status"] == "skipped" and row["measurements"]["prepared"], row["name"]
-        assert f"\n{row['name']:<11} skipped" in proc.stdout  # its line in the table
+        assert f"\n{row['name']:<11} skipped" in stdout  # its line in the table
         if row["name"] == "zeropp":
             assert "one GPU" in row["reason"] and row["budget_s"] == 0
             continue
         assert row["reason"].startswith("--cpu-dry-run"), row
         assert row["estimate_s"] > 0 and row["estimate_s"] == pytest.approx(gi.estimate_seconds(row["work"]), abs=0.1)
         assert row["budget_s"] == gc.budget_for(gi.estimate_seconds(row["work"]))
-        assert f"\n{row['name']:<11} {row['estimate_s']:>8.0f} {row['budget_s']:>6.0f}  " in proc.stdout  # plan line
+        assert f"\n{row['name']:<11} {row['estimate_s']:>8.0f} {row['budget_s']:>6.0f}  " in stdout  # plan line
     assert report["planned_s"] == pytest.approx(gc.plan_total(report["items"]), abs=0.5)
-    verdict = "fits" if report["planned_s"] <= gc.TOTAL_BUDGET_S else "OVER"
-    assert f"of the 480 s budget: {verdict}" in proc.stdout
     throughput = next(r for r in report["items"] if r["name"] == "throughput")["measurements"]["prepared"]
     assert throughput["synthetic_batch"]["input_ids"]["shape"] == [4, gi.DRY_SEQ_LEN]
-    assert "cpu dry run: nothing measured" in proc.stdout
+    assert "cpu dry run: nothing measured" in stdout
+    everything = {r["name"]: r for r in report["items"]}
+
+    report, stdout = dry_run()
+    assert report["planned_s"] <= gc.TOTAL_BUDGET_S and "of the 480 s budget: fits" in stdout
+    deferred = [r["name"] for r in report["items"] if r["reason"].startswith("deferred:")]
+    assert deferred and everything["preflight"]["budget_s"] + sum(  # nothing deferred that would have fitted
+        everything[r["name"]]["budget_s"] for r in report["items"] if r["reason"].startswith("--cpu-dry-run")
+        and r["name"] != "preflight") + everything[deferred[0]]["budget_s"] > gc.TOTAL_BUDGET_S
+    for row in report["items"]:
+        if row["name"] in deferred:
+            assert f"run it next: scripts/gpu_check.py --only preflight,{','.join(deferred)}" in row["reason"]
+        elif row["name"] != "zeropp":
+            assert row["budget_s"] == everything[row["name"]]["budget_s"] or row["name"] == "preflight"

@@ -115,13 +115,14 @@ def resolve(cfg: Config, world_size: int | None = None, source: str = "") -> Res
     return Resolved(resolved, world, batch, adopted_notices(adopted, cfg) + notices(resolved, ds, world))
 
 
-# The model.* fields a transformers config.json decides, by its key (Qwen3-MoE: num_experts, and the experts' width
-# is moe_intermediate_size; trainer/plan/models.py reads config.json for the planner the same way)
+# The model.* fields a transformers config.json decides, by its key (the planner reads config.json the same way:
+# trainer/plan/models.py). Qwen3-MoE names its experts num_experts, their width moe_intermediate_size (its
+# intermediate_size is the width of dense MLP layers, which Qwen3-30B-A3B has none of), and its head_dim is free
 ARCHITECTURE = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
                 "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
                 "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
                 "tie_word_embeddings": "tie_word_embeddings", "num_local_experts": "num_experts",
-                "num_experts_per_tok": "num_experts_per_tok"}
+                "num_experts_per_tok": "num_experts_per_tok", "rope_theta": "rope_theta"}
 QWEN3_MOE_ARCHITECTURE = {"num_experts": "num_experts", "moe_intermediate_size": "intermediate_size",
                           "head_dim": "head_dim"}
 
@@ -147,10 +148,13 @@ def pretrained_architecture(cfg: Config) -> dict:
     found = {ours: saved[theirs] for theirs, ours in fields.items() if theirs in saved}
     if "num_attention_heads" in saved and saved.get("num_key_value_heads") in (None, saved["num_attention_heads"]):
         found["num_kv_heads"] = None  # MHA: transformers' default, and model.num_kv_heads' None
-    well_typed = {k: v for k, v in found.items()
-                  if v is None or (isinstance(v, bool) if k == "tie_word_embeddings" else
-                                   isinstance(v, int) and not isinstance(v, bool) and v > 0)}
-    return {k: v for k, v in well_typed.items() if hasattr(cfg.model, k)}
+    def well_typed(name: str, value) -> bool:  # a malformed config.json is from_pretrained's to refuse
+        if value is None or name == "tie_word_embeddings":
+            return value is None or isinstance(value, bool)
+        number = (int, float) if name == "rope_theta" else int
+        return isinstance(value, number) and not isinstance(value, bool) and value > 0
+    found = {k: float(v) if k == "rope_theta" else v for k, v in found.items() if well_typed(k, v)}
+    return {k: v for k, v in found.items() if hasattr(cfg.model, k)}
 
 
 def adopt_pretrained_architecture(cfg: Config) -> tuple[Config, list[Adopted]]:

@@ -32,7 +32,7 @@ SKIPPED = 2            # plus SKIPPED when its shard was finished by an earlier 
 
 @dataclass
 class Settings:
-    """What the tokenizer processes tokenize with (they inherit it when they fork)."""
+    """What the tokenizer processes tokenize with (handed to each at its start)."""
     tokenizer: object
     cfg: DataConfig
     fmt: str              # "text", "pair", "chat", "preference" or "preference_chat" (tokenize.record_format)
@@ -61,7 +61,7 @@ class Part:
                                          # rest of the record is the rejected one)
 
 
-_SETTINGS: Optional[Settings] = None  # set before the processes fork: what they tokenize with
+_SETTINGS: Optional[Settings] = None  # what this process tokenizes with (a tokenizer process: set at its start)
 
 
 def encode_chunk(task: tuple[Chunk, np.ndarray]) -> dict[int, Part]:
@@ -195,7 +195,7 @@ def _encode_pairs(columns: dict, where: Origins, settings: Settings):
 # --- the processes ---------------------------------------------------------------------------------
 
 class Workers:
-    """`num_proc` forked processes (none for 1: the work runs here) that map a function over tasks in order."""
+    """`num_proc` processes (none for 1: the work runs here) that map a function over tasks in order."""
 
     def __init__(self, num_proc: int, settings: Settings):
         self.num_proc, self.settings, self.pool = max(1, num_proc), settings, None
@@ -204,8 +204,14 @@ class Workers:
         global _SETTINGS
         _SETTINGS = self.settings
         if self.num_proc > 1:
+            # Not forked from this process: it may hold threads (pyarrow's allocator, the Rust tokenizer's pool, a
+            # caller's), and a fork copies their locks held, so a child could wait on one for ever (seen: a
+            # tokenizer process hung in a futex, its test with it). The fork server is a clean single-threaded
+            # process; the settings travel pickled.
             import multiprocessing
-            self.pool = multiprocessing.get_context("fork").Pool(self.num_proc, initializer=_worker_start)
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__])
+            self.pool = context.Pool(self.num_proc, initializer=_worker_start, initargs=(self.settings,))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -230,9 +236,11 @@ class Workers:
             yield pending.popleft().get()
 
 
-def _worker_start() -> None:
+def _worker_start(settings: Settings) -> None:
     """Each process is one core's worth of tokenizing (the Rust tokenizer would otherwise start a thread per core
     in every process); Ctrl-C is left to the parent (no traceback per process)."""
+    global _SETTINGS
+    _SETTINGS = settings
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -13,6 +13,7 @@ from ..errors import UserError, closest, short
 from ..files import read_json_object
 from ..moe import MOE_FAMILIES, family_problems
 from ..presets import PRESET_DIR, config_from_dict, list_presets, load_preset
+from ..resolve import ARCHITECTURE, QWEN3_MOE_ARCHITECTURE
 
 
 # Named sizes: public Llama architectures (config.json of the meta-llama / huggyllama repos).
@@ -109,15 +110,8 @@ def _checked_model(m: ModelConfig, where: str) -> ModelConfig:
     return m
 
 
-HF_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
-             "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size",
-             "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
-             "tie_word_embeddings": "tie_word_embeddings", "model_type": "family",
-             "num_local_experts": "num_experts", "num_experts_per_tok": "num_experts_per_tok",
-             "rope_theta": "rope_theta"}
-# Qwen3-MoE names its experts num_experts, their width moe_intermediate_size (its intermediate_size is the width of
-# dense MLP layers, which Qwen3-30B-A3B has none of), and its head_dim is free
-QWEN3_MOE_FIELDS = {"num_experts": "num_experts", "moe_intermediate_size": "intermediate_size", "head_dim": "head_dim"}
+HF_FIELDS = {**ARCHITECTURE, "model_type": "family"}  # the resolver's reading of config.json, and the family
+QWEN3_MOE_FIELDS = QWEN3_MOE_ARCHITECTURE
 
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen3_moe")
