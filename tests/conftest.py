@@ -175,6 +175,16 @@ def process_state_restored():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def ops_built(request):
+    """Every test that may start ranks (marked multirank or slow) finds DeepSpeed's ops built for this environment:
+    on a fresh machine the first such test of each worker builds them (~8 min on 2 cores, lines on the terminal),
+    before its own timeouts start. Launches by any path - `deepspeed`, `trainer launch`, torchrun, a Slurm script -
+    would otherwise build inside the test (CI's torchrun test waited 900 s)."""
+    if any(marker in request.keywords for marker in ("multirank", "slow")):
+        distributed.ensure_ops_built()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left():
     """Jobs the tests kill cannot remove their DeepSpeed shared-memory buffers; on a 24 GB machine a

@@ -32,9 +32,10 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 SERVER = REPO / "tests" / "workers" / "preloaded_server.py"
 DEEPSPEED = Path(sys.executable).parent / "deepspeed"
-# Variables a job may set differently from the server: read after the fork (by the trainer, the tests, wandb: none
-# of them preloaded), or applied to the fork (sys.path from PYTHONPATH, stdio buffering)
-AFTER_THE_FORK = ("TRAINER_", "TEST_", "WANDB_", "PYTHONPATH", "PYTHONUNBUFFERED")
+# Variables a job may set differently from the server: read after the fork (by the trainer, the tests, pytest's
+# PYTEST_CURRENT_TEST that changes at every test, wandb: none of them preloaded), or applied to the fork (sys.path
+# from PYTHONPATH, stdio buffering)
+AFTER_THE_FORK = ("TRAINER_", "TEST_", "PYTEST_", "WANDB_", "PYTHONPATH", "PYTHONUNBUFFERED")
 START_TIMEOUT_S = 300
 
 
