@@ -161,8 +161,8 @@ def process_state_restored():
     """Each test leaves the worker as it found it, so no test's outcome depends on which ran before it in the same
     worker: the environment (an in-process training sets RANK=0, WORLD_SIZE=1, MASTER_PORT=..., OMP_NUM_THREADS;
     left there, every later subprocess would start as "rank 0 of a one-rank job" on a dead port) and torch's
-    intra-op thread count (an in-process rank takes its share of the cores: a later test's float sums then round
-    differently - a comparison with TRL to 1e-6 failed that way)."""
+    intra-op thread count (an in-process rank takes its share of the cores: a later test's float sums would then
+    round differently)."""
     environ = dict(os.environ)
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch else None
