@@ -215,7 +215,8 @@ def _heavy_command(cmd) -> str:
     """What a command line would do that the quick tier does not ('' when nothing): start ranks (the deepspeed or
     torchrun launchers, the test workers), train (train.py, `trainer train|launch`), build ops."""
     words = [os.path.basename(str(word)) for word in ([cmd] if isinstance(cmd, (str, bytes)) else cmd)]
-    if LAUNCHERS & set(words):
+    programs = {word for j, word in enumerate(words) if not j or words[j - 1] != "--launcher"}  # not a flag's value
+    if LAUNCHERS & programs:
         return "starts ranks, trains or builds ops in a subprocess"
     for i in range(len(words) - 2):
         command = words[i + 2] if words[i:i + 2] == ["-m", "trainer"] else None

@@ -283,8 +283,8 @@ def test_cli_text_json_and_exit_codes():
     assert "planner:" in text.stdout
     as_json = run_cli("doctor", "7b_2xv100", "tests/logs/fp16_loss_scale.log", "--json")
     report = json.loads(as_json.stdout)
-    assert set(report) == {"recognised", "failure", "title", "evidence", "proposal", "then", "advice", "memory",
-                           "command"}
+    assert set(report) == {"recognised", "failure", "class", "title", "evidence", "phase", "exception",
+                           "raising_site", "nearest", "facts", "proposal", "then", "advice", "memory", "command"}
     assert report["failure"] == "fp16_loss_scale" and set(report["proposal"]) == {"step", "overrides", "reason"}
     assert_the_trainer_accepts(report["command"], "7b_2xv100")
     unknown = run_cli("doctor", "7b_8xa100", "tests/logs/unrecognised.log")

@@ -61,6 +61,25 @@ def test_a_directory_that_holds_no_run_is_refused_and_left_alone(tmp_path):
     assert proc.returncode == 2 and "--set train.output_dir=runs/NAME, new or empty" in proc.stderr
 
 
+def test_a_launch_that_failed_before_training_left_a_run_directory_and_node_1_leaves_node_0s_alone(tmp_path):
+    """A launch whose ranks died before training wrote anything left only its launch.json: launching again sets it
+    aside, it is not refused as somebody else's. Under torchrun every node is launched into the one shared directory:
+    node 1 finds node 0's fresh launch.json there and neither refuses it nor moves it (CI saw node 1 refuse it)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "launch.json").write_text('{"launcher": "torchrun"}\n')
+    torchrun = ["--launcher", "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                "--resume", "off", "--set", f"train.output_dir={run}"]
+    node1 = run_cli("launch", "tiny_cpu", *torchrun, "--node-rank", "1", "--dry-run")
+    assert node1.returncode == 0, node1.stderr
+    node0 = run_cli("launch", "tiny_cpu", *torchrun, "--node-rank", "0", "--dry-run")
+    assert node0.returncode == 0, node0.stderr
+    assert set_aside_previous_run(run, keep_startup_files=False).names == ("launch.json",)
+    (run / "notes.txt").write_text("mine\n")  # with no launch record left, the same directory is the user's
+    assert run_cli("launch", "tiny_cpu", *torchrun, "--node-rank", "0", "--dry-run").returncode == 2
+    assert run_cli("launch", "tiny_cpu", *torchrun, "--node-rank", "1", "--dry-run").returncode == 0
+
+
 SBATCH = "#!/bin/sh\necho \"Submitted batch job 7\"\n"
 
 

@@ -153,17 +153,18 @@ def announced(jit_load, emit: Callable[[str], None]):
         ninja, version = jit_env.ninja_in_use()
         if ninja is None:
             raise UserError(jit_env.missing_ninja_message(op.name))
-        if not announcing():
-            return jit_load(builder, verbose)
-        emit(op.announce(ninja, version))
+        speaks = announcing()
+        if speaks:
+            emit(op.announce(ninja, version))
         before, started = op.built_at(), time.monotonic()
-        try:
-            with waits.during(op.still), stopped_by_signals():
+        try:  # on every rank: whichever takes torch's lock first builds, the announcing one or not
+            with (waits.during(op.still) if speaks else contextlib.nullcontext()), stopped_by_signals():
                 module = jit_load(builder, verbose)
         except BuildStopped as stop:
             emit(op.stopped(stop.signum))
             raise SystemExit(128 + stop.signum) from None
-        emit(op.finished(time.monotonic() - started, before))
+        if speaks:
+            emit(op.finished(time.monotonic() - started, before))
         return module
     jit_load_announced.announced = True
     return jit_load_announced

@@ -27,6 +27,9 @@ RUN_MARKERS = ("config.resolved.yaml", "configs", "metrics.jsonl", "checkpoints"
 # previous launch's with the rest of the run.
 STARTUP_FILES = ("launch.json", "job.sbatch", "deepspeed_env", "slurm-*.out", "hostfile.*",
                  "base_model", "tokenizer_without_chat_template", "nvme")
+# The startup files only this trainer's launch writes: a launch that failed before its training wrote anything left
+# a run directory all the same (launching again sets it aside), not somebody else's files
+LAUNCH_RECORDS = ("launch.json", "job.sbatch")
 PROBE = ".write_test"  # the training's writability probe (train/run.py), never a run's
 
 
@@ -59,7 +62,7 @@ def previous_run(run_dir: Path, keep_startup_files: bool) -> list[Path]:
 
 def check_not_foreign(run_dir: Path, entries: list[Path]) -> None:
     """A directory with files but none of a run's is somebody else's: refused, with the way out."""
-    if entries and not any(p.name in RUN_MARKERS for p in entries):
+    if entries and not any(p.name in RUN_MARKERS + LAUNCH_RECORDS for p in entries):
         names = ", ".join(p.name for p in entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise UserError(f"train.output_dir {str(run_dir)!r} holds files that no run of this trainer wrote ({names}); "
                         f"a run would write among them: give the run its own directory (--set train.output_dir="

@@ -16,6 +16,10 @@ from typing import Optional
 from .. import files
 
 EVIDENCE_CHARS = 300  # an evidence line longer than this is cut (a 2 kB CUDA OOM message, a launcher argv)
+# The most lines read back from an exception for its traceback. Python collapses a recursion's repeated frames
+# ("[Previous line repeated 996 more times]"), so real tracebacks are far shorter; the bound keeps a log of
+# 200,000 exceptions under one early "Traceback" line linear.
+TRACEBACK_LINES = 1000
 
 # The exception line of a traceback: `RuntimeError: ...`, `torch.OutOfMemoryError: ...`, `[rank3]: Foo: ...`
 EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
@@ -123,11 +127,21 @@ class Log:
     def before(self, index: int, count: int = 40) -> str:
         return "\n".join(self.lines[max(0, index - count):index + 1])
 
+    @functools.cached_property
+    def _traceback_headers(self) -> list[int]:
+        """The lines that say 'Traceback', in order: one search of the whole text, then a bisect per exception
+        (a scan back from each exception was quadratic in a log of many exceptions)."""
+        return sorted({self._line_at(m.start()) for m in re.finditer("Traceback", self.text)})
+
     def traceback_of(self, index: int) -> str:
         """From the last 'Traceback' at or before `index` (a few lines earlier: the progress bars of a load)
-        up to `index`; the 40 lines before it when there is no traceback."""
-        start = next((i for i in reversed(range(index + 1)) if "Traceback" in self.lines[i]), None)
-        return self.before(index) if start is None else "\n".join(self.lines[max(0, start - 5):index + 1])
+        up to `index`, at most TRACEBACK_LINES lines; the 40 lines before it when there is no traceback."""
+        headers = self._traceback_headers
+        at = bisect.bisect_right(headers, index) - 1
+        if at < 0:
+            return self.before(index)
+        start = max(0, headers[at] - 5, index - TRACEBACK_LINES)
+        return "\n".join(self.lines[start:index + 1])
 
     def frames(self, index: int) -> list["Frame"]:
         """The stack frames printed before line `index` (its traceback, else the 40 lines before), outermost

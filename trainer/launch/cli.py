@@ -33,7 +33,7 @@ from ..run_dir import check_not_foreign, previous_run
 from . import supervisor
 from .command import Rendezvous, train_argv
 from .fabric import Fabric, load_fabric, shipped_profiles
-from .record import print_command, record_launch, set_aside_for_a_fresh_launch
+from .record import owns_run_directory, print_command, record_launch, set_aside_for_a_fresh_launch
 from ..shell import check_host
 from .topology import Topology, resolve_for, topology_of
 
@@ -83,7 +83,7 @@ def launch(args) -> int:
     resolved = resolve_for(args, config, topology)
     check_output_dir(resolved)
     resume_by_default(args, resolved, extra)  # and args.starts_fresh: whether a previous run is set aside
-    if args.starts_fresh:  # a directory that is not a run's is refused by a dry run too
+    if args.starts_fresh and owns_run_directory(args, args.launcher):  # a dry run refuses one too
         run_dir = Path(resolved.config.train.output_dir)
         check_not_foreign(run_dir, previous_run(run_dir, keep_startup_files=False))
     train_args = supervisor.train_flags(args) + extra
@@ -222,7 +222,7 @@ def run_local(args, resolved: Resolved, topology: Topology, fabric: Optional[Fab
     print_command(words)
     if args.dry_run:
         return 0
-    if args.node_rank == 0:
+    if owns_run_directory(args, "local"):
         set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
         record_launch(resolved, args, topology, fabric, words)
     os.environ.update(env)

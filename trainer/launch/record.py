@@ -50,6 +50,16 @@ def record_launch(resolved: Resolved, args, topology: Topology, fabric: Optional
     return write_text_atomic(str(run_dir / "launch.json"), finite_json(record) + "\n", flag="launch.json", mode=0o600)
 
 
+PER_NODE_LAUNCHERS = ("torchrun", "local")  # started once on every node, each with its --node-rank
+
+
+def owns_run_directory(args, launcher: str) -> bool:
+    """Whether this launch reads and writes the run directory's start (the fresh-start rule, launch.json). One
+    launch per job does: a per-node launcher is started on every node into one shared directory, and node 0's
+    launch owns it - another node that checked it would find node 0's launch.json and refuse it, or set it aside."""
+    return launcher not in PER_NODE_LAUNCHERS or not args.node_rank
+
+
 def set_aside_for_a_fresh_launch(resolved: Resolved, starts_fresh: bool) -> None:
     """Before a launch that starts its run fresh writes anything: a previous run in the run directory (its launch
     records too) moves whole to previous/<time>/, as the training itself would (trainer/run_dir.py)."""

@@ -19,7 +19,7 @@ from . import supervisor
 from .command import Rendezvous, cpu_offloaded, train_argv
 from .dsenv import EnvFile, deepspeed_env_file, start_redacted
 from .fabric import Fabric
-from .record import print_command, record_launch, script_path, set_aside_for_a_fresh_launch
+from .record import owns_run_directory, print_command, record_launch, script_path, set_aside_for_a_fresh_launch
 from ..shell import export_value_problem, pdsh_word_problem
 from .signals import GUARD
 from .slurm import SlurmJob, sbatch_script
@@ -34,7 +34,7 @@ def run_launcher(args, resolved: Resolved, topology: Topology, fabric: Optional[
         words = launcher_words(args, resolved, topology, (), train_args)
         check_pdsh_words(words[words.index(script_path()):], words[0])
     run_dir = Path(resolved.config.train.output_dir)
-    if not args.dry_run and (topology.launcher != "torchrun" or not args.node_rank):  # before this launch's writes
+    if not args.dry_run and owns_run_directory(args, topology.launcher):  # before this launch's writes
         set_aside_for_a_fresh_launch(resolved, getattr(args, "starts_fresh", False))
     with (deepspeed_env_file(fabric, run_dir, args.dry_run) if over_pdsh else contextlib.nullcontext()) as env_file:
         return start_launcher(args, resolved, topology, fabric, train_args, env_file)
@@ -55,14 +55,17 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
         note_if_missing(words[len(env)])
         return 0
     program = installed(words[len(env)])
-    if topology.launcher != "torchrun" or not args.node_rank:  # torchrun runs on every node: node 0 records
+    if owns_run_directory(args, topology.launcher):
         record_launch(resolved, args, topology, fabric, words, extra_record)
     stopped = GUARD.stop_code()
     if stopped is not None:
         return stopped
     proc, finish = start_redacted([program, *words[len(env) + 1:]], {**os.environ, **env},
                                   env_file.env.secret_values if env_file else [])
-    code = supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s, processes=[proc]).run()
+    # DeepSpeed's runner passes a signal on over pdsh only; on one node it dies of it and its ranks run on
+    local_deepspeed = topology.launcher == "deepspeed" and not env_file
+    code = supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s, processes=[proc],
+                                 through_ranks=local_deepspeed).run()
     finish()
     return code
 

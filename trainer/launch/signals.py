@@ -36,6 +36,9 @@ class LaunchSignals:
         self.children: dict[int, int] = {}  # pid -> rank (the supervisor reaps from it)
         self.starting = False
         self._sent: dict[int, int] = {}  # pid -> how many of `received` it was sent
+        # launcher programs that do not pass a signal on (DeepSpeed's local runner dies of SIGTERM and leaves its
+        # ranks running): their signals go to the ranks under them instead, each rank as it appears
+        self.through_ranks: set[int] = set()
         self._previous: dict = {}
 
     def install(self) -> bool:
@@ -84,10 +87,17 @@ class LaunchSignals:
         self.children[pid] = rank
         self._deliver()
 
+    def deliver(self) -> None:
+        """Send what was received to ranks that appeared since (the supervisor calls it while it waits)."""
+        if self.received and self.through_ranks:
+            self._deliver()
+
     def _deliver(self) -> None:
-        # each child is sent each received signal once, in order; a handler that runs in the middle of this
+        # each target is sent each received signal once, in order; a handler that runs in the middle of this
         # loop delivers what it added itself (at worst a signal is sent twice, never lost)
-        for pid in list(self.children):
+        targets = [target for pid in list(self.children)
+                   for target in (ranks_under(pid) if pid in self.through_ranks else [pid])]
+        for pid in targets:
             while self._sent.get(pid, 0) < len(self.received):
                 index = self._sent.get(pid, 0)
                 self._sent[pid] = index + 1
@@ -96,6 +106,23 @@ class LaunchSignals:
     @property
     def signalled(self) -> bool:
         return bool(self.received)
+
+
+def ranks_under(pid: int) -> list[int]:
+    """The ranks DeepSpeed's per-node launcher (deepspeed.launcher.launch) started somewhere under `pid`."""
+    import psutil
+    try:
+        under = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    launchers = set()
+    for process in under:
+        try:
+            if "deepspeed.launcher.launch" in process.cmdline():
+                launchers.add(process.pid)
+        except psutil.Error:
+            pass
+    return [process.pid for process in under if process.ppid() in launchers]
 
 
 def send(pid: int, signum: int) -> None:

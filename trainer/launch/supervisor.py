@@ -146,8 +146,10 @@ class Supervisor:
     (PID 1 duty), and turns the ranks' exits into one code."""
 
     def __init__(self, ranks: dict[int, int], failure_grace_s: float, signals: Optional[LaunchSignals] = None,
-                 processes: list[subprocess.Popen] = ()):
+                 processes: list[subprocess.Popen] = (), through_ranks: bool = False):
         self.signals = signals or GUARD
+        if through_ranks:  # a launcher program that does not pass signals on: they go to the ranks under it
+            self.signals.through_ranks.update(ranks)
         self.processes = list(processes)  # held, so subprocess never reaps them behind reap()'s back
         self.installed_here = self.signals.install()  # False under `python -m trainer launch`: installed at start
         if ranks:
@@ -167,6 +169,7 @@ class Supervisor:
     def run(self) -> int:
         try:
             while self.live:
+                self.signals.deliver()
                 self.reap()
                 if self.kill_at is not None and time.monotonic() >= self.kill_at:
                     self.kill_the_rest()

@@ -19,9 +19,10 @@ from typing import Optional
 
 from ... import ds as dsc
 from ..findings import Diagnosis, Found, Proposal
-from ..logtext import EXCEPTION, Log
+from ..logtext import EXCEPTION, TRACEBACK_LINES, Log
 
 ULYSSES_CODE = re.compile(r"deepspeed[\\/]runtime[\\/]sequence_parallel[\\/]")
+SITE_CODE = re.compile(ULYSSES_CODE.pattern + "|check_one_sample_per_group")
 NUMBER = re.compile(r"\b\d+\b")
 SITES = {"__init__": "heads", "register_with_transformers": "attention", "refill": "seq_len", "forward": "seq_len",
          "check_one_sample_per_group": "one_sample"}
@@ -37,11 +38,21 @@ def site_of(log: Log, index: int) -> Optional[str]:
 
 
 def find(log: Log) -> Optional[int]:
-    index = log.first(EXCEPTION)
-    while index is not None:
-        if site_of(log, index):
-            return index
-        index = log.first(EXCEPTION, index + 1)
+    """The first exception raised at one of the sites. An exception can have its frame there only when a line
+    naming that code lies within its traceback, so those lines are found first (one search of the log; most logs
+    have none) and only the exceptions up to a traceback's length after each are read - not every exception of a
+    log that has 200,000."""
+    checked: set[int] = set()
+    site = log.first(SITE_CODE)
+    while site is not None:
+        exception = log.first(EXCEPTION, site)
+        while exception is not None and exception - site <= TRACEBACK_LINES:
+            if exception not in checked:
+                checked.add(exception)
+                if site_of(log, exception):
+                    return exception
+            exception = log.first(EXCEPTION, exception + 1)
+        site = log.first(SITE_CODE, site + 1)
     return None
 
 
