@@ -97,20 +97,29 @@ def test_sigterm_to_pid_1_only_saves_and_exits_0(tmp_path):
     assert checkpoint.find_resume("auto", out / "checkpoints") == out / "checkpoints" / latest
 
 
-def test_sigterm_to_a_launch_through_deepspeeds_runner_reaches_the_ranks_and_they_save(tmp_path):
+@pytest.mark.parametrize("launcher", ["deepspeed", "torchrun"])
+def test_sigterm_to_a_launch_through_another_launcher_reaches_the_ranks_they_save_and_the_requeue_resumes(
+        tmp_path, launcher):
     """The default single-node launcher is DeepSpeed's runner, which has no SIGTERM handler on one node: signalled,
     it died and left launch.py and the ranks training until the SIGKILL (CI saw a whole run go on after the signal).
-    The launch sends the signal to the ranks under the runner instead: they save, and the job exits 0."""
+    torchrun passes it on but exits 1 whatever the ranks did. The launch sends the signal to the ranks under either
+    instead: they save, the job exits 0, and the same command run again (a requeue) resumes from that checkpoint."""
     out = tmp_path / "run"
-    with job(launch_command(out, launcher_args=("--launcher", "deepspeed"))) as proc:
+    command = launch_command(out, launcher_args=("--launcher", launcher))
+    with job(command) as proc:
         wait_for_step(out, 3, proc)
         proc.send_signal(signal.SIGTERM)
         code, output = finish(proc)
     assert code == 0, output[-4000:]
+    assert "launch: SIGTERM received, forwarding it to 2 rank(s)" in output, output[-4000:]
     latest = (out / "checkpoints" / "latest").read_text().strip()
     stopped = int(latest.split("_")[1])
     assert 3 <= stopped < 400 and f"stopped at step {stopped} (signal (SIGTERM))" in output
     assert "launch: every rank exited 0 after the signal (checkpoint saved)" in output
+    with job(launch_command(out, f"train.max_steps={stopped + 2}", launcher_args=("--launcher", launcher))) as proc:
+        code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert [row["step"] for row in read_metrics(out)[0] if "loss" in row][-1] == stopped + 2
 
 
 def test_a_second_signal_gets_a_rank_out_of_a_blocked_collective(tmp_path):

@@ -62,10 +62,11 @@ def start_launcher(args, resolved: Resolved, topology: Topology, fabric: Optiona
         return stopped
     proc, finish = start_redacted([program, *words[len(env) + 1:]], {**os.environ, **env},
                                   env_file.env.secret_values if env_file else [])
-    # DeepSpeed's runner passes a signal on over pdsh only; on one node it dies of it and its ranks run on
-    local_deepspeed = topology.launcher == "deepspeed" and not env_file
+    # Signals go to this node's ranks, not to the launcher program: DeepSpeed's runner on one node dies of one (its
+    # ranks run on), torchrun exits 1 after its ranks saved. Over pdsh the ranks are on other hosts: DeepSpeed's
+    # runner passes the signal on itself there.
     code = supervisor.Supervisor({proc.pid: 0}, args.failure_grace_s, processes=[proc],
-                                 through_ranks=local_deepspeed).run()
+                                 through_ranks=not env_file).run()
     finish()
     return code
 

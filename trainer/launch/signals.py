@@ -36,8 +36,9 @@ class LaunchSignals:
         self.children: dict[int, int] = {}  # pid -> rank (the supervisor reaps from it)
         self.starting = False
         self._sent: dict[int, int] = {}  # pid -> how many of `received` it was sent
-        # launcher programs that do not pass a signal on (DeepSpeed's local runner dies of SIGTERM and leaves its
-        # ranks running): their signals go to the ranks under them instead, each rank as it appears
+        # launcher programs that do not pass a signal on as a preemption needs (DeepSpeed's local runner dies of
+        # SIGTERM and leaves its ranks running; torchrun's agent exits 1 whatever its ranks did): their signals go
+        # to the ranks under them instead, each rank as it appears
         self.through_ranks: set[int] = set()
         self._previous: dict = {}
 
@@ -65,8 +66,8 @@ class LaunchSignals:
                   f"what is being written is complete", file=sys.stderr, flush=True)
             return
         self.received.append(signum)
-        print(f"launch: {name} received, forwarding it to {len(self.children)} rank(s) and waiting for their "
-              f"checkpoint", file=sys.stderr, flush=True)
+        print(f"launch: {name} received, forwarding it to {len(self._targets()) or 'the'} rank(s) and waiting for "
+              f"their checkpoint", file=sys.stderr, flush=True)
         self._deliver()
 
     def stop_code(self) -> Optional[int]:
@@ -95,34 +96,43 @@ class LaunchSignals:
     def _deliver(self) -> None:
         # each target is sent each received signal once, in order; a handler that runs in the middle of this
         # loop delivers what it added itself (at worst a signal is sent twice, never lost)
-        targets = [target for pid in list(self.children)
-                   for target in (ranks_under(pid) if pid in self.through_ranks else [pid])]
-        for pid in targets:
+        for pid in self._targets():
             while self._sent.get(pid, 0) < len(self.received):
                 index = self._sent.get(pid, 0)
                 self._sent[pid] = index + 1
                 send(pid, self.received[index])
+
+    def _targets(self) -> list[int]:
+        """Who gets a signal: each child, or for a launcher in `through_ranks` the ranks under it so far."""
+        return [target for pid in list(self.children)
+                for target in (ranks_under(pid) if pid in self.through_ranks else [pid])]
 
     @property
     def signalled(self) -> bool:
         return bool(self.received)
 
 
+# The per-node launcher programs whose children are the ranks: DeepSpeed's launch.py, torchrun's agent
+NODE_LAUNCHERS = ("deepspeed.launcher.launch", "torchrun", "torch.distributed.run")
+
+
 def ranks_under(pid: int) -> list[int]:
-    """The ranks DeepSpeed's per-node launcher (deepspeed.launcher.launch) started somewhere under `pid`."""
+    """The ranks a per-node launcher program (NODE_LAUNCHERS, named in its first words: `python -u -m MODULE`)
+    started at or under `pid`."""
     import psutil
     try:
-        under = psutil.Process(pid).children(recursive=True)
+        top = psutil.Process(pid)
+        under = top.children(recursive=True)
     except psutil.Error:
         return []
     launchers = set()
-    for process in under:
+    for process in [top, *under]:
         try:
-            if "deepspeed.launcher.launch" in process.cmdline():
+            if any(name in word for word in process.cmdline()[:4] for name in NODE_LAUNCHERS):
                 launchers.add(process.pid)
         except psutil.Error:
             pass
-    return [process.pid for process in under if process.ppid() in launchers]
+    return [process.pid for process in under if process.pid not in launchers and process.ppid() in launchers]
 
 
 def send(pid: int, signum: int) -> None:
