@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, POSITIVE, RANKS_PER_NODE, SEED,
-                      SEQUENCE_TOKENS, WHOLE_SECONDS, Kind)
+from .numbers import (COUNT, COUNT_OR_ZERO, FRACTION, GIGABYTES, NONNEGATIVE, POSITIVE, PROBABILITY, RANKS_PER_NODE,
+                      SEED, SEQUENCE_TOKENS, TEMPERATURE, WHOLE_SECONDS, Kind)
 
 
 AUTO = "auto"
@@ -127,9 +127,10 @@ class SourceConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["pretrain", "sft", "preference"] = doc(
+    task: Literal["pretrain", "sft", "preference", "grpo"] = doc(
         "pretrain: packed causal LM on raw text; sft: loss on responses only; preference: chosen/rejected pairs "
-        "trained with the `preference` section's loss (DPO, IPO).", "pretrain")
+        "trained with the `preference` section's loss (DPO, IPO); grpo: RL on prompts (JSONL prompt + answer) with "
+        "the `grpo` section's rewards (docs/rl.md).", "pretrain")
     source: str = doc("A prepared directory, a local .jsonl/.json/.parquet/.txt file or directory, or a hub "
                       "dataset name; training reads prepared token shards (see prepare-data).", "")
     sources: list[SourceConfig] = doc("Several sources blended by weight (instead of data.source); each keeps "
@@ -166,6 +167,8 @@ class DataConfig:
                             "list of final messages).", "chosen")
     rejected_field: str = doc("Column with the dispreferred response (preference; the same forms as chosen).",
                               "rejected")
+    answer_field: str = doc("Column with the reference answer the rewards check (grpo; a string or a number).",
+                            "answer")
     chat_template: Optional[str] = doc(
         "Chat template for messages: chatml, llama-2, llama-3, zephyr (trainer/data/templates/) or a Jinja file "
         "(absolute or relative to the repo root); replaces the tokenizer's own and is exported with it, its markers "
@@ -273,6 +276,49 @@ class PreferenceConfig:
                                   False)
 
 
+GRPO_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")  # as TRL 1.13's GRPOConfig.loss_type names them
+BUILTIN_REWARDS = ("exact_match", "format", "length_penalty")
+
+
+@dataclass
+class RewardSpec:
+    name: str = doc("A built-in reward (exact_match, format, length_penalty) or your own function as "
+                    "'package.module:function' (imported and run: docs/security.md).", "exact_match")
+    weight: float = doc("Weight of this reward in the sum the advantages are computed from (TRL reward_weights).", 1.0,
+                        kind=NONNEGATIVE)
+    pattern: Optional[str] = doc("format: the regular expression a whole completion must match (re.fullmatch, "
+                                 "DOTALL); None = the answer format of exact_match (a number, \\boxed{} or #### x).",
+                                 None)
+    target_tokens: int = doc("length_penalty: completions up to this many tokens are not penalised; each token "
+                             "beyond costs 1/target_tokens (down to -1).", 64, kind=COUNT)
+
+
+@dataclass
+class GrpoConfig:
+    rewards: list[RewardSpec] = doc("Reward functions, summed with their weights; exact_match's 0/1 is also logged as "
+                                    "`accuracy`.", factory=lambda: [RewardSpec()])
+    num_generations: int = doc("Completions sampled per prompt (the group G, at least 2); train.micro_batch_size "
+                               "counts completions and is a multiple of it.", 8, kind=COUNT)
+    max_new_tokens: int = doc("Longest completion in tokens; prompt + completion fit in data.seq_len.", 256,
+                              kind=COUNT)
+    temperature: float = doc("Sampling temperature of the rollouts (the loss divides the logits by it too, as TRL).",
+                             1.0, kind=TEMPERATURE)
+    top_p: float = doc("Nucleus sampling mass of the rollouts (1.0 = off).", 1.0, kind=PROBABILITY)
+    top_k: int = doc("Sample among the k most likely tokens (0 = off).", 0, kind=COUNT_OR_ZERO)
+    num_iterations: int = doc("Optimizer steps on each batch of rollouts (TRL num_iterations, mu): more than 1 keeps "
+                              "the rollout-time log-probs and clips the ratio to them.", 1, kind=COUNT)
+    beta: float = doc("KL coefficient to the reference model (0 = no reference: none is built).", 0.0,
+                      kind=NONNEGATIVE)
+    epsilon: float = doc("Clip range of the probability ratio (PPO epsilon), below and above 1.", 0.2, kind=FRACTION)
+    epsilon_high: Optional[float] = doc("Upper clip range (DAPO's clip-higher); None = epsilon.", None, kind=POSITIVE)
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = doc(
+        "How per-token losses are averaged, as TRL 1.13: grpo (per sequence, then mean), bnpo (over the micro-batch's "
+        "tokens), dr_grpo (over micro-batch x max_new_tokens), dapo (over the step's tokens on every rank).", "dapo")
+    scale_rewards: Literal["group", "batch", "none"] = doc(
+        "Divide advantages by the std of the group's rewards, of the whole step's, or not at all (Dr. GRPO).", "group")
+    eval_greedy: bool = doc("Evaluation completes each eval prompt once, greedily (off: sampled as in training).", True)
+
+
 @dataclass
 class Config:
     name: str = doc("Preset name (the file stem).", "")
@@ -286,4 +332,6 @@ class Config:
     logging: LoggingConfig = doc("Metrics and experiment tracking.", factory=LoggingConfig)
     preference: PreferenceConfig = doc("Preference tuning (data.task=preference): the loss and the reference model.",
                                        factory=PreferenceConfig)
+    grpo: GrpoConfig = doc("RL post-training (data.task=grpo): rewards, sampling and the clipped policy-gradient loss "
+                           "(docs/rl.md).", factory=GrpoConfig)
 

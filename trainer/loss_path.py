@@ -48,7 +48,7 @@ def loss_path(forward: str, liger: bool, zero_stage: int, sequence_parallel: int
 def fused_loss_possible(task: str, liger: bool, zero_stage: int, sequence_parallel: int) -> bool:
     """Would Liger's fused loss run for this run's training forward without tiles? (Tiles are then pointless:
     resolve.auto_logits_tiles leaves them off.)"""
-    forward = "policy" if task == "preference" else "causal"
+    forward = "policy" if task in ("preference", "grpo") else "causal"
     return loss_path(forward, liger, zero_stage, sequence_parallel) == FUSED
 
 

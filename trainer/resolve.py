@@ -214,7 +214,7 @@ def auto_logits_tiles(m, seq_len: int, sequence_parallel: int, micro_batch: int,
     tile?, and by the planner). Liger avoids the logits only where its fused loss runs (trainer.loss_path: not under
     ZeRO-3 or sequence parallelism), so only there does it keep the tiles off."""
     fused = fused_loss_possible(task, m.liger, zero_stage, sequence_parallel)
-    if fused or m.tie_word_embeddings or task == "preference" or precision == "fp16":
+    if fused or m.tie_word_embeddings or task in ("preference", "grpo") or precision == "fp16":
         return 0
     per_sequence = seq_len // sequence_parallel * m.vocab_size
     if per_sequence < LONG_SEQUENCE_LOGITS:

@@ -37,6 +37,7 @@ says what it would do, which is why each is an error here.
 | model.tiled_logits not with fp16, tied embeddings or preference tuning | fp16: the LM head's gradient misses the loss scale; tied: reduced twice (ZeRO-1/2 assert) or partly lost (ZeRO-3); DPO: unused |
 | model.tiled_mlp only on dense families | (the trainer's own key) an MoE's fused experts are not tiled: nothing would be |
 | data.cross_document_attention only where documents share a sequence (pretrain, packed SFT) | (the trainer's own key) ignored |
+| grpo.* only with data.task=grpo; G >= 2 divides train.micro_batch_size; rewards named by a built-in or an import path; prompt room in data.seq_len; no sequence parallelism, AutoTP, several sources or tiled logits | (the trainer's own keys) ignored, or found after the engine is built |
 | preference.* only with data.task=preference; label_smoothing < 0.5, only with loss=sigmoid; reference=adapter needs LoRA; reference_offload needs a reference engine at ZeRO-3 | (the trainer's own keys) ignored, or refused only once the engines are built |
 """
 from __future__ import annotations
@@ -298,6 +299,49 @@ def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
     return problems
 
 
+def grpo_settings(cfg: Config, ds: dict, world: int) -> list[str]:
+    """The grpo section's values (train/rl/ reads them): a group of at least 2, whole groups per micro-batch, rewards
+    that name something, room for a prompt, and the features the rollout does not shard."""
+    from .train.rl.rewards import spec_problems
+    g, d = cfg.grpo, cfg.data
+    if d.task != "grpo":
+        changed = [f"grpo.{f.name}" for f in dataclasses.fields(g) if getattr(g, f.name) != getattr(type(g)(), f.name)]
+        return [f"{', '.join(changed)} set, but data.task={d.task}: the grpo section is only read for RL on prompts; "
+                f"set data.task=grpo or remove it"] if changed else []
+    problems = []
+    if g.num_generations < 2:
+        problems.append(f"grpo.num_generations={g.num_generations}: GRPO compares completions within a group of the "
+                        f"same prompt, and one completion has nothing to compare with (its advantage is always 0); "
+                        f"use at least 2 (8 or 16 as published recipes)")
+    micro = cfg.train.micro_batch_size
+    if isinstance(micro, int) and g.num_generations >= 1 and micro % g.num_generations:
+        problems.append(f"train.micro_batch_size={micro} counts completions and must hold whole groups of "
+                        f"grpo.num_generations={g.num_generations}: use a multiple of it (e.g. {g.num_generations})")
+    if not g.rewards:
+        problems.append("grpo.rewards is empty: name at least one reward (exact_match, format, length_penalty or "
+                        "'package.module:function')")
+    for index, spec in enumerate(g.rewards):
+        problems += spec_problems(spec, index)
+    if g.rewards and not any(spec.weight > 0 for spec in g.rewards):
+        problems.append("grpo.rewards: every weight is 0, so every advantage is 0 and nothing is learnt; give one "
+                        "reward a positive weight")
+    if g.max_new_tokens >= d.seq_len:
+        problems.append(f"grpo.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in data.seq_len="
+                        f"{d.seq_len}: raise data.seq_len or lower grpo.max_new_tokens")
+    if g.epsilon_high is not None and g.epsilon_high < g.epsilon:
+        problems.append(f"grpo.epsilon_high={g.epsilon_high} is below grpo.epsilon={g.epsilon}: clip-higher widens "
+                        f"the upper range; set it >= epsilon or remove it")
+    if d.sources:
+        problems.append("data.sources with data.task=grpo: GRPO reads one prompts file; give data.source")
+    if dsc.sequence_parallel_size(ds) > 1 or dsc.autotp_size(ds) > 1:
+        problems.append("data.task=grpo with sequence parallelism or AutoTP: rollouts are generated on each rank's "
+                        "whole model and not sharded; set deepspeed.sequence_parallel_size=1 and no tensor_parallel")
+    if (cfg.model.tiled_logits or 0) >= 2:
+        problems.append(f"model.tiled_logits={cfg.model.tiled_logits} with data.task=grpo: the loss needs every "
+                        f"completion token's log-prob, not the tiled cross-entropy; set model.tiled_logits=0")
+    return problems
+
+
 def lora_targets_exist(cfg: Config, ds: dict, world: int) -> list[str]:
     lora = cfg.model.lora
     if not lora.enabled or model_type(cfg) not in LLAMA_LIKE:
@@ -363,7 +407,7 @@ RULES: list[Rule] = [
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
-    sequence_parallel_supported, tiled_logits_supported, tiled_mlp_has_dense_mlps, preference_settings,
+    sequence_parallel_supported, tiled_logits_supported, tiled_mlp_has_dense_mlps, preference_settings, grpo_settings,
     cross_document_attention_applies,
     lora_targets_exist, model_family_buildable, zero3_leaf_modules_need_stage3, expert_parallel_fits,
 ]

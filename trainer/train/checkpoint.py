@@ -56,6 +56,8 @@ class TrainState:
     parent: Optional[str] = None        # the checkpoint this state continues: its tag in the same checkpoints/
                                         # directory, or its path; None for a fresh start (the run's history)
     wandb_run_id: Optional[str] = None  # the wandb run this history logs to: a resume continues (rewinds) it
+    objective: Optional[dict] = None    # this rank's objective state (GRPO: the sampler's generator and the current
+                                        # rollout), kept per rank in rng_rank*.json, not in trainer_state.json
 
 
 def tag_for(step: int) -> str:
@@ -154,9 +156,11 @@ def save(engine, ckpt_dir: Path, state: TrainState, config: dict, keep_last: int
         engine.save_checkpoint(str(ckpt_dir), tag=partial_tag, client_state=universal_info(engine), save_latest=False)
         wait_for_writer(engine)
         written = checkpoint_io.relative_entries(writer.take_written(), partial) if writer else {}
-        write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window})
+        own = {"objective": state.objective} if state.objective is not None else {}
+        write_json_atomic(partial / f"rng_rank{rank}.json", {**rng_state(), "log_window": state.log_window, **own})
         if rank == 0:
-            write_json_atomic(partial / STATE_FILE, {"trainer": asdict(state), "config": config})
+            shared = {k: v for k, v in asdict(state).items() if k != "objective"}
+            write_json_atomic(partial / STATE_FILE, {"trainer": shared, "config": config})
         hooks.in_save("files_written", state.step)
         ranks.barrier()
         fsync_tree(partial)  # every rank flushes what is visible to it before the switch (the writer's files: done)
@@ -403,6 +407,7 @@ def load(engine, path: Path, ckpt_dir: Path, deepspeed_dir: Optional[Path] = Non
         rank_state = json.loads(rng_file.read_text())
         set_rng_state(rank_state)
         state.log_window = rank_state.get("log_window", state.log_window)  # each rank logs its own losses
+        state.objective = rank_state.get("objective")  # GRPO: this rank's sampler and rollout
     state.parent = parent_name(path, ckpt_dir)
     return state
 

@@ -94,6 +94,8 @@ def evaluate_engine(engine, eval_set: EvalSet, objective=None) -> dict:
     objective = objective or Objective(engine)
     engine.eval()
     try:
+        if hasattr(objective, "evaluate"):  # GRPO: rewards of completions of the eval prompts (train/rl/objective.py)
+            return objective.evaluate(eval_set)
         with objective.apart():  # the eval batches' metrics are not the training window's
             out = evaluate(lambda batch, counts: objective(batch, record=counts), eval_set, engine.device,
                            objective.weight)

@@ -52,6 +52,8 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
     batches = iter(train_batches)
     hooks = hooks or Hooks()
     objective = objective or Objective(engine)
+    if state.objective is not None:  # resumed: this rank's objective state (GRPO: sampler, rollout) as saved
+        objective.load_state_dict(state.objective)
     stop, guard = StopSignal(), StepGuard(train.max_bad_steps, train.spike_ratio, train.spike_window)
     scale_watch = LossScaleWatch(dsc.fp16_min_loss_scale(cfg.deepspeed), train.min_loss_scale_hits)
     metrics.start_progress(state.step, train.max_steps)
@@ -143,6 +145,7 @@ def fit(engine, train_batches, eval_set: EvalSet, state: TrainState, resolved: R
         save_now = stopping and not (stop_requested and train.on_signal == "exit")
         if (train.save_every and state.step % train.save_every == 0) or state.step == last_step or save_now:
             state.log_window = [window_loss, window_steps]
+            state.objective = objective.state_dict()
             try:
                 saved_at = checkpoint.save(engine, ckpt_dir, state, resolved.record(), train.keep_last,
                                            protect=resumed_from, checksums=train.checkpoint_checksums, hooks=hooks)

@@ -107,6 +107,13 @@ class Objective:
         """Metrics recorded inside are kept apart from (and do not disturb) those recorded outside."""
         yield
 
+    def state_dict(self) -> dict | None:
+        """What this rank's objective needs in a checkpoint to continue exactly (GRPO: its sampler and rollout)."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`'s value on resume."""
+
 
 class PreferenceObjective(Objective):
     """DPO / IPO over a batch of pairs, against `reference(input_ids, attention_mask) -> logits` (no gradients)."""

@@ -148,9 +148,15 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     cfg, rank = resolved.config, ranks.rank()
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # the exported tokenizer keeps it
     check_vocab(tokenizer, cfg)
-    data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective: rank 0 prepares, the ranks verify
+    grpo = cfg.data.task == "grpo"
+    if grpo:  # prompts + answers, read and checked by every rank (small JSONL files: train/rl/prompts.py)
+        from .rl.prompts import build_prompt_data
+        data = build_prompt_data(cfg, tokenizer)
+    else:
+        data = build_datasets(cfg.data, tokenizer, cfg.train.seed)  # collective: rank 0 prepares, the ranks verify
     print0(f"data: {data.stats}", rank=rank)
-    check_enough_batches(data, resolved)
+    if not grpo:
+        check_enough_batches(data, resolved)
     prepare_run_dir(run_dir, record or resolved.record(), rank, fresh)
 
     sequence_parallel.release()  # what an earlier run in this process registered (tests train several per launch)
@@ -181,6 +187,8 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
     engine.config = redact(engine.config)  # DeepSpeed pickles this dict into every checkpoint (ds_config)
 
     dp_rank, dp_size, micro = data_parallel_rank(engine), resolved.batch.data_parallel_size, cfg.train.micro_batch_size
+    if grpo:
+        return grpo_job(engine, tokenizer, data, resolved, active, dp_rank, dp_size, model)
     train_batches = MicroBatchLoader(data.train, micro, dp_rank, dp_size, cfg.train.grad_accum)
     eval_set = EvalSet({stream.sources[0].name: stream for stream in data.eval}, cfg.train.eval_sequences, micro,
                        dp_rank, dp_size)
@@ -189,11 +197,37 @@ def build(resolved: Resolved, run_dir: Path, hooks: Hooks, record: dict | None =
                objective_of(engine, cfg, rank, data))
 
 
+def grpo_job(engine, tokenizer, data, resolved: Resolved, active: int, dp_rank: int, dp_size: int, model) -> Job:
+    """data.task=grpo: prompts dealt per step, the eval prompts, and the GRPO objective against its reference (none
+    when grpo.beta=0; the LoRA base with the adapter disabled; else a frozen engine: train/preference.py)."""
+    from .preference import adapter_disabled, reference_engine
+    from .rl.objective import GrpoObjective
+    from .rl.prompts import GrpoEvalSet, PromptLoader
+    cfg, rank, g = resolved.config, ranks.rank(), resolved.config.grpo
+    micro, accum = cfg.train.micro_batch_size, cfg.train.grad_accum
+    loader = PromptLoader(len(data.train), micro // g.num_generations, accum, dp_rank, dp_size, g.num_iterations,
+                          cfg.train.seed)
+    eval_set = GrpoEvalSet(data.eval[:cfg.train.eval_sequences], micro, dp_size)
+    if g.beta == 0:
+        reference, described = None, "none (grpo.beta=0)"
+    elif cfg.model.lora.enabled:
+        reference, described = adapter_disabled(engine), "the base model with the LoRA adapter disabled"
+    else:
+        frozen = reference_engine(cfg, rank)
+        reference = lambda ids, mask: frozen(input_ids=ids, attention_mask=mask).logits  # noqa: E731
+        described = f"a frozen DeepSpeed engine ({dsc.frozen_reference_placement(cfg.deepspeed, False)})"
+    print0(f"grpo: {g.num_generations} completions per prompt, {micro // g.num_generations} prompt(s) per "
+           f"micro-batch, loss {g.loss_type}, beta {g.beta}, {g.num_iterations} iteration(s) per rollout; "
+           f"reference = {described}; rewards: {', '.join(f'{r.name} x {r.weight:g}' for r in g.rewards)}", rank=rank)
+    objective = GrpoObjective(engine, cfg, tokenizer, data.train, reference, accum, rank, resolved.world_size)
+    return Job(engine, tokenizer, loader, eval_set, active, None, RouterWatch.attach(model), objective)
+
+
 def training_loss_kernel(cfg: Config, model) -> str:
     """The loss kernel of the training forward, on the path trainer.loss_path decides for this model as built."""
     from .. import loss_path
     from ..model import liger_applied
-    forward = "policy" if cfg.data.task == "preference" else "causal"
+    forward = "policy" if cfg.data.task in ("preference", "grpo") else "causal"
     path = loss_path.loss_path(forward, liger_applied(model), dsc.zero_stage(cfg.deepspeed),
                                dsc.sequence_parallel_size(cfg.deepspeed), cfg.model.tiled_logits or 0)
     return loss_path.loss_kernel(path, liger_applied(model))
