@@ -22,6 +22,7 @@ the exit status is 1 when there is an error, else 0.
 | - | chat template                             | SFT, data.chat_template unset, tokenizer not known to have one |
 | - | MoE layout                                | experts of a model the trainer cannot find blocks of; EP across nodes; no EP at stage 3 |
 | - | sequence parallel                         | a group across nodes; long shares without tiled MLPs (heads, eager, seq_len: resolve errors) |
+| - | GRPO                                      | groups of fewer than 4 completions; a rollout that sets the memory peak; several iterations without clipping room |
 """
 from __future__ import annotations
 
@@ -307,10 +308,32 @@ def sequence_parallel(r: Resolved) -> list[Finding]:
     return out
 
 
+def grpo(r: Resolved) -> list[Finding]:
+    """GRPO's own settings (docs/rl.md): group size, the rollout's memory, the clip range with several iterations."""
+    cfg = r.config
+    if cfg.data.task != "grpo":
+        return []
+    g, out = cfg.grpo, []
+    if g.num_generations < 4:
+        out.append(Finding("warn", "GRPO", f"grpo.num_generations={g.num_generations}: with fewer than 4 completions "
+                           f"per prompt the group's mean and std are poor baselines, and a group whose rewards are all "
+                           f"equal teaches nothing (its advantages are 0); published recipes use 8 or 16"))
+    if g.num_iterations > 1 and g.epsilon == 0:
+        out.append(Finding("warn", "GRPO", f"grpo.num_iterations={g.num_iterations} with grpo.epsilon=0: every "
+                           f"later pass over a rollout is clipped away; give the ratio room (0.2)"))
+    if cfg.hardware.gpu != "cpu":
+        estimate = plan_for_resolved(r)
+        if estimate.rollout_sets_peak:
+            out.append(Finding("info", "GRPO", f"the rollout, not training, sets the memory peak: {gb(estimate.rollout)} "
+                               f"GB per GPU while generating ({gb(estimate.gpu_total)} GB while training); a smaller "
+                               f"train.micro_batch_size (the rollout batch) or grpo.max_new_tokens lowers it"))
+    return out
+
+
 CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overlap_comm, grad_accumulation,
                        activation_checkpointing, bind_cores, pin_memory, zeropp_multi_node, nvme_pipeline,
                        bucket_sizes, contiguous_gradients, chat_template, moe_layout,
-                       sequence_parallel]
+                       sequence_parallel, grpo]
 
 
 def lint_resolved(r: Resolved) -> list[Finding]:

@@ -50,7 +50,8 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                       help="evaluate on this file, directory or hub dataset: all of it, unless --eval-sequences")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the preset's (or run's) config, e.g. data.seq_len=512")
-    parser.add_argument("--task", choices=("pretrain", "sft", "preference"), help="with --data: how to read it")
+    parser.add_argument("--task", choices=("pretrain", "sft", "preference", "grpo"),
+                        help="with --data: how to read it (grpo: prompt + answer records, scored by the rewards)")
     parser.add_argument("--reference", metavar="SRC",
                         help="preference data: the reference model (HF directory or hub id); default: the weights "
                              "the run started from (its model.name_or_path, the LoRA base, or its seeded init)")
@@ -74,6 +75,8 @@ def evaluate(args) -> int:
         raise UserError("--reference is the reference model of preference pairs; the data here is "
                         f"data.task={cfg.data.task}: drop --reference, or evaluate pairs with --task preference")
     reference = reference_source(args, request) if preference else None
+    if cfg.data.task == "grpo":
+        return score_prompts(args, request, cfg)
     with open_session(args, request) as session:
         from ..data import build_datasets
         data = build_datasets(cfg.data, session.tokenizer, cfg.train.seed)  # collective: verified on every rank
@@ -93,6 +96,29 @@ def evaluate(args) -> int:
                       "tokens": result["eval_tokens"], "sequences": sequences,
                       **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}
         report.update(model=session.source.described, data=[s.sources[0].origin for s in data.eval])
+        if ranks.rank() == 0:
+            if args.output:
+                write_text_atomic(args.output, json.dumps(report) + "\n")
+            else:
+                sys.stdout.write(json.dumps(report) + "\n")
+    return 0
+
+
+def score_prompts(args, request: Request, cfg: Config) -> int:
+    """data.task=grpo: one greedy completion per eval prompt (all of --data), scored by the config's grpo.rewards
+    (the run's own, or --set grpo.rewards=[...]): reward/mean, reward/<name>, accuracy, completion_length."""
+    from ..train.rl.objective import evaluate_prompts
+    from ..train.rl.prompts import build_prompt_data
+    with open_session(args, request) as session:
+        data = build_prompt_data(cfg, session.tokenizer)
+        records = data.eval[:args.eval_sequences] if args.eval_sequences else data.eval
+        runner = session.runner
+        share = (runner.replica, runner.replicas) if runner.mode == "replicas" else (0, 1)
+        if ranks.rank() == 0:
+            print(f"evaluate: {len(records)} prompt(s), one greedy completion each, rewards "
+                  f"{', '.join(r.name for r in cfg.grpo.rewards)}", file=sys.stderr)
+        report = evaluate_prompts(runner.module, session.tokenizer, records, cfg, runner.device, share=share)
+        report.update(model=session.source.described, data=cfg.data.eval_source or cfg.data.source)
         if ranks.rank() == 0:
             if args.output:
                 write_text_atomic(args.output, json.dumps(report) + "\n")

@@ -9,7 +9,7 @@ import shlex
 from typing import Any, Optional
 
 from .. import ds as dsc
-from ..config import Config, DataConfig, HardwareConfig, PreferenceConfig, TrainConfig
+from ..config import Config, DataConfig, GrpoConfig, HardwareConfig, PreferenceConfig, TrainConfig
 from ..presets import PRESET_DIR, load_preset, parse_yaml, with_overrides
 from . import memory as mem
 from .estimate import Candidate, Plan
@@ -17,7 +17,8 @@ from .inputs import PlanInputs
 from .preset_file import written_by_plan
 
 
-DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4, "dpo": 5e-7, "dpo-lora": 5e-6}  # DPO: the paper's 5e-7
+DEFAULT_LR = {"pretrain": 3e-4, "full": 2e-5, "lora": 2e-4, "dpo": 5e-7, "dpo-lora": 5e-6,
+              "grpo": 1e-6}  # GRPO: DeepSeekMath's and TRL's GSM8K recipes  # DPO: the paper's 5e-7
 
 
 def planned_deepspeed_config(plan: Plan) -> dict:
@@ -51,12 +52,18 @@ def planned_trainer_config(plan: Plan, ds: dict) -> Config:
     hardware = HardwareConfig(gpu=inputs.gpu.name, gpus_per_node=inputs.gpus_per_node, nodes=inputs.nodes,
                               cpu_ram_gb=inputs.cpu_ram_gb, nvme_gb=inputs.nvme_gb)
     task = "preference" if inputs.preference else "pretrain" if inputs.task == "pretrain" else "sft"
+    grpo = GrpoConfig()
+    if inputs.grpo:  # whole groups per micro-batch (rules.grpo_settings): the largest of 16, 8, 4, 2 dividing it
+        task = "grpo"
+        group = next((g for g in (16, 8, 4, 2) if c.micro_batch % g == 0), 2)
+        grpo = GrpoConfig(num_generations=group, max_new_tokens=max(1, inputs.seq_len // 2),
+                          beta=0.0 if inputs.reference == "none" else 0.04)
     preference = PreferenceConfig()
     if inputs.preference:
         preference = PreferenceConfig(reference=inputs.reference, reference_offload=(
             c.candidate.stage == 3 and c.candidate.offload_param != "none"))
     return Config(name="plan", hardware=hardware, model=model, data=DataConfig(task=task, seq_len=inputs.seq_len),
-                  train=train, deepspeed=ds, preference=preference)
+                  train=train, deepspeed=ds, preference=preference, grpo=grpo)
 
 
 ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
@@ -113,6 +120,7 @@ def nearest_for_model(plan: Plan, shipped: list[tuple[str, Config]]) -> tuple[Op
 def _kind_mismatches(plan: Plan, config: Config) -> int:
     inputs = plan.inputs
     return ((config.data.task == "preference") != inputs.preference) + (
+        (config.data.task == "grpo") != inputs.grpo) + (
         (config.data.task == "pretrain") != (inputs.task == "pretrain")) + (
         config.model.lora.enabled != inputs.lora_enabled) + (
         (config.model.num_experts is None) != (inputs.model.config.num_experts is None))
@@ -152,6 +160,7 @@ def _same_model(inputs: PlanInputs, config: Config) -> bool:
 def _similarity(plan: Plan, config: Config) -> int:
     c, hw, ds = plan.choice.candidate, config.hardware, config.deepspeed
     return (4 * ((config.data.task == "preference") == plan.inputs.preference)
+            + 4 * ((config.data.task == "grpo") == plan.inputs.grpo)
             + 2 * (hw.gpu == plan.inputs.gpu.name) + 2 * (hw.nodes * hw.gpus_per_node == plan.inputs.world_size)
             + (dsc.zero_stage(ds) == c.stage)
             + (dsc.offload_optimizer_device(ds) == c.offload_optimizer)

@@ -71,6 +71,7 @@ class Estimate:
     nvme_budget: Optional[int]
     reference: int = 0       # preference tuning: the reference model's GPU bytes while training (weights + forward)
     precompute_pass: int = 0  # reference=precomputed: the GPU peak of the one-time pass before training
+    rollout: int = 0         # grpo: the GPU peak while generating (states, the gathered model, KV cache, reference)
     mlp_tiles: int = 0       # model.tiled_mlp counted (0: the MLPs run whole)
     logits_tiles: int = 0    # model.tiled_logits counted, as the trainer's "auto" decides and runs it (0: off)
     checkpoint_offload: bool = False  # the checkpointed layer inputs in host memory (DeepSpeed's cpu_checkpointing)
@@ -82,7 +83,11 @@ class Estimate:
 
     @property
     def fits_gpu(self) -> bool:
-        return max(self.gpu_total, self.precompute_pass) <= self.gpu_budget
+        return max(self.gpu_total, self.precompute_pass, self.rollout) <= self.gpu_budget
+
+    @property
+    def rollout_sets_peak(self) -> bool:
+        return self.rollout > self.gpu_total
 
     @property
     def fits_cpu(self) -> bool:
@@ -108,6 +113,8 @@ class Estimate:
         reasons = []
         if self.gpu_total > self.gpu_budget:
             reasons.append(f"{gb(self.gpu_total)} GB per GPU > {gb(self.gpu_budget)} GB")
+        if self.rollout > self.gpu_budget:
+            reasons.append(f"the rollout needs {gb(self.rollout)} GB per GPU > {gb(self.gpu_budget)} GB")
         if self.precompute_pass > self.gpu_budget:
             reasons.append(f"the reference log-prob pass needs {gb(self.precompute_pass)} GB per GPU > "
                            f"{gb(self.gpu_budget)} GB")
@@ -151,7 +158,8 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
     checkpoint_offload = checkpoint_offload and checkpointing
     activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
                                        inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles,
-                                       checkpoint_offload, forward="policy" if inputs.preference else "causal")
+                                       checkpoint_offload,
+                                       forward="policy" if inputs.preference or inputs.grpo else "causal")
     # the plan's own config: 'auto' (hidden^2), raised to the useful floor for a small model (ds.with_bucket_floor)
     bucket = reduce_bucket_size if reduce_bucket_size is not None else max(m.hidden_size ** 2, dsc.USEFUL_BUCKET[0])
     buffers = (states.working + mem.reduce_bucket_bytes(stage, bucket, precision, overlap_comm)
@@ -165,18 +173,24 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
                + activations.host * inputs.gpus_per_node)
         if inputs.lora_params:  # the frozen base is swapped like any 16-bit param
             nvme += mem.nvme_offload_bytes(inputs.params, inputs.nodes, optimizer=False, params=True)
-    reference, precompute_pass = 0, 0
-    if inputs.preference:
+    reference, precompute_pass, rollout, weights = 0, 0, 0, 0
+    if inputs.has_reference:
         weights, host, forward = reference_costs(inputs, candidate, sequences, precision, attention)
         cpu += host
         if inputs.reference == "precomputed":  # the pass runs beside the policy's states, before any activation
             precompute_pass = states.params + states.gradients + states.optimizer + buffers + weights + forward
+        elif inputs.grpo:  # GRPO's reference runs in the rollout phase, after generation: not beside training
+            reference = weights
         else:
             reference = weights + forward
+    if inputs.grpo:  # generation (the whole model gathered under ZeRO-3, a KV cache), then the reference's forward
+        generation = mem.rollout_bytes(m, inputs.params, stage, inputs.seq_len, sequences, precision, attention)
+        rollout = (states.params + states.gradients + states.optimizer + buffers + weights
+                   + max(generation, forward if inputs.has_reference else 0))
     gpu_budget, cpu_budget, nvme_budget = budgets(inputs)
     return Estimate(candidate, micro_batch, checkpointing, hpz_partition_size if stage == 3 else 1, states,
                     activations, buffers, int(cpu), int(nvme), gpu_budget, cpu_budget, nvme_budget, reference,
-                    precompute_pass, mlp_tiles if mlp_tiles >= 2 else 0, logits_tiles, checkpoint_offload)
+                    precompute_pass, rollout, mlp_tiles if mlp_tiles >= 2 else 0, logits_tiles, checkpoint_offload)
 
 
 def planned_logits_tiles(inputs: PlanInputs, sequences: int, precision: str, stage: int = 0) -> int:
@@ -243,8 +257,12 @@ def micro_batch_options(inputs: PlanInputs) -> list[int]:
     """Micro-batches worth trying: divisors of the per-rank share of the global batch, else powers of two."""
     if inputs.global_batch:
         per_rank = inputs.global_batch // inputs.data_parallel_size
-        return [d for d in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % d == 0]
-    return [2 ** i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
+        options = [d for d in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % d == 0]
+    else:
+        options = [2 ** i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
+    if inputs.grpo:  # a micro-batch holds whole groups of at least 2 completions of a prompt
+        options = [d for d in options if d % 2 == 0]
+    return options
 
 
 @dataclass
@@ -275,6 +293,8 @@ def inputs_for_resolved(resolved) -> PlanInputs:
     sp = dsc.sequence_parallel_size(cfg.deepspeed)
     task = "lora" if cfg.model.lora.enabled else ("pretrain" if cfg.model.name_or_path is None else "full")
     reference = "auto"
+    if cfg.data.task == "grpo":
+        task, reference = "grpo", "engine" if cfg.grpo.beta else "none"
     if cfg.data.task == "preference":
         task = "dpo-lora" if cfg.model.lora.enabled else "dpo"
         reference = cfg.preference.reference
@@ -286,7 +306,8 @@ def inputs_for_resolved(resolved) -> PlanInputs:
                       # under sequence parallelism the model gets no attention mask (Ulysses attends causally by
                       # position: train/sequence_parallel.py model_inputs), so sdpa builds no (b, 1, s, s) mask;
                       # isolated pretraining documents get one (transformers builds it from the position ids)
-                      padding_mask=(cfg.data.task in ("sft", "preference") or cfg.data.cross_document_attention is False)
+                      padding_mask=(cfg.data.task in ("sft", "preference", "grpo")
+                                    or cfg.data.cross_document_attention is False)
                       and sp == 1, reference=reference,
                       reference_offload=cfg.preference.reference_offload,
                       expert_parallel=dsc.autoep_size(cfg.deepspeed),

@@ -18,8 +18,9 @@ from .scenario import read_scenario
 LORA_PROJECTIONS = LORA_TARGETS[:7]  # what plan.memory.lora_params can count (not lm_head, embeddings, all-linear)
 
 
-TASKS = ("pretrain", "full", "lora", "dpo", "dpo-lora")  # dpo: full preference tuning; dpo-lora: with LoRA
-REFERENCES = ("auto", "adapter", "engine", "precomputed")  # preference.reference's values
+TASKS = ("pretrain", "full", "lora", "dpo", "dpo-lora", "grpo")  # dpo: full preference tuning; dpo-lora: with LoRA;
+#                                                                   grpo: RL with rollouts on the trained model
+REFERENCES = ("auto", "adapter", "engine", "precomputed", "none")  # preference.reference's values; none: grpo.beta=0
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,15 @@ class PlanInputs:
     @property
     def preference(self) -> bool:
         return self.task in ("dpo", "dpo-lora")
+
+    @property
+    def grpo(self) -> bool:
+        return self.task == "grpo"
+
+    @property
+    def has_reference(self) -> bool:
+        """A reference model is priced: preference tuning's, or GRPO's KL reference (a frozen engine) unless none."""
+        return self.preference or (self.grpo and self.reference != "none")
 
     @property
     def sequences_per_sample(self) -> int:
@@ -173,8 +183,9 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
                         seq_len=seq_len, micro_batch=ints["micro_batch"], global_batch=ints["global_batch"],
                         allow_checkpointing=checkpointing, checkpoint_offload=offload, lora=lora,
                         nvme_path=str(values.get("nvme_path") or "/local_nvme"),
-                        sequence_parallel=ints["sequence_parallel"], padding_mask=task in ("dpo", "dpo-lora"),
-                        reference="adapter" if reference == "auto" and task == "dpo-lora" else reference,
+                        sequence_parallel=ints["sequence_parallel"], padding_mask=task in ("dpo", "dpo-lora", "grpo"),
+                        reference="adapter" if reference == "auto" and task == "dpo-lora"
+                        else "engine" if reference == "auto" and task == "grpo" else reference,
                         expert_parallel=ints["expert_parallel"])
     problems += sequence_parallel_problems(inputs, flag) + batch_problems(inputs, flag)
     problems += expert_parallel_problems(inputs, flag)
@@ -187,6 +198,13 @@ def reference_problems(task: str, reference: str, flag) -> list[str]:
     if reference not in REFERENCES:
         return [f"{flag('reference')}: {reference!r} is not one of {', '.join(REFERENCES)}"
                 f"{closest(reference, REFERENCES)}"]
+    if task == "grpo":
+        if reference not in ("auto", "engine", "none"):
+            return [f"{flag('reference')} {reference}: GRPO's KL reference is a frozen engine (engine, the default) or "
+                    f"none (grpo.beta=0)"]
+        return []
+    if reference == "none":
+        return [f"{flag('reference')} none: only GRPO runs without a reference (grpo.beta=0); use {flag('task')} grpo"]
     if reference != "auto" and task not in ("dpo", "dpo-lora"):
         return [f"{flag('reference')} {reference}: the reference model belongs to preference tuning; use "
                 f"{flag('task')} dpo or dpo-lora, or drop {flag('reference')}"]

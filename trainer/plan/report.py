@@ -20,7 +20,7 @@ def plan_to_json(plan: Plan) -> dict:
                      "gpus_per_node": inputs.gpus_per_node, "nodes": inputs.nodes, "cpu_ram_gb": inputs.cpu_ram_gb,
                      "nvme_gb": inputs.nvme_gb},
         "task": inputs.task, "seq_len": inputs.seq_len, "precision": inputs.precision,
-        "reference": inputs.reference if inputs.preference else None,
+        "reference": inputs.reference if inputs.preference or inputs.grpo else None,
         "sequences_per_sample": inputs.sequences_per_sample,
         "sequence_parallel_size": inputs.sp, "data_parallel_size": inputs.data_parallel_size,
         "expert_parallel_size": inputs.expert_parallel,
@@ -48,6 +48,7 @@ def _estimate_json(e: Estimate) -> dict:
             "cpu_bytes_per_node": e.cpu_bytes_per_node, "nvme_bytes": e.nvme_bytes,
             "checkpoint_offload_host_bytes_per_gpu": e.activations.host,
             "precompute_pass_gpu_bytes": e.precompute_pass or None,
+            "rollout_gpu_bytes": e.rollout or None, "rollout_sets_peak": e.rollout_sets_peak,
             "fits": e.fits, "fits_gpu": e.fits_gpu, "fits_cpu": e.fits_cpu, "fits_nvme": e.fits_nvme}
 
 
@@ -124,6 +125,11 @@ def print_choice(plan: Plan) -> None:
           f"{gb(b['buffers'])}" + (f" + reference {gb(b['reference'])}" if b["reference"] else "")
           + f"; host RAM {gb(e.cpu_bytes_per_node)} GB/node"
           + (f"; NVMe {gb(e.nvme_bytes)} GB/node" if e.nvme_bytes else ""))
+    if e.rollout:
+        print(f"  rollout (generation): {gb(e.rollout)} GB per GPU at its peak (states, the gathered model under ZeRO-3, "
+              f"KV cache of {e.micro_batch} completions x {inputs.seq_len} tokens)"
+              + (" - the rollout, not training, sets the memory peak" if e.rollout_sets_peak
+                 else "; training sets the peak"))
     if e.precompute_pass:
         print(f"  reference log-probs precomputed: one pass over the data before training, {gb(e.precompute_pass)} GB "
               f"per GPU at its peak; nothing during training")

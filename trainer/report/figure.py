@@ -1,6 +1,6 @@
 """The report's figure: six panels on one step axis (train loss, eval loss, learning rate, grad norm,
 tokens/s, peak memory), and two more when a run did preference tuning (rewards/accuracy and rewards/margin, with
-their eval_rewards/* values dashed), one colour per run, resumes as dashed vertical lines in the run's colour, skipped
+their eval_rewards/* values dashed) or GRPO (reward/mean with eval_reward/mean dashed, and kl), one colour per run, resumes as dashed vertical lines in the run's colour, skipped
 (non-finite) steps as red dotted ones, loss spikes as triangles on the loss panel. Where a run has more marks
 than report.points keeps, a mark that merges several steps is a light band over their range. Values that are
 not finite or too large for an axis are gaps. What a run's reading left out (skipped lines, merged marks) is
@@ -17,6 +17,8 @@ from ..pictures import new_figure
 from .points import Marks, Series
 from .runs import REWARD_KEYS, RunMetrics, drawable
 
+DASHED_EVAL = REWARD_KEYS + ("reward/mean",)  # panels that also draw their eval_* twin, dashed
+
 
 PANELS = (  # metric, title, y label
     ("loss", "train loss", "loss"),
@@ -30,6 +32,10 @@ REWARD_PANELS = (  # preference runs only
     ("rewards/accuracy", "preference accuracy (rewards/accuracy; eval dashed)", "share of pairs"),
     ("rewards/margin", "reward margin (rewards/margin; eval dashed)", "beta x log-ratio"),
 )
+RL_PANELS = (  # GRPO runs only
+    ("reward/mean", "GRPO reward (reward/mean; eval dashed)", "mean reward"),
+    ("kl", "KL to the reference (kl, per token)", "nats"),
+)
 EVAL_STYLE = {"linestyle": "--", "marker": "o", "markersize": 3.5, "linewidth": 1.2}
 LOG_RATIO = 30.0      # a panel whose positive values span more than this factor is drawn on a log scale
 RESUME_STYLE = {"linestyle": "--", "linewidth": 1.3, "alpha": 0.8}
@@ -39,7 +45,8 @@ BAND_ALPHA = 0.15     # a mark merging a range of steps
 
 def report_figure(runs: list[RunMetrics]):
     """The Figure for these runs (the caller saves it)."""
-    panels = PANELS + (REWARD_PANELS if any(run.has_rewards() for run in runs) else ())
+    panels = (PANELS + (REWARD_PANELS if any(run.has_rewards() for run in runs) else ())
+              + (RL_PANELS if any(run.has_rl() for run in runs) else ()))
     figure = new_figure(13, 3.5 * (len(panels) // 2))
     axes = figure.subplots(len(panels) // 2, 2, sharex=True).flatten()
     colours = [f"C{i % 10}" for i in range(len(runs))]
@@ -53,7 +60,7 @@ def report_figure(runs: list[RunMetrics]):
             _draw_metric(ax, run, metric, colour, sources, width)
             _draw_markers(ax, run, colour, spikes=metric == "loss")
         _scale(ax, [v for run in runs for v in _values(run, metric)],
-               log_allowed=metric != "lr" and metric not in REWARD_KEYS)
+               log_allowed=metric != "lr" and metric not in DASHED_EVAL)
         if not any(run.get(key).steps for run in runs for key in _keys(metric)):
             ax.text(0.5, 0.5, f"no {metric} logged", transform=ax.transAxes, ha="center", va="center",
                     color="grey")
@@ -77,7 +84,7 @@ def _draw_metric(ax, run: RunMetrics, metric: str, colour: str, sources: list[st
         marker = "o" if metric == "eval_loss" or len(series.steps) < 30 else None
         ax.plot(series.steps, _drawn(series), color=colour, marker=marker, markersize=1.5 + width, linewidth=width,
                 gid=f"{run.label}:{metric}")
-    if metric in REWARD_KEYS and run.get("eval_" + metric).steps:
+    if metric in DASHED_EVAL and run.get("eval_" + metric).steps:
         held_out = run.get("eval_" + metric)
         ax.plot(held_out.steps, _drawn(held_out), color=colour, gid=f"{run.label}:eval_{metric}", **EVAL_STYLE)
     if metric == "eval_loss":
@@ -110,7 +117,7 @@ def _draw_marks(ax, marks: Marks, gid: str, style: dict) -> None:
 
 def _keys(metric: str) -> tuple[str, ...]:
     """The series a panel draws: a rewards panel also has its eval_rewards/* values."""
-    return (metric, "eval_" + metric) if metric in REWARD_KEYS else (metric,)
+    return (metric, "eval_" + metric) if metric in DASHED_EVAL else (metric,)
 
 
 def _values(run: RunMetrics, metric: str) -> list[float]:

@@ -37,7 +37,10 @@ MAX_LISTED_RESUMES = 10     # resume steps the HTML table lists
 # preference tuning (train/preference.py): drawn in the rewards panels when a run logged them
 REWARD_KEYS = ("rewards/accuracy", "rewards/margin")
 EVAL_REWARD_KEYS = tuple("eval_" + key for key in REWARD_KEYS)
-METRIC_KEYS = frozenset(TRAIN_KEYS + (EVAL_PREFIX,) + REWARD_KEYS + EVAL_REWARD_KEYS)
+# GRPO (train/rl/objective.py): the mean reward of the rollouts (its eval twin dashed) and the KL to the reference
+RL_KEYS = ("reward/mean", "kl")
+EVAL_RL_KEYS = ("eval_reward/mean",)
+METRIC_KEYS = frozenset(TRAIN_KEYS + (EVAL_PREFIX,) + REWARD_KEYS + EVAL_REWARD_KEYS + RL_KEYS + EVAL_RL_KEYS)
 
 
 @dataclass
@@ -64,6 +67,10 @@ class RunMetrics:
     def has_rewards(self) -> bool:
         """A preference run's: it logged rewards/* (train or eval)."""
         return any(self.get(key).count for key in REWARD_KEYS + EVAL_REWARD_KEYS)
+
+    def has_rl(self) -> bool:
+        """A GRPO run's: it logged reward/mean (train or eval) or kl."""
+        return any(self.get(key).count for key in RL_KEYS + EVAL_RL_KEYS)
 
     def eval_sources(self) -> list[str]:
         return sorted(name for name in self.series if name.startswith(EVAL_SOURCE))

@@ -32,7 +32,8 @@ TINY = REPO_ROOT / "data" / "tiny"
 # the most of the tokenizer (a chat template, prefix-stable, a fast tokenizer). A preset with local
 # prompt/response data keeps its own (tiny_data).
 TINY_DATA = {"pretrain": TINY / "pretrain.jsonl", "sft": TINY / "chat.jsonl",
-             "preference": TINY / "preference.jsonl"}  # right answers chosen over wrong ones of the same kind
+             "preference": TINY / "preference.jsonl",  # right answers chosen over wrong ones of the same kind
+             "grpo": REPO_ROOT / "data" / "tiny_grpo" / "train.jsonl"}  # digit sums with their answers
 
 
 def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozenset()) -> tuple[Config, list[str]]:
@@ -67,10 +68,22 @@ def rehearsal_config(cfg: Config, world_size: int, explicit: set[str] = frozense
                                    gpus_per_node=world_size, nodes=1)
     logging = dataclasses.replace(cfg.logging, wandb_mode="disabled", log_every=1)
     rehearsed = dataclasses.replace(cfg, model=model, data=data, train=train, hardware=hardware, logging=logging,
-                                    deepspeed=ds)
+                                    deepspeed=ds, grpo=rehearsal_grpo(cfg, data.seq_len, train.micro_batch_size, notices))
     if model.lora.enabled:
         rehearsed = with_saved_base_model(rehearsed, run_dir / "base_model", notices)
     return rehearsed, notices
+
+
+def rehearsal_grpo(cfg: Config, seq_len: int, micro_batch: int, notices: list[str]):
+    """GRPO keeps its loss, rewards, sampling and reference; the group and the completions shrink to the rehearsal's
+    micro-batch and sequence (a group must fit a micro-batch, a completion the sequence)."""
+    g = cfg.grpo
+    if cfg.data.task != "grpo":
+        return g
+    group, new_tokens = 2 if micro_batch % 2 == 0 else micro_batch, min(g.max_new_tokens, 8, seq_len // 2)
+    notices.append(f"grpo.num_generations {g.num_generations} -> {group}, grpo.max_new_tokens {g.max_new_tokens} -> "
+                   f"{new_tokens} (the rehearsal's micro-batch and sequence)")
+    return dataclasses.replace(g, num_generations=group, max_new_tokens=new_tokens)
 
 
 def shrink_model(cfg: Config, notices: list[str]):
@@ -112,13 +125,15 @@ def tiny_data(cfg: Config, sequence_parallel: int, notices: list[str]):
     seq_len = rehearsal_seq_len(d.seq_len, sequence_parallel, notices)
     if Path(d.source).exists():
         return dataclasses.replace(d, seq_len=seq_len)
-    kind = {"sft": "chat messages", "preference": "prompt/chosen/rejected pairs"}.get(d.task, "text")
+    kind = {"sft": "chat messages", "preference": "prompt/chosen/rejected pairs",
+            "grpo": "prompt/answer records"}.get(d.task, "text")
     notices.append(f"data {d.source} -> {TINY_DATA[d.task]} (shipped tiny {d.task} data: {kind})")
     default = DataConfig()  # the tiny set's columns have the default names, whatever the preset's data calls them
     columns = {name: getattr(default, name) for name in ("text_field", "prompt_field", "response_field",
-                                                         "messages_field", "chosen_field", "rejected_field")}
+                                                         "messages_field", "chosen_field", "rejected_field",
+                                                         "answer_field")}
     return dataclasses.replace(d, source=str(TINY_DATA[d.task]), eval_source=None, seq_len=seq_len, num_workers=1,
-                               eval_fraction=0.05, **columns)
+                               eval_fraction=0.05 if d.task != "grpo" else 0.1, subset=None, **columns)
 
 
 def rehearsal_seq_len(seq_len: int, sequence_parallel: int, notices: list[str]) -> int:

@@ -81,7 +81,8 @@ class GrpoObjective(Objective):
             self.buffer = self.rollout(batch["prompts"], record)
         r = self.buffer[micro]
         width = r.completion_mask.shape[1]
-        logits = self.engine(input_ids=r.input_ids, attention_mask=r.attention_mask, use_cache=False).logits
+        logits = self.engine(input_ids=r.input_ids, attention_mask=r.attention_mask, use_cache=False,
+                             logits_to_keep=width + 1).logits  # the completion's positions only
         logps, entropies = grpo.completion_logps(logits, r.input_ids, width, self.settings.temperature)
         loss, stats = grpo.grpo_loss(logps, r.old_logps, r.ref_logps, r.advantages, r.completion_mask,
                                      self.loss_settings, self.accumulation, r.step_tokens, self.world)
@@ -160,7 +161,8 @@ class GrpoObjective(Objective):
             width = completion.shape[1]
             old = ref = None
             if g.num_iterations > 1:
-                old = self.logps_of(lambda i, m: self.engine(input_ids=i, attention_mask=m, use_cache=False).logits,
+                old = self.logps_of(lambda i, m: self.engine(input_ids=i, attention_mask=m, use_cache=False,
+                                                             logits_to_keep=width + 1).logits,
                                     sequences, full_mask, width)
             if g.beta != 0.0 and self.reference is not None:
                 ref = self.logps_of(self.reference, sequences, full_mask, width)
@@ -295,3 +297,52 @@ def gather_all(values: torch.Tensor, device) -> torch.Tensor:
     every = [torch.zeros_like(values) for _ in range(dist.get_world_size())]
     dist.all_gather(every, values)
     return torch.cat(every).cpu()
+
+
+@torch.no_grad()
+def evaluate_prompts(model, tokenizer, records: list, cfg, device, greedy: bool = True, seed: int = 0,
+                     share: tuple[int, int] = (0, 1)) -> dict:
+    """`evaluate --task grpo`: one completion per prompt by a plain model (greedy, or sampled with grpo's settings
+    and `seed`), scored by cfg.grpo.rewards; `share` = (this rank's share, shares): the prompts dealt to the ranks
+    and the sums added up. Returns reward/mean, reward/<name>, accuracy (with exact_match) and completion_length."""
+    from ...data.chat_format import stop_token_ids
+    g = cfg.grpo
+    built = build_rewards(g.rewards)
+    names, weights = [r.name for r in built], torch.tensor([r.weight for r in built], dtype=torch.float64)
+    stops = stop_token_ids(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    mine = records[share[0]::share[1]]
+    chunk = max(1, int(cfg.train.micro_batch_size) if isinstance(cfg.train.micro_batch_size, int) else 8)
+    texts, lengths = [], []
+    model.eval()
+    for first in range(0, len(mine), chunk):
+        part = mine[first:first + chunk]
+        width = max(len(r.ids) for r in part)
+        ids = torch.full((len(part), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(part), width), dtype=torch.long)
+        for i, r in enumerate(part):
+            ids[i, width - len(r.ids):] = torch.tensor(r.ids)
+            mask[i, width - len(r.ids):] = 1
+        completion, kept = sample(model, ids.to(device), mask.to(device), g.max_new_tokens, stops, pad,
+                                  0.0 if greedy else g.temperature, g.top_k, g.top_p, generator)
+        for row, m in zip(completion.tolist(), kept.tolist()):
+            texts.append(tokenizer.decode([t for t, k in zip(row, m) if k and t not in stops],
+                                          skip_special_tokens=True))
+            lengths.append(sum(m))
+    sums = torch.zeros(3 + len(built), dtype=torch.float64)
+    if mine:
+        table = torch.tensor(score(built, [r.text for r in mine], texts, [r.answer for r in mine], lengths),
+                             dtype=torch.float64).T
+        sums[0], sums[1], sums[2] = len(mine), float(grpo.weighted_rewards(table, weights).sum()), float(sum(lengths))
+        sums[3:] = table.sum(0)
+    sums = all_sum(sums, device) if share[1] > 1 else sums
+    n = max(float(sums[0]), 1.0)
+    out = {"reward/mean": float(sums[1]) / n, **{f"reward/{name}": float(v) / n for name, v in
+                                                  zip(names, sums[3:].tolist())},
+           "completion_length": float(sums[2]) / n, "prompts": int(sums[0])}
+    if "exact_match" in names:
+        out["accuracy"] = out["reward/exact_match"]
+    return out
+

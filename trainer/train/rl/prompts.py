@@ -22,6 +22,7 @@ import torch
 
 from ... import text as text_gate
 from ...data.records import DataError
+from ...named_inputs import looks_like_path
 
 
 @dataclass
@@ -35,6 +36,8 @@ class PromptRecord:
 def read_records(path: str, cfg_data, kind: str = "data.source") -> list[tuple[dict, str]]:
     """(record, "FILE:LINE") of every non-blank line, each a JSON object."""
     file = Path(path).expanduser()
+    if not file.exists() and not looks_like_path(path):
+        return hub_records(path, cfg_data, kind)
     if not file.is_file():
         raise DataError(f"{kind} {path}: no such file; GRPO reads a JSONL file of {{\"{cfg_data.prompt_field}\": ..., "
                         f"\"{cfg_data.answer_field}\": ...}} records")
@@ -60,6 +63,18 @@ def read_records(path: str, cfg_data, kind: str = "data.source") -> list[tuple[d
         raise DataError(f"{kind} {path}: the file has no records (one JSON object per line with "
                         f"\"{cfg_data.prompt_field}\" and \"{cfg_data.answer_field}\")")
     return out
+
+
+def hub_records(name: str, cfg_data, kind: str) -> list[tuple[dict, str]]:
+    """(record, "NAME[split][row]") of a hub dataset (data.subset, data.split; eval_source with data.eval_split)."""
+    from datasets import load_dataset
+    split = (cfg_data.eval_split or cfg_data.split) if kind == "data.eval_source" else cfg_data.split
+    try:
+        rows = load_dataset(name, cfg_data.subset, split=split)
+    except Exception as err:  # noqa: BLE001 - the hub's many failures, named with the dataset
+        raise DataError(f"{kind} {name}: cannot load the hub dataset ({type(err).__name__}: {str(err)[:300]}); "
+                        f"check the name, data.subset and data.split, or give a local JSONL file") from None
+    return [(dict(row), f"{name}[{split}][{index}]") for index, row in enumerate(rows)]
 
 
 def check_record(record: dict, where: str, cfg_data) -> tuple[str | list, str]:
