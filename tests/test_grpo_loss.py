@@ -141,3 +141,29 @@ def test_accumulation_scales_back_what_deepspeed_divides():
     one, _ = grpo.grpo_loss(logps, logps - 0.1, None, torch.tensor([1.0], dtype=torch.float64), mask, settings, 1)
     four, _ = grpo.grpo_loss(logps, logps - 0.1, None, torch.tensor([1.0], dtype=torch.float64), mask, settings, 4)
     assert four.item() == pytest.approx(one.item(), abs=1e-15)
+
+
+def test_the_kv_cache_sampler_continues_left_padded_prompts_as_transformers_generate_does():
+    from trainer.train.rl.rollout import sample
+    model = tiny_model().float()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, VOCAB, (3, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :2], ids[0, :2] = 0, 0
+    ours, kept = sample(model, ids, mask, 5, [1], 0, temperature=0.0)
+    theirs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, eos_token_id=1,
+                            pad_token_id=0, use_cache=True)[:, 6:]
+    assert ours.tolist() == theirs.tolist()
+    assert kept.tolist() == [[1] * 5] * 3
+
+
+def test_sampling_is_reproducible_from_the_generator_state():
+    from trainer.train.rl.rollout import sample
+    model = tiny_model().float()
+    ids, mask = torch.randint(3, VOCAB, (4, 5)), torch.ones(4, 5, dtype=torch.long)
+    generator = torch.Generator().manual_seed(1)
+    state = generator.get_state()
+    first = sample(model, ids, mask, 6, [1], 0, temperature=1.0, top_k=10, top_p=0.9, generator=generator)[0]
+    generator.set_state(state)
+    again = sample(model, ids, mask, 6, [1], 0, temperature=1.0, top_k=10, top_p=0.9, generator=generator)[0]
+    assert first.tolist() == again.tolist()

@@ -68,6 +68,7 @@ class GrpoObjective(Objective):
         self.generator = torch.Generator(device=engine.device)
         self.generator.manual_seed(cfg.train.seed * 1_000_003 + 7919 * rank + 1)
         self.buffer: Optional[list[Rollout]] = None
+        self.rollout_sums: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the rollout's metric sums
         self.sums = self._zero()
         self.window_start = time.perf_counter()
         self.names = [r.name for r in self.rewards]
@@ -77,8 +78,16 @@ class GrpoObjective(Objective):
 
     def __call__(self, batch: dict, record: bool = True) -> torch.Tensor:
         micro, iteration = int(batch["micro"]), int(batch["iteration"])
-        if micro == 0 and (iteration == 0 or self.buffer is None):
-            self.buffer = self.rollout(batch["prompts"], record)
+        generated = micro == 0 and (iteration == 0 or self.buffer is None)
+        if generated:
+            self.buffer = self.rollout(batch["prompts"])
+        if micro == 0 and record and self.rollout_sums is not None:  # every step logs the rollout it trains on
+            sums, per_function = self.rollout_sums
+            if not generated:  # no generation this step: its time and tokens are not counted again
+                sums = sums.clone()
+                sums[METRIC_SUMS.index("gen_seconds")] = sums[METRIC_SUMS.index("gen_tokens")] = 0.0
+            self.sums += sums
+            self.per_function += per_function
         r = self.buffer[micro]
         width = r.completion_mask.shape[1]
         logits = self.engine(input_ids=r.input_ids, attention_mask=r.attention_mask, use_cache=False,
@@ -140,7 +149,7 @@ class GrpoObjective(Objective):
         table = score(self.rewards, [r.text for r in records], texts, [r.answer for r in records], lengths)
         return torch.tensor(table, dtype=torch.float64).T.reshape(len(texts), len(self.rewards)), lengths
 
-    def rollout(self, prompt_index: torch.Tensor, record: bool = True) -> list[Rollout]:
+    def rollout(self, prompt_index: torch.Tensor) -> list[Rollout]:
         g, started = self.settings, time.perf_counter()
         per_micro = prompt_index.shape[1]
         records = [self.prompts[int(i)] for i in prompt_index.reshape(-1).tolist() for _ in range(g.num_generations)]
@@ -168,8 +177,7 @@ class GrpoObjective(Objective):
                 ref = self.logps_of(self.reference, sequences, full_mask, width)
             rollouts.append(Rollout(sequences, full_mask, kept, advantages[k * rows:(k + 1) * rows].to(
                 self.engine.device), old, ref, step_tokens))
-        if record:
-            self.record_rollout(per_function, rewards, lengths, gen_seconds)
+        self.rollout_sums = self.rollout_metrics(per_function, rewards, lengths, gen_seconds)
         return rollouts
 
     @torch.no_grad()
@@ -186,9 +194,10 @@ class GrpoObjective(Objective):
     def _zero(self) -> torch.Tensor:
         return torch.zeros(len(METRIC_SUMS), dtype=torch.float64)
 
-    def record_rollout(self, per_function: torch.Tensor, rewards: torch.Tensor, lengths: list[int],
-                       gen_seconds: float) -> None:
-        s, i = self.sums, METRIC_SUMS.index
+    def rollout_metrics(self, per_function: torch.Tensor, rewards: torch.Tensor, lengths: list[int],
+                        gen_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rollout's contribution to the window's sums (and the reward functions' sums)."""
+        s, i = self._zero(), METRIC_SUMS.index
         g = self.settings.num_generations
         s[i("completions")] += len(rewards)
         s[i("reward")] += float(rewards.sum())
@@ -202,7 +211,7 @@ class GrpoObjective(Objective):
         grouped = rewards.view(-1, g)
         s[i("groups")] += grouped.shape[0]
         s[i("zero_std_groups")] += float((grouped.max(dim=1).values == grouped.min(dim=1).values).sum())
-        self.per_function += per_function.sum(0)
+        return s, per_function.sum(0)
 
     def metrics(self, device, prefix: str = "") -> dict:
         """The window's GRPO metrics over every rank (one all-reduce; every rank calls it at the same step)."""
@@ -275,12 +284,15 @@ class GrpoObjective(Objective):
     def state_dict(self) -> dict:
         """This rank's sampler generator and the current rollout (a resume mid-cycle trains on the same one)."""
         return {"sampler": self.generator.get_state().tolist(),
-                "rollout": [r.to_state() for r in self.buffer] if self.buffer is not None else None}
+                "rollout": [r.to_state() for r in self.buffer] if self.buffer is not None else None,
+                "rollout_sums": [t.tolist() for t in self.rollout_sums] if self.rollout_sums is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(torch.tensor(state["sampler"], dtype=torch.uint8))
         rollout = state.get("rollout")
         self.buffer = [Rollout.from_state(r, self.engine.device) for r in rollout] if rollout else None
+        sums = state.get("rollout_sums")
+        self.rollout_sums = tuple(torch.tensor(t, dtype=torch.float64) for t in sums) if sums else None
 
 
 def all_sum(values: torch.Tensor, device) -> torch.Tensor:

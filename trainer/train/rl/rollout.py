@@ -94,6 +94,14 @@ def pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def cache_argument(model) -> str:
+    """The forward's name for the KV cache: `cache` in transformers 5.x (past_key_values is deprecated there), or
+    `past_key_values` (older models, PEFT wrappers that pass **kwargs through)."""
+    import inspect
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, stop_ids: list[int],
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -106,8 +114,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     cache = DynamicCache()
     mask = attention_mask
     position = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position, past_key_values=cache,
-                use_cache=True)
+    key = cache_argument(model)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position, use_cache=True, **{key: cache})
     position = position[:, -1:]
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     tokens, kept = [], []
@@ -121,6 +129,6 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             break
         mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=1)
         position = position + 1
-        out = model(input_ids=token.unsqueeze(1), attention_mask=mask, position_ids=position,
-                    past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=token.unsqueeze(1), attention_mask=mask, position_ids=position, use_cache=True,
+                    **{key: cache})  # the DynamicCache grows in place
     return torch.stack(tokens, dim=1), torch.stack(kept, dim=1).long()
