@@ -23,6 +23,7 @@ class Case:
 
 ZERO = "deepspeed.zero_optimization"
 PREFERENCE = ["data.task=preference", f"data.source={ROOT / 'data' / 'tiny' / 'preference.jsonl'}"]
+GRPO = ["data.task=grpo", f"data.source={ROOT / 'data' / 'tiny_grpo' / 'train.jsonl'}", "grpo.max_new_tokens=8"]
 
 CASES = {
     "offload_param_needs_stage3": Case(
@@ -207,6 +208,22 @@ CASES = {
         [*PREFERENCE, "preference.reference_offload=true"],
         ["preference.reference_offload", "stage is 2", "deepspeed.zero_optimization.stage=3"],
         [f"{ZERO}.stage=3"], where="rules.preference_settings"),
+    "grpo_settings": Case(
+        ["grpo.num_generations=4"],
+        ["grpo.num_generations set, but data.task=pretrain", "set data.task=grpo or remove it"],
+        [*GRPO, "grpo.num_generations=4"]),
+    "grpo_needs_a_group": Case(
+        [*GRPO, "grpo.num_generations=1"],
+        ["grpo.num_generations=1", "use at least 2"],
+        ["grpo.num_generations=2"], where="rules.grpo_settings"),
+    "grpo_whole_groups_per_micro_batch": Case(
+        [*GRPO, "grpo.num_generations=3"],
+        ["train.micro_batch_size=8 counts completions", "multiple of it"],
+        ["grpo.num_generations=4"], where="rules.grpo_settings"),
+    "grpo_room_for_a_prompt": Case(
+        [*GRPO, "grpo.max_new_tokens=128"],
+        ["grpo.max_new_tokens=128 leaves no room for a prompt", "raise data.seq_len"],
+        ["grpo.max_new_tokens=64"], where="rules.grpo_settings"),
     "zero3_leaf_modules_need_stage3": Case(
         ["model.zero3_leaf_modules=[LlamaMLP]"],
         ["model.zero3_leaf_modules only matters at ZeRO stage 3", "stage is 2", "zero_optimization.stage=3"],

@@ -44,17 +44,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
 from . import ds as dsc
 from . import hardware
-from .config import LLAMA_LIKE, LORA_TARGETS, Config
+from .config import BUILTIN_REWARDS, LLAMA_LIKE, LORA_TARGETS, Config, RewardSpec
 from .errors import closest
 from .moe import MOE_FAMILIES, expert_parallel_problems, family_problems
 
 
 Rule = Callable[[Config, dict, int], list[str]]
+IMPORT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 def offload_param_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
@@ -299,10 +301,34 @@ def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
     return problems
 
 
+def reward_problems(spec: RewardSpec, index: int) -> list[str]:
+    """What is wrong with one grpo.rewards entry, without importing anything (resolve time)."""
+    key = f"grpo.rewards[{index}].name"
+    if spec.name in BUILTIN_REWARDS:
+        problems = []
+        if spec.pattern is not None:
+            if spec.name != "format":
+                problems.append(f"grpo.rewards[{index}].pattern is only read by the 'format' reward (this is "
+                                f"{spec.name!r}): remove it")
+            else:
+                try:
+                    re.compile(spec.pattern)
+                except re.error as err:
+                    problems.append(f"grpo.rewards[{index}].pattern {spec.pattern!r} is not a regular expression "
+                                    f"({err}): fix it, or remove it to check the answer format")
+        return problems
+    if ":" in spec.name or "." in spec.name:
+        if not IMPORT_PATH.fullmatch(spec.name):
+            return [f"{key}: {spec.name!r} is not an import path: write 'package.module:function' (a module Python "
+                    f"can import from the working directory or PYTHONPATH, and a function in it)"]
+        return []
+    return [f"{key}: unknown reward {spec.name!r}{closest(spec.name, BUILTIN_REWARDS)}; built-in: "
+            f"{', '.join(BUILTIN_REWARDS)}, or your own function as 'package.module:function'"]
+
+
 def grpo_settings(cfg: Config, ds: dict, world: int) -> list[str]:
     """The grpo section's values (train/rl/ reads them): a group of at least 2, whole groups per micro-batch, rewards
     that name something, room for a prompt, and the features the rollout does not shard."""
-    from .train.rl.rewards import spec_problems
     g, d = cfg.grpo, cfg.data
     if d.task != "grpo":
         changed = [f"grpo.{f.name}" for f in dataclasses.fields(g) if getattr(g, f.name) != getattr(type(g)(), f.name)]
@@ -321,7 +347,7 @@ def grpo_settings(cfg: Config, ds: dict, world: int) -> list[str]:
         problems.append("grpo.rewards is empty: name at least one reward (exact_match, format, length_penalty or "
                         "'package.module:function')")
     for index, spec in enumerate(g.rewards):
-        problems += spec_problems(spec, index)
+        problems += reward_problems(spec, index)
     if g.rewards and not any(spec.weight > 0 for spec in g.rewards):
         problems.append("grpo.rewards: every weight is 0, so every advantage is 0 and nothing is learnt; give one "
                         "reward a positive weight")

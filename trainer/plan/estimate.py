@@ -9,6 +9,7 @@ from .. import ds as dsc
 from .. import hardware
 from ..resolve import alst_mlp_tiles, auto_logits_tiles, even_tiles
 from . import memory as mem
+from .rollout import rollout_bytes
 from .inputs import PlanInputs
 from .models import ModelSpec
 
@@ -184,7 +185,7 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
         else:
             reference = weights + forward
     if inputs.grpo:  # generation (the whole model gathered under ZeRO-3, a KV cache), then the reference's forward
-        generation = mem.rollout_bytes(m, inputs.params, stage, inputs.seq_len, sequences, precision, attention)
+        generation = rollout_bytes(m, inputs.params, stage, inputs.seq_len, sequences, precision, attention)
         rollout = (states.params + states.gradients + states.optimizer + buffers + weights
                    + max(generation, forward if inputs.has_reference else 0))
     gpu_budget, cpu_budget, nvme_budget = budgets(inputs)

@@ -23,12 +23,12 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ...config import BUILTIN_REWARDS, RewardSpec
+from ...config import RewardSpec
 from ...errors import UserError
+from ...rules import reward_problems as spec_problems
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-_IMPORT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 class RewardError(UserError):
@@ -93,32 +93,6 @@ class Reward:
     name: str          # as metrics name it: reward/<name>
     weight: float
     fn: Callable
-
-
-def spec_problems(spec: RewardSpec, index: int) -> list[str]:
-    """What is wrong with one grpo.rewards entry, without importing anything (resolve time)."""
-    key = f"grpo.rewards[{index}].name"
-    if spec.name in BUILTIN_REWARDS:
-        problems = []
-        if spec.pattern is not None:
-            if spec.name != "format":
-                problems.append(f"grpo.rewards[{index}].pattern is only read by the 'format' reward (this is "
-                                f"{spec.name!r}): remove it")
-            else:
-                try:
-                    re.compile(spec.pattern)
-                except re.error as err:
-                    problems.append(f"grpo.rewards[{index}].pattern {spec.pattern!r} is not a regular expression "
-                                    f"({err}): fix it, or remove it to check the answer format")
-        return problems
-    if ":" in spec.name or "." in spec.name:
-        if not _IMPORT_PATH.fullmatch(spec.name):
-            return [f"{key}: {spec.name!r} is not an import path: write 'package.module:function' (a module Python "
-                    f"can import from the working directory or PYTHONPATH, and a function in it)"]
-        return []
-    from ...errors import closest
-    return [f"{key}: unknown reward {spec.name!r}{closest(spec.name, BUILTIN_REWARDS)}; built-in: {', '.join(BUILTIN_REWARDS)}, or your own "
-            f"function as 'package.module:function'"]
 
 
 def import_function(path: str, key: str) -> Callable:
