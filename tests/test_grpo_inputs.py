@@ -167,3 +167,27 @@ def test_the_loader_repeats_a_cycle_and_resumes_at_any_step():
             got = next(resumed)
             assert got["prompts"].tolist() == micro["prompts"].tolist() and int(got["iteration"]) == int(
                 micro["iteration"])
+
+
+def test_plan_task_grpo_prices_the_rollout_and_says_which_phase_sets_the_peak(capsys):
+    from trainer.__main__ import main
+    assert main(["plan", "--model", "7b", "--gpu", "h100-80g", "--gpus-per-node", "8", "--task", "grpo",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    choice = plan["choice"]
+    assert plan["fits"] and plan["task"] == "grpo" and plan["reference"] == "engine"
+    assert choice["micro_batch"] % 2 == 0 and choice["rollout_gpu_bytes"] > 0
+    assert choice["gpu_bytes"]["reference"] > 0  # the frozen KL reference's weights
+    assert main(["plan", "--model", "7b", "--gpu", "h100-80g", "--gpus-per-node", "8", "--task", "grpo",
+                 "--reference", "none", "--seq-len", "4096", "--micro-batch", "32", "--json"]) in (0, 1)
+    long = json.loads(capsys.readouterr().out)
+    rows = [row for row in long["candidates"] if row["name"] == "zero3"]
+    assert rows and rows[0]["gpu_bytes"]["reference"] == 0
+    assert rows[0]["rollout_sets_peak"] is True  # 32 x 4096 tokens of KV cache and the gathered model
+
+
+def test_lint_warns_about_small_groups():
+    from trainer.diagnose.lint import lint_resolved
+    findings = lint_resolved(resolve(load_preset("tiny_grpo_cpu", ["grpo.num_generations=2"])))
+    assert any(f.check == "GRPO" and "fewer than 4" in f.message for f in findings)
+    assert not any(f.check == "GRPO" for f in lint_resolved(resolve(load_preset("tiny_grpo_cpu"))))

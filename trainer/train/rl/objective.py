@@ -261,7 +261,7 @@ class GrpoObjective(Objective):
         mine = records[self.rank::self.world]
         state = self.generator.get_state()
         try:
-            chunks = self.generate(mine, greedy=self.settings.eval_greedy) if mine else []
+            chunks = self.generate(mine, greedy=self.settings.eval_greedy)  # every rank: ZeRO-3 gathers together
         finally:
             self.generator.set_state(state)  # evaluation does not move the training sampler
         if mine:
