@@ -160,7 +160,7 @@ def test_the_loader_repeats_a_cycle_and_resumes_at_any_step():
     for _ in range(3 * 2):
         next(taken_it)
     again.load_state_dict(taken.state_dict())
-    assert again.state_dict() == {"prompts": 16, "iteration": 1}
+    assert again.state_dict() == {"prompts": 8, "iteration": 1}  # one cycle of 2 x 2 x 2 prompts done
     resumed = iter(again)
     for expected in steps[3:]:
         for micro in expected:
