@@ -82,3 +82,46 @@ def test_sigkill_inside_a_rollout_cycle_then_resume_continues_the_curve_exactly(
     for step in range(4, 9):
         for key in ("loss", "reward/mean", "kl", "completion_length", "entropy"):
             assert resumed[step][key] == pytest.approx(straight[step][key], abs=1e-6), (step, key)
+
+
+@pytest.mark.gpu
+def test_vllm_as_the_external_rollout_engine_takes_pushed_weights():
+    """The external interface (train/rl/external.py) against vLLM on a GPU: after push_weights, vLLM's greedy
+    completions are the policy's own (the trainer's sampler at temperature 0)."""
+    vllm = pytest.importorskip("vllm")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.presets import REPO_ROOT
+    from trainer.train.rl.external import ExternalRollouts, SamplingSettings, push_weights
+    from trainer.train.rl.rollout import sample
+
+    start = str(REPO_ROOT / "data" / "tiny_grpo" / "start")
+    policy = AutoModelForCausalLM.from_pretrained(start).cuda().eval()
+    with torch.no_grad():  # the policy moves away from the weights vLLM loaded
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    tokenizer = AutoTokenizer.from_pretrained(start)
+
+    class Vllm:
+        def __init__(self):
+            self.llm = vllm.LLM(model=start, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
+
+        def load_weights(self, named_tensors):
+            tensors = list(named_tensors)
+            self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(tensors))
+
+        def generate(self, prompt_ids, n, params):
+            sampling = vllm.SamplingParams(n=n, max_tokens=params.max_new_tokens, temperature=params.temperature,
+                                           seed=params.seed)
+            out = self.llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sampling)
+            return [list(c.token_ids) for o in out for c in o.outputs]
+
+    engine = Vllm()
+    push_weights(type("Engine", (), {"module": policy})(), engine)
+    prompts = [tokenizer(f"{a}+{b}=")["input_ids"] for a, b in ((1, 2), (7, 8))]
+    ids, mask = ExternalRollouts(engine, tokenizer.pad_token_id, "cuda").complete(
+        prompts, 1, SamplingSettings(4, temperature=0.0))
+    ours, kept = sample(policy, torch.tensor(prompts).cuda(), torch.ones(2, 4, dtype=torch.long).cuda(), 4,
+                        [tokenizer.eos_token_id], tokenizer.pad_token_id, temperature=0.0)
+    assert (ids * mask).tolist()[0][:int(kept[0].sum())] == (ours * kept).tolist()[0][:int(kept[0].sum())]

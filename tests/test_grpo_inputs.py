@@ -191,3 +191,29 @@ def test_lint_warns_about_small_groups():
     findings = lint_resolved(resolve(load_preset("tiny_grpo_cpu", ["grpo.num_generations=2"])))
     assert any(f.check == "GRPO" and "fewer than 4" in f.message for f in findings)
     assert not any(f.check == "GRPO" for f in lint_resolved(resolve(load_preset("tiny_grpo_cpu"))))
+
+
+def test_the_external_rollout_interface_pushes_every_weight_and_pads_completions():
+    """train/rl/external.py with a stand-in engine (the vLLM one is tests/test_grpo_engine.py's gpu test)."""
+    import torch
+
+    from trainer.train.rl.external import ExternalRollouts, SamplingSettings, push_weights
+
+    class Recorder:
+        def __init__(self):
+            self.names, self.asked = [], None
+
+        def load_weights(self, named_tensors):
+            self.names = [name for name, _ in named_tensors]
+
+        def generate(self, prompt_ids, n, params):
+            self.asked = (prompt_ids, n, params)
+            return [[5, 6, 1], [7, 1]] * len(prompt_ids)
+
+    module = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    engine = type("Engine", (), {"module": module})()
+    recorder = Recorder()
+    assert push_weights(engine, recorder) == 4 and recorder.names == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    ids, mask = ExternalRollouts(recorder, pad_id=0, device="cpu").complete([[3, 4]], 2, SamplingSettings(8))
+    assert ids.tolist() == [[5, 6, 1], [7, 1, 0]] and mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert recorder.asked[1] == 2 and recorder.asked[2].max_new_tokens == 8
