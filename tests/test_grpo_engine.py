@@ -32,7 +32,9 @@ def runs(tmp_path_factory):
             {"name": "straight", "preset": "tiny_grpo_cpu",
              "overrides": SMALL + [f"train.output_dir={root / 'straight'}"]},
             {"name": "rehearse", "preset": "7b_grpo_8xh100", "rehearse": True,
-             "overrides": [f"train.output_dir={root / 'rehearse'}"]}]
+             "overrides": [f"train.output_dir={root / 'rehearse'}"]},
+            {"name": "rehearse_tiny", "preset": "tiny_grpo_cpu", "rehearse": True,
+             "overrides": [f"train.output_dir={root / 'rehearse_tiny'}"]}]
     output, _ = run_many(spec, root, timeout=1200)
     return root, output
 
@@ -52,16 +54,18 @@ def test_the_preset_learns_its_reward(runs):
              if "eval_reward/mean" in r]
     assert evals and "eval_accuracy" in evals[-1]
     assert "grpo: 8 completions per prompt" in output and "reference = a frozen DeepSpeed engine" in output
+    assert "grpo.num_generations 8 -> 2" in output  # the 7B rehearsal's group fits its micro-batch
     assert (root / "preset" / "hf" / "model.safetensors").exists()
 
 
-def test_the_7b_preset_rehearses_on_two_cpu_ranks(runs):
+@pytest.mark.parametrize("preset,run", [("7b_grpo_8xh100", "rehearse"), ("tiny_grpo_cpu", "rehearse_tiny")])
+def test_the_grpo_presets_rehearse_on_two_cpu_ranks(runs, preset, run):
     root, output = runs
-    assert "rehearsal of 7b_grpo_8xh100" in output
-    assert "grpo.num_generations 8 -> 2" in output
-    train = read_metrics(root / "rehearse")[0]
-    assert train and all("reward/mean" in r for r in train)
-    assert checkpoint.find_resume("auto", root / "rehearse" / "checkpoints") is not None
+    assert f"rehearsal of {preset}" in output
+    train = read_metrics(root / run)[0]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6] and all("reward/mean" in r for r in train)
+    assert checkpoint.find_resume("auto", root / run / "checkpoints").name == "step_00000006"
+    assert any((root / run / "hf").glob("*.safetensors"))
 
 
 def test_sigkill_inside_a_rollout_cycle_then_resume_continues_the_curve_exactly(runs, tmp_path):

@@ -154,6 +154,8 @@ def tiny_tokenizer(cfg: Config, run_dir: Path, notices: list[str]) -> str:
     either one later, as in the real run."""
     from ..data.tokenize import has_chat_template_on_disk
     tiny, preset_tokenizer = TINY / "tokenizer", cfg.model.tokenizer or cfg.model.name_or_path
+    if cfg.data.task == "grpo" and preset_tokenizer and small_local_tokenizer(preset_tokenizer):
+        return preset_tokenizer  # GRPO prompts are sized for their own tokenizer (data.seq_len - max_new_tokens)
     if (cfg.data.task != "sft" or cfg.data.chat_template is not None or not preset_tokenizer
             or has_chat_template_on_disk(preset_tokenizer)):
         return str(tiny)
@@ -168,6 +170,17 @@ def tiny_tokenizer(cfg: Config, run_dir: Path, notices: list[str]) -> str:
     notices.append(f"tokenizer {preset_tokenizer} -> the tiny tokenizer without its chat template ({path}): "
                    f"{preset_tokenizer} may have none (base checkpoints ship none) and data.chat_template is unset")
     return str(path)
+
+
+def small_local_tokenizer(path: str) -> bool:
+    """A local tokenizer the shrunk model's 1024-token vocabulary holds."""
+    if not Path(path).is_dir():
+        return False
+    from transformers import AutoTokenizer
+    try:
+        return len(AutoTokenizer.from_pretrained(path)) <= 1024
+    except Exception:  # noqa: BLE001 - not a tokenizer this check can read: the tiny one is used instead
+        return False
 
 
 def with_saved_base_model(cfg: Config, path: Path, notices: list[str]) -> Config:
