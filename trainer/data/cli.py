@@ -68,6 +68,9 @@ def preset_jobs(args) -> list[tuple]:
         # resolved as written (not options.load_and_resolve, which imports this package for train.epochs)
         with blamed(str(preset_path(args.preset)), args.overrides, alone=lambda: resolve(load_preset(args.preset))):
             cfg = resolve(load_preset(args.preset, args.overrides)).config
+    if cfg.data.task == "grpo":
+        raise UserError(f"{args.preset} is a GRPO preset (data.task=grpo): its prompts are read, checked and tokenized "
+                        f"by every rank at start, with nothing to prepare; train it directly (docs/rl.md)")
     tokenizer = apply_chat_template(load_tokenizer(cfg.model), cfg.data)  # as training renders chat records
     return [(cfg.data, tokenizer, source, prepared_path(cfg.data, source, tokenizer))
             for _, source, _ in sources_of(cfg.data)]

@@ -17,6 +17,9 @@ eval_rewards/margin (their mean difference, times beta), with eval_rewards/chose
 the model the run started from, whatever preference.reference it trained with (the adapter-disabled LoRA base, the
 frozen engine and the precomputed log-probs are all those weights): model.name_or_path (LoRA: the base), or the
 seeded init of a run from scratch; --reference SRC names another. It is placed like the evaluated model.
+
+GRPO prompts (data.task=grpo, or --task grpo with --data) get one greedy completion each, scored by the config's
+grpo.rewards (train/rl/objective.py evaluate_prompts): reward/mean, reward/<fn>, accuracy, completion_length.
 """
 from __future__ import annotations
 
