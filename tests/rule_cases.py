@@ -23,7 +23,8 @@ class Case:
 
 ZERO = "deepspeed.zero_optimization"
 PREFERENCE = ["data.task=preference", f"data.source={ROOT / 'data' / 'tiny' / 'preference.jsonl'}"]
-GRPO = ["data.task=grpo", f"data.source={ROOT / 'data' / 'tiny_grpo' / 'train.jsonl'}", "grpo.max_new_tokens=8"]
+GRPO_DATA = ["data.task=grpo", f"data.source={ROOT / 'data' / 'tiny_grpo' / 'train.jsonl'}"]
+GRPO = [*GRPO_DATA, "grpo.max_new_tokens=8"]
 
 CASES = {
     "offload_param_needs_stage3": Case(
@@ -221,7 +222,7 @@ CASES = {
         ["train.micro_batch_size=8 counts completions", "multiple of it"],
         ["grpo.num_generations=4"], where="rules.grpo_settings"),
     "grpo_room_for_a_prompt": Case(
-        [*GRPO, "grpo.max_new_tokens=128"],
+        [*GRPO_DATA, "grpo.max_new_tokens=128"],
         ["grpo.max_new_tokens=128 leaves no room for a prompt", "raise data.seq_len"],
         ["grpo.max_new_tokens=64"], where="rules.grpo_settings"),
     "zero3_leaf_modules_need_stage3": Case(
