@@ -111,3 +111,43 @@ def test_a_pretrained_models_architecture_is_its_config_json(tmp_path):
         resolved(f"model.name_or_path={a_pretrained_dir(tmp_path, num_local_experts=4)}")
     with pytest.raises(ConfigError, match=r"data\.seq_len=4096 exceeds model\.max_position_embeddings=256"):
         resolved(f"model.name_or_path={a_pretrained_dir(tmp_path, max_position_embeddings=256)}")
+
+
+def problem_lines(err: str) -> list[str]:
+    """The `  - ...` lines of a refusal, in order."""
+    return [line.strip() for line in err.splitlines() if line.lstrip().startswith("- ")]
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_every_command_that_takes_set_refuses_a_drawn_rule_as_show_does(seed, tmp_path, capsys):
+    """Rows drawn from the rule table, each given to every command that takes --set and resolves without ranks:
+    each refuses it with exit 2, no traceback, the problems `show` prints, and nothing written. (train resolves
+    the same way once its process group is up: tests/test_bad_input.py runs it.)"""
+    from trainer.__main__ import main
+    from trainer.model import hf_config
+    model = tmp_path / "model"  # evaluate resolves before it reads a weight: a config.json and a tokenizer
+    hf_config(load_preset("tiny_cpu").model, "sdpa").save_pretrained(str(model))
+    for file in (ROOT / "data" / "tiny" / "tokenizer").iterdir():
+        (model / file.name).write_bytes(file.read_bytes())
+    log = tmp_path / "run.log"
+    log.write_text("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    commands = {"export": ["export", "tiny_cpu", "-o", str(out / "ds.json")], "lint": ["lint", "tiny_cpu"],
+                "launch": ["launch", "tiny_cpu", "--dry-run"], "doctor": ["doctor", "tiny_cpu", str(log)],
+                "autotune": ["autotune", "tiny_cpu", "--dry-run"],
+                "prepare-data": ["prepare-data", "--preset", "tiny_cpu"],
+                "evaluate": ["evaluate", "--model", str(model), "--preset", "tiny_cpu"]}
+    rng = random.Random(seed)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for name in rng.sample(sorted(CASES), 2):
+        items = [w for item in CASES[name].breaks for w in ("--set", item)]
+        assert main(["show", "tiny_cpu", *items]) == 2, name
+        shown = problem_lines(capsys.readouterr().err)
+        assert shown, name
+        for command in rng.sample(sorted(commands), 4):
+            code = main(commands[command] + items)
+            err = capsys.readouterr().err
+            assert code == 2 and "Traceback" not in err, (name, command, err[-600:])
+            assert problem_lines(err) == shown, (name, command, err[-600:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not list(out.iterdir())
