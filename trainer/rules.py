@@ -110,6 +110,24 @@ def round_robin_needs_stage_1_2(cfg: Config, ds: dict, world: int) -> list[str]:
     return []
 
 
+def engine_build_constraints(cfg: Config, ds: dict, world: int) -> list[str]:
+    """What DeepSpeed 0.19.8 asserts of these values only once the model and data are built (or divides by at the
+    first step): checked here, before any work."""
+    problems = []
+    steps = ds.get("steps_per_print")
+    if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps == 0:
+        problems.append("deepspeed.steps_per_print=0: DeepSpeed takes the step modulo steps_per_print at every step "
+                        "(a ZeroDivisionError at the first one); give a positive number, or null for never")
+    bucket = dsc.zero(ds).get("allgather_bucket_size")
+    if dsc.zero_stage(ds) in (1, 2) and isinstance(bucket, (int, float)) and not isinstance(bucket, bool) and \
+            (bucket <= 0 or bucket != int(bucket) or int(bucket) % 2):
+        problems.append(f"deepspeed.zero_optimization.allgather_bucket_size={bucket}: DeepSpeed's stage 1/2 optimizer "
+                        f"needs a positive multiple of 2 (it asserts 'must be a multiple of nccl_start_alignment_factor' "
+                        f"when the engine is built, after the model and data); e.g. "
+                        f"{max(2, int(abs(bucket)) // 2 * 2)}")
+    return problems
+
+
 def zeropp_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
     used = [k for k, on in (("zero_hpz_partition_size", dsc.hpz_partition_size(ds) > 1),
                             ("zero_quantized_weights", dsc.quantized_weights(ds)),
@@ -359,7 +377,7 @@ def model_type(cfg: Config) -> str:
 
 RULES: list[Rule] = [
     offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, bf16_needs_hardware,
-    cpu_ranks_precision, round_robin_needs_stage_1_2,
+    cpu_ranks_precision, round_robin_needs_stage_1_2, engine_build_constraints,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,
