@@ -21,6 +21,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..files import loads_unique
+from ..paths import is_there
 from .records import (FILE_FORMATS, ORIGIN, DataError, data_files, decode_line, hub_dataset, json_rows,
                       looks_like_path, read_utf8)
 
@@ -63,7 +64,7 @@ class SourceReader:
             raise DataError("data.source is empty; set it to a .jsonl/.json/.parquet/.txt file, a directory "
                             "of them, or a hub dataset name")
         path = Path(source).expanduser()
-        if path.exists():
+        if is_there(path, "data source"):
             self.parts = [self._part(f) for f in _files(path)]
         elif looks_like_path(source):
             raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..files import loads_unique
+from ..paths import is_there
 from ..lazy import lazy_module
 
 datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
@@ -49,7 +50,7 @@ def load_records(source: str, split: str = "train", subset: str | None = None) -
         raise DataError("data.source is empty; set it to a .jsonl/.json/.parquet/.txt file, a directory "
                         "of them, or a hub dataset name")
     path = Path(source).expanduser()
-    if path.exists():
+    if is_there(path, "data source"):
         records = _read_directory(path) if path.is_dir() else _read_file(path)
     elif looks_like_path(source):
         raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")
