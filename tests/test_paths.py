@@ -191,6 +191,9 @@ SURFACES = {  # paths that are config values or untyped positionals, not PathKin
                                    "data/tiny/tokenizer", "--out", p + "_out"],
     "report RUN": lambda p: ["report", p, "-o", os.path.join(os.path.dirname(p), "report.png")],
     "plan SCENARIO": lambda p: ["plan", p],
+    "model.tokenizer": lambda p: ["show", "tiny_cpu", "--set", f"model.tokenizer={p}"],
+    "prepare --tokenizer": lambda p: ["prepare-data", "--task", "pretrain", "--source", "data/tiny/pretrain.jsonl",
+                                      "--tokenizer", p, "--out", p + "_out"],
 }
 
 
@@ -206,3 +209,19 @@ def test_a_path_that_is_there_but_unreadable_is_named_as_such_where_a_config_or_
         assert code == 2 and "Traceback" not in err, (surface, path, err)
         assert says in err and "does not exist" not in err and "no such file" not in err, (surface, says, err)
     assert not list(tmp_path.rglob("*.png")) and not list(tmp_path.glob("*_out"))
+
+
+def test_a_tokenizer_given_as_one_of_its_files_names_the_directory_to_give(capsys):
+    """model.tokenizer / --tokenizer pointed at a file of a tokenizer (tokenizer.json, the config): named, with its
+    directory, by show and by prepare-data (which used to pass it to the hub as a repo id)."""
+    import random
+    rng = random.Random(39)
+    folder = "data/tiny/tokenizer"
+    for _ in range(3):
+        file = f"{folder}/{rng.choice(sorted(os.listdir(folder)))}"
+        for argv in (["show", "tiny_cpu", "--set", f"model.tokenizer={file}"],
+                     ["prepare-data", "--task", "pretrain", "--source", "data/tiny/pretrain.jsonl", "--tokenizer", file,
+                      "--out", "/nonexistent-parent/never"]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert f"{file!r} is a file; give the directory that holds it ({folder!r})" in err and "Repo id" not in err, err

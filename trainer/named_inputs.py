@@ -90,10 +90,13 @@ def model_directory_problem(key: str, value: str) -> str:
     """'' unless `value` is written as a local path (not a hub id) and is not a readable directory."""
     path = Path(value).expanduser()
     local = value.startswith((".", "/", "~")) or value.count("/") > 1
-    if path.is_dir() and os.access(path, os.R_OK | os.X_OK):
+    found = what_is(path)
+    if found == "a directory" and os.access(path, os.R_OK | os.X_OK):
         return ""
-    if path.exists():
-        return f"{key}: {value!r} is not a readable directory; give a model directory (config.json, weights) or a hub id"
-    if local:
-        return f"{key}: {value!r}: no such directory; give a local model directory or a hub id (org/name)"
-    return ""
+    if found == "missing":
+        return f"{key}: {value!r}: no such directory; give a local model directory or a hub id (org/name)" \
+            if local else ""
+    if found == "a regular file":  # tokenizer.json or config.json itself: transformers wants their directory
+        return f"{key}: {value!r} is a file; give the directory that holds it ({str(path.parent)!r}) or a hub id"
+    what = "a directory this user cannot read" if found == "a directory" else found
+    return f"{key}: {value!r} is {what}; give a model directory (config.json, weights) or a hub id"
