@@ -54,6 +54,8 @@ from .moe import MOE_FAMILIES, expert_parallel_problems, family_problems
 
 
 Rule = Callable[[Config, dict, int], list[str]]
+FLOAT32_MAX = 3.4028234663852886e38
+IPO_SMALLEST_BETA = 1.0001 / (2 * FLOAT32_MAX ** 0.5)  # (1/(2 beta))^2 stays below float32's largest number
 
 
 def offload_param_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
@@ -305,6 +307,11 @@ def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
     if p.label_smoothing and p.loss != "sigmoid":
         problems.append(f"preference.label_smoothing={p.label_smoothing} with preference.loss={p.loss}: only the "
                         f"sigmoid (cDPO) loss reads it; set label_smoothing=0 or loss=sigmoid")
+    target = 1 / (2 * p.beta) if p.beta > 0 else float("inf")
+    if p.loss == "ipo" and not target * target < FLOAT32_MAX:  # the loss is computed in float32 at least
+        problems.append(f"preference.beta={p.beta} with preference.loss=ipo: IPO's loss is (margin - 1/(2 beta))^2 and "
+                        f"1/(2 beta) = {target:.3g} squared is past float32's range (every step's loss would be "
+                        f"infinite and skipped); use beta >= {IPO_SMALLEST_BETA:.1e}")
     if p.reference == "adapter" and not lora:
         problems.append("preference.reference=adapter uses the LoRA base model as the reference, but "
                         "model.lora.enabled is false: enable LoRA or set preference.reference=engine (or auto)")
