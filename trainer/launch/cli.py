@@ -49,9 +49,9 @@ def launcher_of(args) -> str:
                              else "deepspeed")
 
 
-def only(*launchers: str, what: str = "") -> tuple:
+def only(*launchers: str) -> tuple:
     """A flag's need (trainer/flag_needs.py): that one of `launchers` runs."""
-    return (f"--launcher {' or '.join(launchers)}{what}", lambda args: launcher_of(args) in launchers)
+    return (f"--launcher {' or '.join(launchers)}", lambda args: launcher_of(args) in launchers)
 
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
