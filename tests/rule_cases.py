@@ -60,6 +60,10 @@ CASES = {
         [f"{ZERO}.stage=3", f"{ZERO}.round_robin_gradients=true"],
         [f"{ZERO}.round_robin_gradients only works at stage 1/2", "stage is 3", "remove it"],
         [f"{ZERO}.stage=2"]),
+    "engine_build_constraints": Case(
+        [f"{ZERO}.allgather_bucket_size=3", "deepspeed.steps_per_print=0"],
+        [f"{ZERO}.allgather_bucket_size=3", "positive multiple of 2"],
+        ["deepspeed.steps_per_print=10", f"{ZERO}.allgather_bucket_size=500000000"]),
     "zeropp_needs_stage3": Case(
         [f"{ZERO}.zero_quantized_gradients=true"],
         ["ZeRO++ (zero_quantized_gradients) needs stage 3", "set zero_optimization.stage=3"],

@@ -143,3 +143,35 @@ print("OK")
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-2000:]
+
+
+def test_values_deepspeed_refuses_when_the_engine_is_built_are_refused_at_resolve():
+    """Drawn allgather bucket sizes at drawn stages and drawn steps_per_print: refused at resolve exactly where the
+    installed DeepSpeed would fail after the model and data are built (its stage 1/2 optimizer asserts the bucket is
+    a multiple of 2; the engine takes every step modulo steps_per_print); the message names the key."""
+    import inspect
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from trainer.errors import ConfigError
+    from trainer.presets import load_preset
+    from trainer.resolve import resolve
+    assert "allgather_bucket_size % self.nccl_start_alignment_factor == 0" in inspect.getsource(DeepSpeedZeroOptimizer)
+    assert "% self.steps_per_print() == 0" in inspect.getsource(DeepSpeedEngine)
+    rng = random.Random(SEED + 4)
+    zero = "deepspeed.zero_optimization"
+    for _ in range(DRAWS):
+        stage = rng.choice([1, 2, 3])
+        bucket = rng.choice([0, rng.randint(1, 10**9), 2 * rng.randint(1, 10**8), 5e8, 1.5e3 + 1])  # < 0: pydantic's
+        steps = rng.choice([0, rng.randint(1, 1000), None])
+        items = [f"{zero}.stage={stage}", f"{zero}.allgather_bucket_size={bucket!r}",
+                 f"deepspeed.steps_per_print={'null' if steps is None else steps}"]
+        if stage == 3:
+            items.append(f"{zero}.round_robin_gradients=false")
+        bad_bucket = stage in (1, 2) and (bucket == 0 or int(bucket) % 2)
+        try:
+            resolve(load_preset("tiny_cpu", items))
+            problems = []
+        except ConfigError as err:
+            problems = err.problems
+        assert any("allgather_bucket_size" in p for p in problems) == bool(bad_bucket), (items, problems)
+        assert any("steps_per_print=0" in p for p in problems) == (steps == 0), (items, problems)

@@ -82,24 +82,54 @@ def test_a_lock_a_running_build_holds_is_not_stale_and_one_nobody_holds_is(tmp_p
             process.wait()
 
 
-HOSTILE_NAMES = ["'$(touch {canary})'", "a b", "x;touch {canary}", "`touch {canary}`", "it's", "$HOME", "-rf", "\\",
-                 "\"q\"", "é✓", "*", "a\tb"]
+HOSTILE = ["'$(touch {canary})'", "x;touch {canary}", "`touch {canary}`", "$HOME", "-rf", "\\", "*", "it's"]
+
+
+def drawn_name(rng: random.Random, canary: Path) -> bytes:
+    """An op directory name as a file system allows it: any bytes but '/' and NUL (text that is not UTF-8, control
+    characters, shell syntax), often with a command substitution that would touch the canary."""
+    raw = bytes(rng.choice([rng.randrange(1, 256), rng.choice(b"'\"$`\\ \n\t;*?[]{}()<>|&!#~\x1b")])
+                for _ in range(rng.randint(1, 10))).replace(b"/", b"_")
+    if rng.random() < 0.5:
+        raw += rng.choice(HOSTILE).format(canary=canary).encode()
+    return b"_" + raw if raw in (b".", b"..") else raw
 
 
 def test_the_printed_removal_command_names_exactly_the_lock_whatever_the_op_directory_is_called(tmp_path):
-    """Drawn op directory names with shell syntax: the printed `rm -f` parses to the lock's path, and running it
+    """Drawn op directory names (any bytes a name may hold): the removal command, as a terminal shows it (UTF-8,
+    what cannot be encoded escaped), holds no control character, parses to the lock's path, and run by bash
     removes that file and runs nothing else."""
     rng = random.Random(38)
     canary = tmp_path / "RAN"
-    for i in range(12):
-        name = "".join(rng.sample(HOSTILE_NAMES, rng.randint(1, 3))).format(canary=canary)
-        root = tmp_path / f"root{i}"
-        lock = plant(root, minutes_old=40, op=name)
-        text = jit_locks.Lock.at(lock).describe()
-        command = text.split("Remove it: ", 1)[1]
-        assert shlex.split(command) == ["rm", "-f", str(lock)], (name, command)
-        subprocess.run(["bash", "-c", command], check=True)
-        assert not lock.exists() and not canary.exists(), name
+    for i in range(40):
+        name = os.fsdecode(drawn_name(rng, canary))
+        lock = plant(tmp_path / f"root{i}", minutes_old=40, op=name)
+        command = jit_locks.Lock.at(lock).describe().split("Remove it: ", 1)[1]
+        shown = command.encode("utf-8", "backslashreplace")  # what stderr writes
+        assert not [c for c in shown if c < 0x20 or c == 0x7F], (name, command)
+        subprocess.run(["bash", "-c", shown], check=True)
+        assert not lock.exists() and not canary.exists(), (name, command)
+        assert lock.parent.exists()
+
+
+def test_the_one_quoting_function_is_the_same_bytes_when_run_and_printable_when_shown():
+    """shell.quote on drawn words (any code point, bytes that are not UTF-8, shell syntax): bash reads back the
+    word's bytes exactly, and the quoted text holds no control character to reach a terminal."""
+    from trainer.shell import quote
+    rng = random.Random(39)
+    words = []
+    for _ in range(300):
+        raw = bytes(rng.randrange(1, 256) for _ in range(rng.randint(0, 6)))
+        text = "".join(chr(rng.choice([rng.randrange(0x20, 0x7F), rng.randrange(0, 0x20), rng.randrange(0xA0, 0x3000),
+                                       rng.randrange(0x10000, 0x10FFFF)])) for _ in range(rng.randint(0, 6)))
+        word = rng.choice([os.fsdecode(raw), text.replace("\x00", ""), os.fsdecode(raw) + text.replace("\x00", "")])
+        words.append(word)
+    quoted = [quote(word) for word in words]
+    for word, text in zip(words, quoted):
+        assert not [c for c in text.encode("utf-8", "backslashreplace") if c < 0x20 or c == 0x7F], (word, text)
+    script = "".join(f"printf '%s\\0' {text}\n" for text in quoted).encode("utf-8", "surrogateescape")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    assert out.split(b"\0")[:-1] == [os.fsencode(word) for word in words]
 
 
 def test_a_stale_lock_beside_a_built_op_is_removed_and_named(tmp_path, monkeypatch):

@@ -249,7 +249,8 @@ def test_the_users_deepspeed_env_is_merged_not_clobbered(tmp_path, monkeypatch):
 def test_a_flag_of_another_launcher_is_refused_not_ignored():
     proc = dry_run("tiny_cpu", "--time", "01:00:00", "--rdzv-id", "x")
     assert proc.returncode == 2
-    assert "launch --launcher deepspeed: --rdzv-id (torchrun only), --time (slurm only) would do nothing" in proc.stderr
+    assert "--rdzv-id does nothing without --launcher torchrun with --rdzv-backend" in proc.stderr
+    assert "--time does nothing without --launcher slurm" in proc.stderr
 
 
 def test_unknown_fabric_is_named():

@@ -49,7 +49,7 @@ REFUSED = {  # flags after `launch tiny_cpu`: what the error names
     "passthrough autotuner config": (["--", "--deepspeed_config", "x.json"], "--deepspeed_config x.json is set by"),
     "passthrough unknown": (["--", "--epochs", "3"], "--epochs 3 after `--`: train takes no such"),
     "passthrough given twice": (["--resume", "auto", "--", "--resume", "off"], "--resume off is given before"),
-    "ssh port without hosts": (["--ssh-port", "2222"], "--ssh-port without --hostfile"),
+    "ssh port without hosts": (["--ssh-port", "2222"], "--ssh-port does nothing without --launcher deepspeed with --hostfile"),
     "fabric name twice": (["--fabric", "{tmp}/dup.env"], "dup.env:3: NCCL_A is set again (first at"),
     "batch from a --set": (["--set", "deepspeed.train_batch_size=7"], "(from the --set items --set deepspeed.train"),
     "slurm empty time limit": (["--launcher", "slurm", "--time", ""], "--time '': not a Slurm time"),

@@ -168,3 +168,60 @@ def test_a_jsonl_record_with_a_key_twice_is_named(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "line 21" in err and "duplicate key 'k'" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def obstacle(rng, root, index: int) -> tuple[str, str]:
+    """A path that is there but cannot be looked at, and what the refusal must say: a loop of drawn length, a name
+    too long, a path below a file (Path.exists() is False for each: they used to be reported as missing)."""
+    kind = rng.choice(["loop", "long", "below"])
+    if kind == "loop":
+        links = [root / f"loop{index}_{i}" for i in range(rng.randint(1, 3))]
+        for i, link in enumerate(links):
+            link.symlink_to(links[(i + 1) % len(links)].name)
+        return str(links[0]), "Too many levels of symbolic links"
+    if kind == "long":
+        return str(root / ("n" * rng.randint(256, 400))), "a name too long"
+    (root / f"plain{index}").write_text("x\n")
+    return str(root / f"plain{index}" / "data.jsonl"), "below a regular file"
+
+
+SURFACES = {  # paths that are config values or untyped positionals, not PathKind flags
+    "data.source": lambda p: ["show", "tiny_cpu", "--set", f"data.source={p}"],
+    "prepare --source": lambda p: ["prepare-data", "--task", "pretrain", "--source", p, "--tokenizer",
+                                   "data/tiny/tokenizer", "--out", p + "_out"],
+    "report RUN": lambda p: ["report", p, "-o", os.path.join(os.path.dirname(p), "report.png")],
+    "plan SCENARIO": lambda p: ["plan", p],
+    "model.tokenizer": lambda p: ["show", "tiny_cpu", "--set", f"model.tokenizer={p}"],
+    "prepare --tokenizer": lambda p: ["prepare-data", "--task", "pretrain", "--source", "data/tiny/pretrain.jsonl",
+                                      "--tokenizer", p, "--out", p + "_out"],
+}
+
+
+def test_a_path_that_is_there_but_unreadable_is_named_as_such_where_a_config_or_positional_gives_it(capsys,
+                                                                                                      tmp_path):
+    import random
+    rng = random.Random(38)
+    for index in range(10):
+        surface = rng.choice(sorted(SURFACES))
+        path, says = obstacle(rng, tmp_path, index)
+        code = main(SURFACES[surface](path))
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, (surface, path, err)
+        assert says in err and "does not exist" not in err and "no such file" not in err, (surface, says, err)
+    assert not list(tmp_path.rglob("*.png")) and not list(tmp_path.glob("*_out"))
+
+
+def test_a_tokenizer_given_as_one_of_its_files_names_the_directory_to_give(capsys):
+    """model.tokenizer / --tokenizer pointed at a file of a tokenizer (tokenizer.json, the config): named, with its
+    directory, by show and by prepare-data (which used to pass it to the hub as a repo id)."""
+    import random
+    rng = random.Random(39)
+    folder = "data/tiny/tokenizer"
+    for _ in range(3):
+        file = f"{folder}/{rng.choice(sorted(os.listdir(folder)))}"
+        for argv in (["show", "tiny_cpu", "--set", f"model.tokenizer={file}"],
+                     ["prepare-data", "--task", "pretrain", "--source", "data/tiny/pretrain.jsonl", "--tokenizer", file,
+                      "--out", "/nonexistent-parent/never"]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert f"{file!r} is a file; give the directory that holds it ({folder!r})" in err and "Repo id" not in err, err

@@ -224,14 +224,15 @@ INFER = ["plan", "--inference", "--model", "7b", "--gpu", "a100-80g"]
     (INFER + ["--context", "4096", "--dtype", "fp8"], "--dtype: 'fp8' is not one of bf16, fp16, fp32"),
     (["plan", "--inference", "--model", "7b", "--gpu", "v100-32g", "--context", "64", "--dtype", "bf16"],
      "--dtype bf16: NVIDIA V100 32GB SXM2 (fp16 only) has no bf16"),
-    (INFER + ["--context", "4096", "--seq-len", "4096"], "--seq-len is for training plans"),
-    (["plan", "scenarios/seed1_7b_8xa100.yaml", "--inference", "--context", "64"], "a scenario file is for training"),
-    (["plan", "--model", "7b", "--gpu", "a100-80g", "--batch", "4"], "--batch needs --inference"),
+    (INFER + ["--context", "4096", "--seq-len", "4096"], "--seq-len does nothing without a training plan"),
+    (["plan", "scenarios/seed1_7b_8xa100.yaml", "--inference", "--context", "64"], "SCENARIO does nothing without a training plan"),
+    (["plan", "--model", "7b", "--gpu", "a100-80g", "--batch", "4"], "--batch does nothing without --inference"),
 ])
 def test_bad_flags_are_clear_errors(args, message, capsys):
     """One `error:` line naming the flag: the planner's own checks, or argparse's usage + error for a flag whose
-    value is not of its kind (trainer/numbers.py)."""
+    value is not of its kind (trainer/numbers.py) or that does nothing in the mode given (trainer/flag_needs.py)."""
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err, err
-    assert err.startswith("error: ") or (err.startswith("usage: python -m trainer plan") and "error: argument" in err)
+    assert err.startswith("error: ") or (err.startswith("usage: python -m trainer plan")
+                                         and ("error: argument" in err or "does nothing without" in err))

@@ -391,7 +391,7 @@ def test_plan_chart_from_the_cli_and_a_plan_that_fits_nowhere(tmp_path):
     (["--chart", "{}/plan.svg"], "argument --chart: chart '{}/plan.svg': the name must end in .png"),
     (["--chart", "{}/missing/plan.png"], "argument --chart: chart '{}/missing/plan.png': directory {}/missing does "
                                          "not exist"),
-    (["--chart", "{}/plan.png", "--inference"], "--chart is for training plans"),
+    (["--chart", "{}/plan.png", "--inference"], "--chart does nothing without a training plan"),
 ])
 def test_a_bad_chart_target_is_refused(tmp_path, args, message):
     result = run_cli("plan", "--model", "7b", "--gpu", "a100-80g", *(a.format(tmp_path) for a in args))

@@ -36,6 +36,6 @@ def unmet(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
         need = getattr(action, ATTRIBUTE, None)
         if need is None or getattr(args, action.dest, action.default) == action.default or need.holds(args):
             continue
-        problems.append(f"{'/'.join(action.option_strings) or action.dest} does nothing without {need.what}; leave "
+        problems.append(f"{'/'.join(action.option_strings) or action.metavar or action.dest} does nothing without {need.what}; leave "
                         f"the flag out, or give what it needs")
     return problems

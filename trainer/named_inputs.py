@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .paths import what_is
+
 FILE_FORMATS = (".jsonl", ".json", ".parquet", ".txt")  # the data files a source may be or hold
 MANIFEST = "manifest.json"  # a prepared directory's index (trainer/data/shards.py writes it)
 TEMPLATE_DIR = Path(__file__).resolve().parent / "data" / "templates"  # the shipped chat templates, <name>.jinja
@@ -54,8 +56,11 @@ def data_source_problem(key: str, value: str) -> str:
     path = Path(value).expanduser()
     fix = (f"give a {'/'.join(FILE_FORMATS)} file, a directory of them, a prepared directory (python -m trainer "
            f"prepare-data --out DIR) or a hub dataset name (docs/data.md)")
-    if not path.exists():
+    found = what_is(path)
+    if found == "missing":
         return f"{key}: {value!r}: no such file or directory; {fix}" if looks_like_path(value) else ""
+    if found.startswith(("unreadable", "a name too long", "below a regular file")):
+        return f"{key}: {value!r} is {found}; {fix}"
     if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
         return f"{key}: {value!r} is not readable by this user; fix its permissions or {fix}"
     if path.is_dir():
@@ -85,10 +90,13 @@ def model_directory_problem(key: str, value: str) -> str:
     """'' unless `value` is written as a local path (not a hub id) and is not a readable directory."""
     path = Path(value).expanduser()
     local = value.startswith((".", "/", "~")) or value.count("/") > 1
-    if path.is_dir() and os.access(path, os.R_OK | os.X_OK):
+    found = what_is(path)
+    if found == "a directory" and os.access(path, os.R_OK | os.X_OK):
         return ""
-    if path.exists():
-        return f"{key}: {value!r} is not a readable directory; give a model directory (config.json, weights) or a hub id"
-    if local:
-        return f"{key}: {value!r}: no such directory; give a local model directory or a hub id (org/name)"
-    return ""
+    if found == "missing":
+        return f"{key}: {value!r}: no such directory; give a local model directory or a hub id (org/name)" \
+            if local else ""
+    if found == "a regular file":  # tokenizer.json or config.json itself: transformers wants their directory
+        return f"{key}: {value!r} is a file; give the directory that holds it ({str(path.parent)!r}) or a hub id"
+    what = "a directory this user cannot read" if found == "a directory" else found
+    return f"{key}: {value!r} is {what}; give a model directory (config.json, weights) or a hub id"

@@ -53,6 +53,18 @@ def what_is(path: str | Path) -> str:
     return "not a regular file"
 
 
+def is_there(path: str | Path, what: str) -> bool:
+    """Whether something is at `path` (Path.exists() says False for a symlink loop, a name too long or a parent
+    that is a file: each then read as "no such file"). False only when it is missing; a UserError naming `what` and
+    what stands in the way when it cannot be looked at."""
+    found = what_is(path)
+    if found == "missing":
+        return False
+    if found.startswith(("unreadable", "a name too long", "below a regular file")):
+        raise UserError(f"{what} {str(path)!r} is {found}")
+    return True
+
+
 def missing_or_what(path: str | Path) -> str:
     """`what_is` phrased after the path: 'does not exist', 'is a directory', ..."""
     found = what_is(path)

@@ -57,6 +57,8 @@ from .moe import MOE_FAMILIES, expert_parallel_problems, family_problems
 
 Rule = Callable[[Config, dict, int], list[str]]
 IMPORT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+FLOAT32_MAX = 3.4028234663852886e38
+IPO_SMALLEST_BETA = 1.0001 / (2 * FLOAT32_MAX ** 0.5)  # (1/(2 beta))^2 stays below float32's largest number
 
 
 def offload_param_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
@@ -111,6 +113,24 @@ def round_robin_needs_stage_1_2(cfg: Config, ds: dict, world: int) -> list[str]:
         return [f"deepspeed.zero_optimization.round_robin_gradients only works at stage 1/2 "
                 f"(stage is {dsc.zero_stage(ds)}); remove it"]
     return []
+
+
+def engine_build_constraints(cfg: Config, ds: dict, world: int) -> list[str]:
+    """What DeepSpeed 0.19.8 asserts of these values only once the model and data are built (or divides by at the
+    first step): checked here, before any work."""
+    problems = []
+    steps = ds.get("steps_per_print")
+    if isinstance(steps, (int, float)) and not isinstance(steps, bool) and steps == 0:
+        problems.append("deepspeed.steps_per_print=0: DeepSpeed takes the step modulo steps_per_print at every step "
+                        "(a ZeroDivisionError at the first one); give a positive number, or null for never")
+    bucket = dsc.zero(ds).get("allgather_bucket_size")
+    if dsc.zero_stage(ds) in (1, 2) and isinstance(bucket, (int, float)) and not isinstance(bucket, bool) and \
+            (bucket <= 0 or bucket != int(bucket) or int(bucket) % 2):
+        problems.append(f"deepspeed.zero_optimization.allgather_bucket_size={bucket}: DeepSpeed's stage 1/2 optimizer "
+                        f"needs a positive multiple of 2 (it asserts 'must be a multiple of nccl_start_alignment_factor' "
+                        f"when the engine is built, after the model and data); e.g. "
+                        f"{max(2, int(abs(bucket)) // 2 * 2)}")
+    return problems
 
 
 def zeropp_needs_stage3(cfg: Config, ds: dict, world: int) -> list[str]:
@@ -290,6 +310,11 @@ def preference_settings(cfg: Config, ds: dict, world: int) -> list[str]:
     if p.label_smoothing and p.loss != "sigmoid":
         problems.append(f"preference.label_smoothing={p.label_smoothing} with preference.loss={p.loss}: only the "
                         f"sigmoid (cDPO) loss reads it; set label_smoothing=0 or loss=sigmoid")
+    target = 1 / (2 * p.beta) if p.beta > 0 else float("inf")
+    if p.loss == "ipo" and not target * target < FLOAT32_MAX:  # the loss is computed in float32 at least
+        problems.append(f"preference.beta={p.beta} with preference.loss=ipo: IPO's loss is (margin - 1/(2 beta))^2 and "
+                        f"1/(2 beta) = {target:.3g} squared is past float32's range (every step's loss would be "
+                        f"infinite and skipped); use beta >= {IPO_SMALLEST_BETA:.1e}")
     if p.reference == "adapter" and not lora:
         problems.append("preference.reference=adapter uses the LoRA base model as the reference, but "
                         "model.lora.enabled is false: enable LoRA or set preference.reference=engine (or auto)")
@@ -429,7 +454,7 @@ def model_type(cfg: Config) -> str:
 
 RULES: list[Rule] = [
     offload_param_needs_stage3, offload_optimizer_needs_zero, nvme_offload, bf16_needs_hardware,
-    cpu_ranks_precision, round_robin_needs_stage_1_2,
+    cpu_ranks_precision, round_robin_needs_stage_1_2, engine_build_constraints,
     zeropp_needs_stage3, hpz_divides_world, quantized_weights_need_gpu, checkpoint_writer_known_and_runnable,
     ds_checkpointing_needs_model_flag,
     min_lr_needs_cosine, autotp_shards_heads, sequence_parallel_shards_heads, sequence_parallel_divides_seq_len,

@@ -66,12 +66,32 @@ class EnvAssignment(str):
 
 def quote(word) -> str:
     """One word for a shell: the launch's own variables as "$NAME", an assignment as NAME='value', everything
-    else single-quoted where needed."""
+    else single-quoted where needed; a word holding what a terminal would not show as itself (a control
+    character, a byte that is not UTF-8 - a file name's, kept by Python as a lone surrogate) as bash's $'...' with
+    escapes, which is the same bytes when run and the same text when shown or pasted."""
     if isinstance(word, ShellVariable):
-        return f'"${word.name}"' + (shlex.quote(word.suffix) if word.suffix else "")
+        return f'"${word.name}"' + (_quoted(word.suffix) if word.suffix else "")
     if isinstance(word, EnvAssignment):
-        return f"{word.name}={shlex.quote(word.value)}"
-    return shlex.quote(str(word))
+        return f"{word.name}={_quoted(word.value)}"
+    return _quoted(str(word))
+
+
+def _quoted(text: str) -> str:
+    if all(c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return shlex.quote(text)
+    return "$'" + "".join(_escaped(c) for c in text) + "'"
+
+
+def _escaped(char: str) -> str:
+    """One character inside bash's $'...': itself when printable, else the bytes it stands for as \\xNN."""
+    if char in "\\'":
+        return "\\" + char
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    if char.isprintable() and not 0xD800 <= code <= 0xDFFF:
+        return char
+    return "".join(f"\\x{b:02x}" for b in char.encode("utf-8", "surrogatepass"))
 
 
 def join(words) -> str:

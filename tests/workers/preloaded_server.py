@@ -30,9 +30,12 @@ import socket
 import sys
 import time
 
+# deepspeed.runtime.zero.muon.muon_optimizer: every engine imports it (DeepSpeedEngine's optimizer sanity check ->
+# is_zero_supported_optimizer), and it calls torch.compile at import, which imports torch._dynamo: 2.3 s of CPU per
+# rank, paid again by every forked rank when it is not here (found by diffing a rank's sys.modules with this list).
 PRELOAD = ("torch", "numpy", "yaml", "safetensors.torch", "tokenizers", "datasets", "deepspeed",
-           "deepspeed.runtime.engine", "transformers", "transformers.modeling_utils",
-           "transformers.models.llama.modeling_llama", "peft")
+           "deepspeed.runtime.engine", "deepspeed.runtime.zero.muon.muon_optimizer", "transformers",
+           "transformers.modeling_utils", "transformers.models.llama.modeling_llama", "peft")
 TERMINATE_GRACE_S = 30  # DeepSpeed's launcher: psutil.wait_procs(children, timeout=30) before SIGKILL
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import text as text_gate
+from ..files import loads_unique
 from .records import DataError
 
 
@@ -52,10 +53,12 @@ def read_prompts(path: str) -> list[Prompt]:
 
 def _prompt_of_line(line: str, where: str) -> Prompt:
     try:
-        record = json.loads(line)
+        record = loads_unique(line)
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line must be one object "
                         f"like {{\"prompt\": \"Once upon a time\"}}") from None
+    except ValueError as err:  # a key given twice
+        raise DataError(f"{where}: {err}") from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: a JSON {type(record).__name__}, expected an object with \"prompt\" or \"messages\"")
     if isinstance(record.get("prompt"), str):

@@ -20,7 +20,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ..files import unique_members
+from ..files import loads_unique
+from ..paths import is_there
 from .records import (FILE_FORMATS, ORIGIN, DataError, data_files, decode_line, hub_dataset, json_rows,
                       looks_like_path, read_utf8)
 
@@ -63,7 +64,7 @@ class SourceReader:
             raise DataError("data.source is empty; set it to a .jsonl/.json/.parquet/.txt file, a directory "
                             "of them, or a hub dataset name")
         path = Path(source).expanduser()
-        if path.exists():
+        if is_there(path, "data source"):
             self.parts = [self._part(f) for f in _files(path)]
         elif looks_like_path(source):
             raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")
@@ -255,18 +256,15 @@ def _parsed(line: str, kind: str, where: str, start: int) -> dict:
     if kind == "txt":
         return {"text": line.rstrip("\r\n")}
     try:
-        record = json.loads(line[1:] if start == 0 and line.startswith(BOM) else line)
+        record = loads_unique(line[1:] if start == 0 and line.startswith(BOM) else line)
     except json.JSONDecodeError as e:
         raise DataError(f"{where}: invalid JSON at column {e.colno} ({e.msg}); each line must hold one JSON object, "
                         f"e.g. {{\"text\": \"...\"}}") from None
+    except ValueError as e:  # a key given twice
+        raise DataError(f"{where}: {e}") from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}; each record must be an object "
                         f"such as {{\"text\": \"...\"}}")
-    if line.count('":') > len(record):  # more keys written than kept (or nested ones): read again, refusing twins
-        try:
-            json.loads(line[1:] if start == 0 and line.startswith(BOM) else line, object_pairs_hook=unique_members)
-        except ValueError as e:
-            raise DataError(f"{where}: {e}") from None
     return record
 
 
@@ -299,10 +297,12 @@ def _json_kind(path: Path) -> str:
 def _json_document_rows(path: Path) -> list[dict]:
     text = read_utf8(path)
     try:
-        data = json.loads(text)
+        data = loads_unique(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
                         f"must be a JSON array of objects or JSON lines") from None
+    except ValueError as e:  # a key given twice
+        raise DataError(f"{path}: {e}") from None
     rows = json_rows(data)
     for i, row in enumerate(rows, 1):
         if not isinstance(row, dict):

@@ -16,6 +16,8 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from ..errors import UserError
+from ..files import loads_unique
+from ..paths import is_there
 from ..lazy import lazy_module
 
 datasets = lazy_module("datasets")  # reading raw records only: a training from prepared shards never imports it
@@ -48,7 +50,7 @@ def load_records(source: str, split: str = "train", subset: str | None = None) -
         raise DataError("data.source is empty; set it to a .jsonl/.json/.parquet/.txt file, a directory "
                         "of them, or a hub dataset name")
     path = Path(source).expanduser()
-    if path.exists():
+    if is_there(path, "data source"):
         records = _read_directory(path) if path.is_dir() else _read_file(path)
     elif looks_like_path(source):
         raise DataError(f"{source}: no such file or directory; fix data.source / data.eval_source")
@@ -121,10 +123,12 @@ def _read_jsonl(path: Path) -> datasets.Dataset:
     rows = []
     for number, line in _numbered_lines(path):
         try:
-            record = json.loads(line)
+            record = loads_unique(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {number}: invalid JSON at column {e.colno} ({e.msg}); each line "
                             f"must hold one JSON object, e.g. {{\"text\": \"...\"}}") from None
+        except ValueError as e:  # a key given twice
+            raise DataError(f"{path} line {number}: {e}") from None
         rows.append(_checked_object(record, f"{path} line {number}"))
     return _records_from_rows(rows, path)
 
@@ -163,12 +167,14 @@ def _inferred(kind: pa.DataType) -> bool:
 def _read_json(path: Path) -> datasets.Dataset:
     text = read_utf8(path)
     try:
-        data = json.loads(text)
+        data = loads_unique(text)
     except json.JSONDecodeError as e:
         if text.lstrip().startswith("["):
             raise DataError(f"{path} line {e.lineno}: invalid JSON at column {e.colno} ({e.msg}); the file "
                             f"must be a JSON array of objects or JSON lines") from None
         return _read_jsonl(path)  # many .json files are really JSON lines
+    except ValueError as e:  # a key given twice
+        raise DataError(f"{path}: {e}") from None
     rows = [_checked_object(r, f"{path} row {i}") for i, r in enumerate(json_rows(data), 1)]
     return _records_from_rows(rows, path)
 

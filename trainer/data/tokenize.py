@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import clip
 from ..config import DataConfig, ModelConfig
 from ..lazy import lazy_module
+from ..named_inputs import model_directory_problem
 from ..presets import REPO_ROOT
 from ..remote_code import load_kwargs, refused
 from .chat_format import add_markers
@@ -29,8 +30,9 @@ def load_tokenizer(model_cfg: ModelConfig):
     if not path:
         raise DataError("model.tokenizer and model.name_or_path are both unset; set model.tokenizer to a "
                         "tokenizer directory (e.g. data/tiny/tokenizer) or a hub id")
-    if not Path(path).expanduser().exists() and looks_like_path(path):
-        raise DataError(f"tokenizer {path!r}: no such directory; fix model.tokenizer / model.name_or_path")
+    problem = model_directory_problem("model.tokenizer" if model_cfg.tokenizer else "model.name_or_path", path)
+    if problem or (not Path(path).expanduser().exists() and looks_like_path(path)):
+        raise DataError(problem or f"tokenizer {path!r}: no such directory; fix model.tokenizer / model.name_or_path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **load_kwargs(model_cfg.trust_remote_code, path, "tokenizer"))
     except Exception as e:  # noqa: BLE001 - a broken tokenizer.json fails in Rust with a bare Exception or KeyError

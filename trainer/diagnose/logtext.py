@@ -78,9 +78,16 @@ class Log:
         return bisect.bisect_right(self._starts, offset) - 1
 
     def first(self, pattern: re.Pattern, start: int = 0) -> Optional[int]:
-        """The first line from `start` the pattern matches. The whole text is searched at once (in C, not line by
-        line in Python: a 200,000-line log is read in a fraction of a second); a match that starts on a line but
-        only matches across the line break is checked against that line alone and passed over."""
+        """The first line from `start` the pattern matches. Only the lines that hold one of the pattern's needles
+        (`needles`: literal text every match contains, found with str.find, in C) are matched; a pattern without
+        needles is searched over the whole text at once (in C, not line by line in Python); a match that starts
+        on a line but only matches across the line break is checked against that line alone and passed over."""
+        candidates = self._candidates(pattern)
+        if candidates is not None:
+            for index in candidates[bisect.bisect_left(candidates, start):]:
+                if pattern.search(self.lines[index]):
+                    return index
+            return None
         text, whole = self.text, _per_line(pattern)
         at = self._starts[start] if start < len(self.lines) else len(text) + 1
         while at <= len(text):
@@ -94,15 +101,58 @@ class Log:
         return None
 
     def last(self, pattern: re.Pattern) -> Optional[int]:
-        """The last line the pattern matches, from one search of the whole text: every line that matches alone
-        lies within the span of some whole-text match (a match starting earlier may run over it), so the lines
-        of those spans, last first, are the only ones checked."""
+        """The last line the pattern matches: the candidate lines last first (as `first`), else from one search of
+        the whole text: every line that matches alone lies within the span of some whole-text match (a match
+        starting earlier may run over it), so the lines of those spans, last first, are the only ones checked."""
+        candidates = self._candidates(pattern)
+        if candidates is not None:
+            return next((index for index in reversed(candidates) if pattern.search(self.lines[index])), None)
         spans = [(m.start(), max(m.start(), m.end() - 1)) for m in _per_line(pattern).finditer(self.text)]
         for start, end in reversed(spans):
             for index in range(self._line_at(end), self._line_at(start) - 1, -1):
                 if pattern.search(self.lines[index]):
                     return index
         return None
+
+    def _candidates(self, pattern: re.Pattern) -> Optional[list[int]]:
+        """The lines, in order, that hold one of the pattern's needles (None: the pattern has none). Each needle is
+        found with str.find over the whole text (over its case-folded copy for a case-insensitive pattern), a line
+        counted once: linear in the log, at memchr's speed rather than the regex engine's."""
+        found = self._candidate_cache.get(pattern)
+        if found is None and pattern not in self._candidate_cache:
+            found = self._find_candidates(pattern)
+            self._candidate_cache[pattern] = found
+        return found
+
+    def _find_candidates(self, pattern: re.Pattern) -> Optional[list[int]]:
+        found = needles(pattern)
+        if found is None:
+            return None
+        folded = bool(pattern.flags & re.IGNORECASE)
+        text, starts = (self._folded if folded else (self.text, self._starts))
+        lines: set[int] = set()
+        for needle in found:
+            at = text.find(needle)
+            while at != -1:
+                index = bisect.bisect_right(starts, at) - 1
+                lines.add(index)
+                at = text.find(needle, starts[index + 1]) if index + 1 < len(starts) else -1
+        return sorted(lines)
+
+    @functools.cached_property
+    def _candidate_cache(self) -> dict:
+        return {}
+
+    @functools.cached_property
+    def _folded(self) -> tuple[str, list[int]]:
+        """The text case-folded as the regex engine folds for IGNORECASE (`fold`), with each line's offset."""
+        starts, at, folded = [], 0, []
+        for line in self.lines:
+            line = fold(line)
+            starts.append(at)
+            at += len(line) + 1
+            folded.append(line)
+        return "\n".join(folded), starts
 
     def ends(self, lines: int = 3000) -> str:
         """The first and the last `lines` lines: where a log states its setting (versions, GPUs, the command,
@@ -112,7 +162,9 @@ class Log:
         return "\n".join(self.lines[:lines] + self.lines[-lines:])
 
     def all(self, pattern: re.Pattern) -> list[re.Match]:
-        return [m for line in self.lines for m in pattern.finditer(line)]
+        candidates = self._candidates(pattern)
+        lines = self.lines if candidates is None else [self.lines[index] for index in candidates]
+        return [m for line in lines for m in pattern.finditer(line)]
 
     def has(self, pattern: re.Pattern) -> bool:
         return self.first(pattern) is not None
@@ -178,6 +230,81 @@ class Log:
 def _per_line(pattern: re.Pattern) -> re.Pattern:
     """The pattern with ^ and $ at line boundaries, to search a whole log at once."""
     return re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+
+
+NEEDLE_CHARS = 3  # the shortest literal worth a str.find (shorter ones are in most lines)
+
+
+@functools.lru_cache(maxsize=512)
+def needles(pattern: re.Pattern) -> Optional[frozenset[str]]:
+    """Literal texts at least one of which every match of `pattern` contains (folded as `fold` folds, for an
+    IGNORECASE pattern), read from the pattern's parse: a run of literal characters, or one needle per branch of an
+    alternation every match passes through. None when the pattern promises no such text (then it is searched as
+    it is): a line without any needle cannot match, so searching only the lines that hold one finds the same."""
+    try:
+        parsed = re._parser.parse(pattern.pattern, pattern.flags)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a parser of another Python: search the whole text
+        return None
+    found = _sequence_needles(list(parsed), bool(pattern.flags & re.IGNORECASE))
+    return None if found is None else frozenset(found)
+
+
+def _sequence_needles(items: list, folded: bool) -> Optional[set[str]]:
+    """The best needle set of a sequence of parsed items: its longest literal run, or the needles of one item every
+    match passes through (a group, an alternation, a repeat of at least once), whichever has the longest shortest
+    needle."""
+    from re import _constants as sre  # type: ignore[attr-defined]
+    repeats = {sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", sre.MAX_REPEAT)}
+    atomic = getattr(sre, "ATOMIC_GROUP", None)
+    options: list[set[str]] = []
+    run: list[str] = []
+    for op, av in items + [(None, None)]:
+        if op is sre.LITERAL:
+            run.append(chr(av))
+            continue
+        if len(run) >= NEEDLE_CHARS:
+            text = "".join(run)
+            options.append({fold(text) if folded else text})
+        run = []
+        if op is None:
+            break
+        inner: Optional[set[str]] = None
+        if op is sre.SUBPATTERN:
+            _group, add_flags, del_flags, body = av
+            if (add_flags | del_flags) & re.IGNORECASE:
+                return None  # a scoped (?i:...) changes how literals compare: no needles
+            inner = _sequence_needles(list(body), folded)
+        elif op is sre.BRANCH:
+            branches = [_sequence_needles(list(branch), folded) for branch in av[1]]
+            inner = None if any(b is None for b in branches) else set().union(*branches)
+        elif op in repeats and av[0] >= 1:
+            inner = _sequence_needles(list(av[2]), folded)
+        elif atomic is not None and op is atomic:
+            inner = _sequence_needles(list(av), folded)
+        if inner:
+            options.append(inner)
+    return max(options, key=lambda o: min(map(len, o)), default=None)
+
+
+def _fold_table() -> dict[int, str]:
+    """Every character the regex engine's IGNORECASE takes for another (re._casefix: after lowering, 'ı' is 'i',
+    'ſ' is 's', ...) mapped to one of its class."""
+    try:
+        from re._casefix import _EXTRA_CASES  # type: ignore[import-not-found]
+    except ImportError:
+        return {}
+    return {c: chr(min((c, *others))) for c, others in _EXTRA_CASES.items()}
+
+
+FOLD_AFTER_LOWER = _fold_table()
+FOLD_BEFORE_LOWER = {0x130: "i"}  # 'İ'.lower() is two characters; the engine lowers it to 'i' alone
+
+
+def fold(text: str) -> str:
+    """`text` as the regex engine compares it under IGNORECASE: each character lowered (simple case mapping) and
+    mapped to one of the characters the engine takes for it. Two texts the engine matches case-insensitively fold
+    to the same text."""
+    return text.translate(FOLD_BEFORE_LOWER).lower().translate(FOLD_AFTER_LOWER)
 
 
 REPEAT_BLOCK_LINES = 64  # the longest block of lines whose back-to-back repeats are collapsed (a traceback per step)

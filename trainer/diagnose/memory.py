@@ -165,10 +165,11 @@ def _not_memory_pressure(f: Found, d: Diagnosis, numbers: OomNumbers, now: "ladd
 
 def _pinned(f: Found) -> Optional[Proposal]:
     context = f.log.traceback_of(f.index)
-    if not (WSL.search(f.log.text) or PINNED.search(context)):
+    wsl = f.log.has(WSL)
+    if not (wsl or PINNED.search(context)):
         return None
     overrides = dsc.unpinned_offload_overrides(f.resolved.ds)
-    where = ("WSL2 limits page-locked host memory" if WSL.search(f.log.text) else
+    where = ("WSL2 limits page-locked host memory" if wsl else
              "the allocation that failed pins host memory")
     return Proposal("stop pinning host memory" + ("" if overrides else " (pin_memory=False)"), overrides,
                     f"{where}: pinned (page-locked) buffers of the CPU offload or the data loader fail as a CUDA "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import logging
 import math
 import re
 import sys
@@ -298,9 +299,14 @@ def _construct_scheduler(name: str, params: dict) -> list[str]:
     what it refuses."""
     import torch
     from deepspeed.runtime import lr_schedules
+    from deepspeed.utils import logger
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3, momentum=0.9)
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # the throw-away build's warnings ("... before it has started") are not the user's
     try:
         getattr(lr_schedules, name)(optimizer, **params)
     except (ValueError, TypeError, AssertionError) as err:
         return [f"deepspeed.scheduler.params: DeepSpeed's {name} refuses these parameters: {err}"]
+    finally:
+        logger.setLevel(level)
     return []

@@ -66,7 +66,9 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
                               help="nucleus sampling mass, with --temperature (default 1.0: all of it)"),
           "--temperature (greedy decoding takes the likeliest token, whatever the nucleus)",
           lambda args: args.temperature is not None)
-    parser.add_argument("--seed", type=numbers.SEED, default=0, help="sampling seed (the same on every rank)")
+    needs(parser.add_argument("--seed", type=numbers.SEED, default=None,
+                              help="sampling seed (the same on every rank; default 0)"),
+          "--temperature (greedy decoding draws nothing)", lambda args: args.temperature is not None)
     parser.add_argument("--num-beams", type=numbers.COUNT, default=1, help="beam search is not supported (DeepSpeed)")
     parser.add_argument("--batch-size", type=numbers.COUNT, default=8, help="prompts per generate call on one rank")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
@@ -98,7 +100,7 @@ def settings_from(args) -> Settings:
             raise UserError(message)
     return Settings(args.max_new_tokens, args.temperature is not None, args.temperature or 1.0,
                     1.0 if args.top_p is None else args.top_p,
-                    args.seed, args.batch_size, args.chat, args.ignore_eos, tuple(args.stop))
+                    args.seed or 0, args.batch_size, args.chat, args.ignore_eos, tuple(args.stop))
 
 
 def prompts_from(args) -> list[Prompt]:

@@ -26,6 +26,7 @@ from typing import Optional
 
 from .. import numbers, paths
 from ..errors import UserError
+from ..flag_needs import needs
 from ..options import add_rank_arguments, add_train_arguments, config_source
 from ..presets import load_preset
 from ..resolve import Resolved
@@ -40,9 +41,17 @@ from .topology import Topology, resolve_for, topology_of
 
 LAUNCHERS = ("deepspeed", "torchrun", "slurm", "local")
 NODE_LOCAL_FLAGS = ("nnodes", "node_rank", "nproc_per_node")
-# flags that only one launcher reads: given with another, they would do nothing
-LAUNCHER_ONLY = {"ssh_port": "deepspeed", "rdzv_backend": "torchrun", "rdzv_id": "torchrun", "time": "slurm",
-                 "signal_grace_s": "slurm", "partition": "slurm", "account": "slurm"}
+
+
+def launcher_of(args) -> str:
+    """The launcher this command line runs: --launcher, else local when a node-local flag is given, else deepspeed."""
+    return args.launcher or ("local" if any(getattr(args, k, None) is not None for k in NODE_LOCAL_FLAGS)
+                             else "deepspeed")
+
+
+def only(*launchers: str) -> tuple:
+    """A flag's need (trainer/flag_needs.py): that one of `launchers` runs."""
+    return (f"--launcher {' or '.join(launchers)}", lambda args: launcher_of(args) in launchers)
 
 
 def launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,15 +65,23 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fabric", help=f"network profile exported to every rank: {', '.join(shipped_profiles())}, "
                                          f"a path to an .env file, or several joined by commas (ib,debug)")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, write nothing, exit 0")
-    parser.add_argument("--ssh-port", type=numbers.PORT, help="deepspeed: the port sshd listens on on every host")
-    parser.add_argument("--rdzv-backend", choices=("c10d",), help="torchrun: dynamic rendezvous (node ranks "
-                        "assigned) instead of the static one at --master-addr with --node-rank")
-    parser.add_argument("--rdzv-id", help="torchrun with --rdzv-backend: the job's id (the same on every node)")
-    parser.add_argument("--time", help="slurm: the job's time limit (default 24:00:00)")
-    parser.add_argument("--signal-grace-s", type=numbers.WHOLE_SECONDS,
-                        help="slurm: SIGTERM this many seconds before the time limit, to checkpoint (default 300)")
-    parser.add_argument("--partition", help="slurm: the partition")
-    parser.add_argument("--account", help="slurm: the account")
+    needs(parser.add_argument("--ssh-port", type=numbers.PORT, help="deepspeed: the port sshd listens on on every "
+                                                                    "host"),
+          "--launcher deepspeed with --hostfile (one node runs here, no ssh)",
+          lambda args: launcher_of(args) == "deepspeed" and args.hostfile is not None)
+    needs(parser.add_argument("--rdzv-backend", choices=("c10d",), help="torchrun: dynamic rendezvous (node ranks "
+                              "assigned) instead of the static one at --master-addr with --node-rank"),
+          *only("torchrun"))
+    needs(parser.add_argument("--rdzv-id", help="torchrun with --rdzv-backend: the job's id (the same on every "
+                                                "node)"),
+          "--launcher torchrun with --rdzv-backend (the static rendezvous has no job id)",
+          lambda args: launcher_of(args) == "torchrun" and args.rdzv_backend is not None)
+    needs(parser.add_argument("--time", help="slurm: the job's time limit (default 24:00:00)"), *only("slurm"))
+    needs(parser.add_argument("--signal-grace-s", type=numbers.WHOLE_SECONDS,
+                              help="slurm: SIGTERM this many seconds before the time limit, to checkpoint (default "
+                                   "300)"), *only("slurm"))
+    needs(parser.add_argument("--partition", help="slurm: the partition"), *only("slurm"))
+    needs(parser.add_argument("--account", help="slurm: the account"), *only("slurm"))
     supervisor.launch_arguments(parser)  # --nproc-per-node, --nnodes, --node-rank, --master-addr/-port, ...
     add_train_arguments(parser)  # --preset, --set, --resume, --rehearse, --world-size: passed on to every rank
     parser.set_defaults(preset=None)
@@ -72,8 +89,7 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launch(args) -> int:
     args.preset, extra = preset_and_train_args(args)
-    args.launcher = args.launcher or ("local" if any(getattr(args, k) is not None for k in NODE_LOCAL_FLAGS)
-                                      else "deepspeed")
+    args.launcher = launcher_of(args)
     check_launcher_flags(args)
     check_passthrough(args, extra)
     fabric = load_fabric(args.fabric) if args.fabric else None
@@ -197,14 +213,6 @@ def check_output_dir(resolved: Resolved) -> None:
 
 
 def check_launcher_flags(args) -> None:
-    unused = [f"--{name.replace('_', '-')} ({owner} only)" for name, owner in LAUNCHER_ONLY.items()
-              if getattr(args, name) is not None and owner != args.launcher]
-    if unused:
-        raise UserError(f"launch --launcher {args.launcher}: {', '.join(unused)} would do nothing here; leave "
-                        f"{'it' if len(unused) == 1 else 'them'} out or choose that launcher")
-    if args.ssh_port is not None and args.launcher == "deepspeed" and not args.hostfile:
-        raise UserError("launch: --ssh-port without --hostfile would do nothing (one node runs here, no ssh); leave "
-                        "it out or give the hostfile")
     if args.master_addr is not None:  # it reaches torchrun, ssh/pdsh command lines and every rank's environment
         check_host(args.master_addr, "--master-addr")
 

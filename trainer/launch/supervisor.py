@@ -49,12 +49,18 @@ def launch_arguments(parser: argparse.ArgumentParser) -> None:
     needs(parser.add_argument("--node-rank", type=numbers.RANK, default=None, help="this node's index, 0..nnodes-1"),
           "a launcher started on each node (local or torchrun; deepspeed and slurm number the nodes themselves)",
           lambda args: getattr(args, "launcher", None) in (None, "local", "torchrun"))
-    parser.add_argument("--master-addr", default=None,
-                        help="address of node 0 (local: default 127.0.0.1; deepspeed: the first host's `hostname -I`)")
+    needs(parser.add_argument("--master-addr", default=None,
+                              help="address of node 0 (local: default 127.0.0.1; deepspeed: the first host's "
+                                   "`hostname -I`)"),
+          "a launcher that is told where node 0 is (deepspeed, torchrun or local; slurm's node 0 is the "
+          "allocation's first node)", lambda args: getattr(args, "launcher", None) != "slurm")
     parser.add_argument("--master-port", type=numbers.PORT, default=None,
                         help="rendezvous port on node 0 (default 29500)")
-    parser.add_argument("--failure-grace-s", type=numbers.GRACE_SECONDS, default=5.0,
-                        help="after one rank fails, seconds the others get to exit before they are killed")
+    needs(parser.add_argument("--failure-grace-s", type=numbers.GRACE_SECONDS, default=5.0,
+                              help="after one rank fails, seconds the others get to exit before they are killed"),
+          "--launcher local (the launcher that starts and stops the ranks itself)",
+          lambda args: getattr(args, "launcher", None) == "local" or getattr(args, "launcher", None) is None and
+          any(getattr(args, k, None) is not None for k in ("nnodes", "node_rank", "nproc_per_node")))
 
 
 def launch(args, extra: list[str] = ()) -> int:

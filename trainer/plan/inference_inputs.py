@@ -13,14 +13,6 @@ from .models import ModelSpec, model_from_spec, positive_int
 
 DTYPES = ("bf16", "fp16", "fp32")
 
-# Flags of the training plan that mean nothing for inference (and the inference flags, the other way).
-TRAINING_ONLY = {"task": "--task", "seq_len": "--seq-len", "micro_batch": "--micro-batch",
-                 "global_batch": "--global-batch", "no_activation_checkpointing": "--no-activation-checkpointing",
-                 "output": "-o", "chart": "--chart", "scenario": "a scenario file",
-                 "sequence_parallel": "--sequence-parallel"}
-INFERENCE_ONLY = {"batch": "--batch", "context": "--context", "tp": "--tp", "dtype": "--dtype"}
-
-
 @dataclass(frozen=True)
 class InferenceInputs:
     model: ModelSpec
@@ -38,16 +30,6 @@ class InferenceInputs:
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
-
-
-def misplaced_flags(args) -> list[str]:
-    """Training flags given with --inference, or inference flags without it: each is a mistake to name."""
-    if args.inference:
-        return [f"{flag} is for training plans; --inference takes --model, --gpu, --gpus-per-node, --nodes, "
-                f"--cpu-ram-gb, --nvme-gb, --nvme-path, --batch, --context, --tp and --dtype"
-                for key, flag in TRAINING_ONLY.items() if getattr(args, key, None) not in (None, False)]
-    return [f"{flag} needs --inference (it sizes generation, not training)"
-            for key, flag in INFERENCE_ONLY.items() if getattr(args, key, None) is not None]
 
 
 def inference_inputs_from_args(args) -> InferenceInputs:

@@ -60,6 +60,12 @@ def model_from_spec(spec: Any, hidden_size: Any, num_layers: Any, flag) -> Model
     if isinstance(spec, dict):
         return ModelSpec(_checked_model(config_from_dict({"model": spec}, source=where).model, where), "inline model")
     text = str(spec).strip()
+    if _parse_count(text) is None or text.lower() in NAMED_MODELS:
+        given = [flag(key) for key, value in (("hidden_size", hidden_size), ("num_layers", num_layers))
+                 if value is not None]
+        if given:  # a named size, preset or config.json brings its own architecture: they would do nothing
+            raise UserError(f"{' and '.join(given)} with {where} {text!r}: only a raw parameter count takes them "
+                            f"(a named size, preset or config.json brings its own architecture); leave them out")
     if text.lower() in NAMED_MODELS:
         label, config = NAMED_MODELS[text.lower()]
         return ModelSpec(config, label)

@@ -13,6 +13,7 @@ from .. import strict
 from ..config import LoraConfig, doc
 from ..errors import UserError, closest
 from ..files import read_yaml_mapping
+from ..paths import is_there
 from ..presets import REPO_ROOT
 
 
@@ -67,7 +68,7 @@ class Scenario:
 def read_scenario(path: str) -> dict:
     """The scenario file's values as a dict, after the strict check (every problem at once, naming the file)."""
     file = Path(path).expanduser()
-    if not file.exists():
+    if not is_there(file, "scenario file"):
         shipped = sorted(p.name for p in SCENARIO_DIR.glob("*.yaml"))
         hint = closest(file.name, shipped)
         example = f"scenarios/{hint.split(chr(39))[1]}" if hint else f"scenarios/{shipped[0]}" if shipped else ""

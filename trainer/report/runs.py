@@ -23,6 +23,7 @@ from typing import Optional
 
 from ..errors import ConfigError, UserError, short
 from ..files import read_yaml_mapping, regular_file
+from ..paths import is_there
 from ..metrics_file import METRICS_FILE, Line, backward
 from .points import MAX_DRAWN, Marks, Series
 
@@ -124,7 +125,7 @@ def metrics_file(run: str) -> tuple[Path, Path]:
     path = Path(run).expanduser()
     if path.suffix == ".jsonl" and not (path / METRICS_FILE).exists():  # a directory named x.jsonl is named as one
         return path.parent, regular_file(path, "metrics file")
-    if not path.exists():
+    if not is_there(path, "run directory"):
         raise UserError(f"run directory {run!r} does not exist: give a run's train.output_dir (runs/<preset>)")
     if not path.is_dir():
         raise UserError(f"run directory {run}: not a directory; give a run's train.output_dir or its "

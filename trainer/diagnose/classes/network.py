@@ -16,6 +16,7 @@ NCCL_FAILURE = re.compile(r"(unhandled system error|remote process exited or the
                           r"NET/IB ?:|socketStartConnect|Socket creation failed|no socket interface found|"
                           r"ibv_\w+ failed|NCCL Error \d+:|NCCL error in:.*(system|internal|remote))", re.IGNORECASE)
 IB = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|NCCL_IB_\w+|\bGID\b)")
+NO_INTERFACE = re.compile(r"no socket interface found|No interface found|Bootstrap : no socket", re.IGNORECASE)
 SOCKET = re.compile(r"(no socket interface found|Socket creation failed|socketStartConnect|Connection (refused|reset|"
                     r"timed out)|remote process exited or there was a network error|Bootstrap ?:|NET/Socket|"
                     r"NCCL_SOCKET_IFNAME|Address family not supported)", re.IGNORECASE)
@@ -101,7 +102,7 @@ def _wrong_interface(f: Found):
         return None
     wanted = [name.strip() for name in named.split(",")]
     others = [i for i in f.facts.interfaces if i not in IFNAME_IGNORED and not any(i.startswith(w) for w in wanted)]
-    none_found = re.search(r"no socket interface found|No interface found|Bootstrap : no socket", f.log.text, re.IGNORECASE)
+    none_found = f.log.has(NO_INTERFACE)
     if not others and not none_found:
         return None
     d = Diagnosis("nccl_network", f"NCCL_SOCKET_IFNAME={named} names an interface NCCL cannot use here", f.line)
