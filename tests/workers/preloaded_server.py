@@ -47,6 +47,22 @@ def preload() -> None:
             importlib.import_module(name)
     import transformers
     transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # resolve the lazy names ranks use
+    keep_cpu_info()
+
+
+def keep_cpu_info() -> None:
+    """py-cpuinfo's answer asked once here, for every fork. Each rank asks it at its first op load (DeepSpeed's
+    compiler flags), and py-cpuinfo answers from a fresh Python subprocess: ~1.2 s of CPU per forked rank. The
+    trainer keeps the answer for its process (trainer.distributed.cpu_info_once) and leaves a function marked
+    `kept_for_the_process` alone, so a fork uses this one; the CPU is the same machine's."""
+    import copy
+    import cpuinfo
+    answer = cpuinfo.get_cpu_info()
+
+    def get_cpu_info():
+        return copy.deepcopy(answer)
+    get_cpu_info.kept_for_the_process = True
+    cpuinfo.get_cpu_info = get_cpu_info
 
 
 def serve(channel: socket.socket) -> tuple[dict, list[int]]:
