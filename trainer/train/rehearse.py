@@ -177,8 +177,10 @@ def small_local_tokenizer(path: str) -> bool:
     if not Path(path).is_dir():
         return False
     from transformers import AutoTokenizer
-    try:
-        return len(AutoTokenizer.from_pretrained(path)) <= 1024
+
+    from ..remote_code import load_kwargs
+    try:  # a size probe: never the directory's own code
+        return len(AutoTokenizer.from_pretrained(path, **load_kwargs(False, path, "tokenizer"))) <= 1024
     except Exception:  # noqa: BLE001 - not a tokenizer this check can read: the tiny one is used instead
         return False
 
