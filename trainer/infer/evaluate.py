@@ -99,11 +99,7 @@ def evaluate(args) -> int:
                       "tokens": result["eval_tokens"], "sequences": sequences,
                       **{k: v for k, v in result.items() if k.startswith("eval_loss/")}}
         report.update(model=session.source.described, data=[s.sources[0].origin for s in data.eval])
-        if ranks.rank() == 0:
-            if args.output:
-                write_text_atomic(args.output, json.dumps(report) + "\n")
-            else:
-                sys.stdout.write(json.dumps(report) + "\n")
+        write_report(args, report)
     return 0
 
 
@@ -122,12 +118,18 @@ def score_prompts(args, request: Request, cfg: Config) -> int:
                   f"{', '.join(r.name for r in cfg.grpo.rewards)}", file=sys.stderr)
         report = evaluate_prompts(runner.module, session.tokenizer, records, cfg, runner.device, share=share)
         report.update(model=session.source.described, data=cfg.data.eval_source or cfg.data.source)
-        if ranks.rank() == 0:
-            if args.output:
-                write_text_atomic(args.output, json.dumps(report) + "\n")
-            else:
-                sys.stdout.write(json.dumps(report) + "\n")
+        write_report(args, report)
     return 0
+
+
+def write_report(args, report: dict) -> None:
+    """Rank 0 writes the report as one JSON line, to -o (atomically) or stdout."""
+    if ranks.rank() != 0:
+        return
+    if args.output:
+        write_text_atomic(args.output, json.dumps(report) + "\n")
+    else:
+        sys.stdout.write(json.dumps(report) + "\n")
 
 
 def say_what_is_evaluated(eval_set: EvalSet, streams: list, seq_len: int, unit: str) -> None:
