@@ -189,6 +189,24 @@ def test_prompt_longer_than_the_context(capsys, tiny_models):
     assert "--prompt" in message and "context of 64" in message
 
 
+@pytest.mark.slow
+def test_without_max_new_tokens_a_short_context_generates_what_it_leaves(capsys, tiny_models, tmp_path):
+    """A model with 64 positions (the tiny presets') and no --max-new-tokens: the default 64 would pass the context
+    after any prompt, so generate takes what the context leaves after the longest prompt and says so; given
+    explicitly, the same number is still refused (test above)."""
+    from transformers import AutoTokenizer
+    longest = "word " * 20
+    prompt_tokens = len(AutoTokenizer.from_pretrained(tiny_models["gqa"])(longest)["input_ids"])
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", str(tiny_models["gqa"]), "--prompt", "Once", "--prompt", longest,
+                 "--ignore-eos", "--format", "jsonl", "-o", str(out)]) == 0
+    room = 64 - prompt_tokens
+    assert f"--max-new-tokens {room} (the model's context of 64" in capsys.readouterr().err
+    assert [json.loads(line)["tokens"] for line in out.read_text().splitlines()] == [room, room]
+    assert refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", longest,
+                   "--max-new-tokens", "64").count("context of 64") == 1
+
+
 def test_chat_without_a_template(capsys, tiny_models):
     message = refused(capsys, "generate", "--model", str(tiny_models["gqa"]), "--prompt", "Hi", "--chat")
     assert "chat template" in message

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -27,6 +27,9 @@ from ..files import check_target, write_text_atomic
 from ..data.chat_format import stop_token_ids
 from .runner import Runner
 from .session import add_model_arguments, check_arguments, open_session
+
+
+DEFAULT_MAX_NEW = 64  # --max-new-tokens when not given
 
 
 @dataclass
@@ -58,8 +61,9 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
     given.add_argument("--prompts", metavar="FILE.jsonl", type=paths.input_file("prompts file"),
                        help='prompts, one JSON object per line: {"prompt": ...} '
                                                                'or {"messages": [...]}')
-    parser.add_argument("--max-new-tokens", type=numbers.COUNT, default=64,
-                        help="tokens to generate at most (default 64)")
+    parser.add_argument("--max-new-tokens", type=numbers.COUNT, default=None,
+                        help=f"tokens to generate at most (default {DEFAULT_MAX_NEW}, or what the model's context "
+                             f"leaves after the longest prompt)")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (the default without --temperature)")
     parser.add_argument("--temperature", type=numbers.TEMPERATURE, help="sample at this temperature (> 0)")
     needs(parser.add_argument("--top-p", type=numbers.PROBABILITY, default=None,
@@ -90,7 +94,8 @@ def settings_from(args) -> Settings:
     if args.greedy and args.temperature is not None:
         raise UserError("--greedy and --temperature: choose one (greedy decoding, or sampling at a temperature)")
     checks = [(all(args.stop), "--stop needs a non-empty text"),
-              (args.max_new_tokens >= 1, f"--max-new-tokens {args.max_new_tokens} must be >= 1"),
+              (args.max_new_tokens is None or args.max_new_tokens >= 1,
+               f"--max-new-tokens {args.max_new_tokens} must be >= 1"),
               (args.batch_size >= 1, f"--batch-size {args.batch_size} must be >= 1"),
               (args.temperature is None or args.temperature > 0, f"--temperature {args.temperature} must be > 0 "
                                                                  f"(use --greedy for deterministic decoding)"),
@@ -98,7 +103,7 @@ def settings_from(args) -> Settings:
     for ok, message in checks:
         if not ok:
             raise UserError(message)
-    return Settings(args.max_new_tokens, args.temperature is not None, args.temperature or 1.0,
+    return Settings(args.max_new_tokens or DEFAULT_MAX_NEW, args.temperature is not None, args.temperature or 1.0,
                     1.0 if args.top_p is None else args.top_p,
                     args.seed or 0, args.batch_size, args.chat, args.ignore_eos, tuple(args.stop))
 
@@ -115,8 +120,10 @@ def generate(args) -> int:
         check_target(args.output)
     request = check_arguments(args, settings.batch_size)
     texts = [render(request.tokenizer, p, settings.chat) for p in prompts]
-    check_lengths(request.tokenizer, prompts, texts, settings.max_new_tokens,
-                  int(request.hf_config.max_position_embeddings))
+    context = int(request.hf_config.max_position_embeddings)
+    if args.max_new_tokens is None:
+        settings = fit_default_to_context(settings, request.tokenizer, texts, context)
+    check_lengths(request.tokenizer, prompts, texts, settings.max_new_tokens, context)
     with open_session(args, request) as session:
         results = generate_all(session.runner, session.tokenizer, prompts, settings)
         if ranks.rank() == 0:
@@ -140,6 +147,18 @@ def generate_all(runner: Runner, tokenizer, prompts: list[Prompt], settings: Set
             if batch:
                 results[index] = Result(prompts[index].text, *result)
     return gather_results(results, len(prompts))
+
+
+def fit_default_to_context(settings: Settings, tokenizer, texts: list[str], context: int) -> Settings:
+    """Without --max-new-tokens, a model whose context is short (a tiny preset's 64 positions) generates what its
+    context leaves after the longest prompt instead of refusing the default; said on stderr."""
+    room = context - max(len(tokenizer(text)["input_ids"]) for text in texts)
+    if 1 <= room < settings.max_new_tokens:
+        if ranks.rank() == 0:
+            print(f"generate: --max-new-tokens {room} (the model's context of {context} less the longest prompt; "
+                  f"default {DEFAULT_MAX_NEW})", file=sys.stderr)
+        return replace(settings, max_new_tokens=room)
+    return settings
 
 
 def check_lengths(tokenizer, prompts: list[Prompt], texts: list[str], max_new: int, context: int) -> None:
