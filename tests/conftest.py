@@ -17,11 +17,18 @@ from pathlib import Path
 
 import pytest
 
-import distributed
-import ports
-import preloaded
-import processes
-from distributed import last_wins, run_many  # pytest puts tests/ on sys.path
+from trainer import jit_env
+
+# A checkout whose .venv is a link to another checkout's: the session (and so its workers, the preloaded servers
+# and every rank they fork) runs as the environment's real path, as the trainer's entry points do, or the ops'
+# build.ninja would name the other spelling of the same files and every op would be rebuilt (trainer/jit_env.py).
+jit_env.resolve_interpreter()
+
+import distributed  # noqa: E402
+import ports  # noqa: E402
+import preloaded  # noqa: E402
+import processes  # noqa: E402
+from distributed import last_wins, run_many  # noqa: E402 (pytest puts tests/ on sys.path)
 
 STEPS = 6
 TINY = [

@@ -7,13 +7,18 @@ environment and failure policy of DeepSpeed's per-node launcher), so a test sees
 it saves is ~7 s of imports per process (a 2-rank launch starts 4 Pythons: DeepSpeed's runner, its per-node
 launcher and the ranks). Measured numbers are in docs/tests.md.
 
+A job is forked from a server whose environment is the job's (other than the trainer's and the tests' own
+TRAINER_*, TEST_* variables, wandb's, and PYTHONPATH and PYTHONUNBUFFERED, which the fork applies): a test's
+TORCH_EXTENSIONS_DIR, HF_HOME or PATH reach third-party imports, so they get a server that imported under them.
+A worker keeps its own environment's server and the last two of others (`Server.for_env`); a 2-rank launch in
+a new environment starts one at once (one preload instead of four Pythons: DeepSpeed's runner, its per-node
+launcher and the two ranks), a single command only when its environment comes a second time (before that, a
+server would cost what the real process costs).
 A command runs as a real process instead when the fork could differ from it:
-- its environment differs from the worker's (other than the trainer's and the tests' own TRAINER_*, TEST_*
-  variables, wandb's, and PYTHONPATH and PYTHONUNBUFFERED, which the fork applies): a test's TORCH_EXTENSIONS_DIR,
-  HF_HOME or PATH would reach third-party imports that the server made under its own;
 - the command line is not one of the three shapes above (other interpreter flags, another launcher's options);
 - TRAINER_TEST_PRELOAD=0 in the worker's environment (every command real: the check that the fork changes
-  nothing) or in the command's (this one real).
+  nothing) or in the command's (this one real);
+- a single command in an environment seen for the first time (above).
 Tests about the launchers themselves (their output, their signal handling) start them with subprocess directly.
 A forked process shows the server's command line and first environment in /proc (the kernel's copy, made at exec):
 find it by its session (trainer/process_tree.py), not by a marker; what it execs shows its own.
@@ -59,9 +64,7 @@ def job_for(cmd: list, cwd, env: Optional[dict], server_env: dict) -> Optional[d
 
 
 def same_imports(env: dict, reference: dict) -> bool:
-    def third_party(environ: dict) -> dict:
-        return {k: v for k, v in environ.items() if not k.startswith(AFTER_THE_FORK)}
-    return third_party(env) == third_party(reference)
+    return environment_key(env) == environment_key(reference)
 
 
 def python_target(words: list[str]) -> Optional[dict]:
@@ -100,12 +103,15 @@ def ranks_job(words: list[str], job: dict) -> Optional[dict]:
 
 
 class Server:
-    """This worker's preloaded interpreter (started at the first job, ended with the worker)."""
-    _instance: Optional["Server"] = None
+    """A preloaded interpreter started under one environment (started when a job needs it, ended with the worker
+    or when the pool makes room)."""
+    pool: "dict[tuple, Server]" = {}  # environment (its third-party part) -> server, least recently used first
+    seen: set = set()  # environments a single command came in without a server: the next one starts it
+    OTHER_ENVIRONMENTS = 2  # servers kept besides the worker's own (each holds ~0.7 GB of imports)
 
-    def __init__(self):
+    def __init__(self, env: dict):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.env = dict(os.environ)
+        self.env = dict(env)
         self.proc = subprocess.Popen([sys.executable, str(SERVER), str(theirs.fileno())], pass_fds=[theirs.fileno()],
                                      cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
@@ -116,14 +122,31 @@ class Server:
         assert "ready" in ready, ready
 
     @classmethod
-    def get(cls) -> "Server":
-        """The running server, or a new one when there is none or the worker's environment changed since."""
-        server = cls._instance
-        if server is None or server.proc.poll() is not None or not same_imports(server.env, dict(os.environ)):
-            if server is not None:
-                server.close()
-            cls._instance = Server()
-        return cls._instance
+    def for_env(cls, env: dict, ranks: bool) -> Optional["Server"]:
+        """The server for a job in `env`: the running one, or a new one when it pays (above); None: run it real."""
+        key = environment_key(env)
+        server = cls.pool.pop(key, None)
+        if server is not None and server.proc.poll() is not None:
+            server.close()
+            server = None
+        if server is None:
+            worker = key == environment_key(dict(os.environ))
+            if not (worker or ranks or key in cls.seen):
+                cls.seen.add(key)
+                return None
+            if not worker:
+                cls.make_room()
+            server = Server(env)
+        cls.pool[key] = server  # now the most recently used
+        return server
+
+    @classmethod
+    def make_room(cls) -> None:
+        """Close the least recently used servers of other environments than the worker's, keeping room for one."""
+        worker = environment_key(dict(os.environ))
+        others = [key for key in cls.pool if key != worker]
+        for key in others[:max(0, len(others) - cls.OTHER_ENVIRONMENTS + 1)]:
+            cls.pool.pop(key).close()
 
     def close(self) -> None:
         self.channel.close()  # the server exits at the end of its input
@@ -184,11 +207,15 @@ class Forked:
 
 def start(cmd: list, cwd=None, env: Optional[dict] = None, merge: bool = True):
     """A Forked job for `cmd` when it can be one, else None (the caller starts a real process)."""
-    if not enabled() or job_for(cmd, cwd, env, dict(os.environ)) is None:
-        return None
-    server = Server.get()
-    job = job_for(cmd, cwd, env, server.env)
-    return None if job is None else server.start(job, merge, [str(word) for word in cmd])
+    env = dict(os.environ if env is None else env)
+    job = job_for(cmd, cwd, env, env) if enabled() else None
+    server = None if job is None else Server.for_env(env, ranks=job["kind"] == "ranks")
+    return None if server is None else server.start(job, merge, [str(word) for word in cmd])
+
+
+def environment_key(env: dict) -> tuple:
+    """What of an environment the preloaded packages read: all of it but the variables read after the fork."""
+    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(AFTER_THE_FORK)))
 
 
 def log_process(args: list, seconds: float, code: Optional[int], forked: bool) -> None:

@@ -15,8 +15,19 @@ import torch
 
 from trainer.train.rl import loss as grpo
 
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-from trl.trainer.utils import nanstd as trl_nanstd  # noqa: E402
+
+
+@functools.cache
+def trl_grpo():
+    """TRL's GRPO module, imported by the first test that compares with it: at module level every test worker paid
+    its import (~6 s of CPU) while collecting, whether or not it ran this file."""
+    return pytest.importorskip("trl.trainer.grpo_trainer")
+
+
+def trl_nanstd(*args, **kwargs):
+    trl_grpo()
+    from trl.trainer.utils import nanstd
+    return nanstd(*args, **kwargs)
 
 G, PROMPTS, PROMPT_LEN, WIDTH, VOCAB = 4, 3, 5, 7, 48
 
@@ -86,7 +97,7 @@ def trl_stand_in(loss_type, beta, temperature, eps_low, eps_high):
         model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=WIDTH,
         accelerator=FakeAccelerator(), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1))
-    cls = trl_grpo.GRPOTrainer
+    cls = trl_grpo().GRPOTrainer
     t._get_per_token_logps_and_entropies = functools.partial(cls._get_per_token_logps_and_entropies, t)
     return t
 
@@ -112,7 +123,7 @@ def test_loss_and_gradient_equal_trl(loss_type, beta, old):
     data["advantages"] = trl_advantages(data["rewards_per_func"], weights, "group")
     model = tiny_model()
 
-    theirs_loss = trl_grpo.GRPOTrainer._compute_loss(trl_stand_in(loss_type, beta, temperature, eps_low, eps_high),
+    theirs_loss = trl_grpo().GRPOTrainer._compute_loss(trl_stand_in(loss_type, beta, temperature, eps_low, eps_high),
                                                      model, data)
     theirs_grad = torch.autograd.grad(theirs_loss, list(model.parameters()))
 

@@ -58,6 +58,7 @@ def test_an_moe_family_builds_with_its_experts_and_the_same_weights_for_the_same
     assert torch.isfinite(model(**batch()).loss)
 
 
+@pytest.mark.slow  # two forward/backward passes per family: 3-4 s of CPU each in the quick tier
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(family):
     plain, ckpt = built(*moe_overrides(family)), built(*moe_overrides(family), "model.gradient_checkpointing=true")

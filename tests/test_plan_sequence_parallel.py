@@ -129,6 +129,7 @@ def _saved_bytes(step, excluded: set[int]) -> tuple[dict[int, int], list[int]]:
     return forward, backward
 
 
+@pytest.mark.slow  # bf16 autograd on CPU at 512 tokens, twice: ~8 s, the quick tier's slowest test
 def test_a_tiled_mlp_keeps_no_swiglu_tensors_and_one_tile_of_them_at_a_time_as_autograd_does():
     """trainer.train.sequence_parallel.tile_mlps (DeepSpeed's TiledMLP) on a CPU Llama: each layer saves only the
     MLP's input (the RMSNorm output the formula counts already), and backward recomputes one tile's SwiGLU tensors

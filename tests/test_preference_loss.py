@@ -108,6 +108,7 @@ def pair_batch() -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+@pytest.mark.slow  # a real model's forwards, ~3.5 s of CPU in the quick tier
 def test_objective_on_a_real_model_equals_the_formula_on_separate_forwards():
     policy = tiny_model()
     reference = copy.deepcopy(policy)

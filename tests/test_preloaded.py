@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 import preloaded
+from distributed import new_port
 
 SERVER = {"PATH": "/usr/bin", "HOME": "/root", "PYTEST_CURRENT_TEST": "tests/a.py::one (call)"}
 
@@ -31,3 +34,26 @@ def test_what_a_preloaded_package_reads_or_an_unknown_shape_runs_as_a_real_proce
     assert preloaded.job_for([sys.executable, "-c", "print(1)"], "/tmp", SERVER, SERVER) is None
     assert preloaded.job_for([sys.executable, "-m", "trainer", "generate", "--help"], "/tmp", SERVER, SERVER) is None
     assert os.environ.get("TRAINER_TEST_PRELOAD") is None
+
+
+@pytest.mark.slow
+def test_a_job_in_another_environment_is_forked_from_a_server_that_imported_under_it(tmp_path, monkeypatch):
+    """A test's HF_HOME is read by huggingface_hub at import: the fork must come from a server started under it.
+    A 2-rank launch gets that server at once; a single command the second time its environment comes."""
+    monkeypatch.delenv("TRAINER_TEST_PRELOAD", raising=False)
+    script = tmp_path / "where.py"
+    script.write_text("import os, huggingface_hub.constants as c\n"
+                      "print(os.environ.get('RANK'), c.HF_HOME, os.environ['HF_HOME'], flush=True)\n")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hub")}
+    ranks = preloaded.start([preloaded.DEEPSPEED, "--num_gpus", "2", "--master_port", str(new_port()), str(script)],
+                            tmp_path, env)
+    assert isinstance(ranks, preloaded.Forked)
+    assert ranks.wait(timeout=120) == 0
+    lines = sorted(ranks.stdout.read().split("\n"))[-2:]
+    assert lines == [f"0 {tmp_path / 'hub'} {tmp_path / 'hub'}", f"1 {tmp_path / 'hub'} {tmp_path / 'hub'}"], lines
+    other = {**os.environ, "HF_HOME": str(tmp_path / "other")}
+    command = [sys.executable, str(script)]
+    assert preloaded.start(command, tmp_path, other) is None  # the first time: a server would cost what it saves
+    second = preloaded.start(command, tmp_path, other)
+    assert isinstance(second, preloaded.Forked) and second.wait(timeout=120) == 0
+    assert second.stdout.read().split() == ["None", str(tmp_path / "other"), str(tmp_path / "other")]

@@ -46,18 +46,23 @@ def resolve_interpreter() -> None:
     train.py, scripts/build_ops.py): re-executes this same command line with the resolved interpreter, once - the
     pid, environment and open files stay; only a process started as this command line is re-executed (a forked
     or embedded interpreter is left alone)."""
-    prefix = Path(sys.prefix)
-    real = environment_prefix()
-    if real == prefix or os.environ.get(RESOLVED_ONCE) or not started_as(sys.argv):
+    executable = real_executable()
+    if executable == Path(sys.executable) or os.environ.get(RESOLVED_ONCE) or not started_as(sys.argv):
         return
-    executable = real / Path(sys.executable).relative_to(prefix) if Path(sys.executable).is_relative_to(prefix) \
-        else None
-    if executable is None or not os.access(executable, os.X_OK):
-        return
-    os.environ[RESOLVED_ONCE] = str(prefix)
+    os.environ[RESOLVED_ONCE] = sys.prefix
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(executable, [str(executable), *sys.orig_argv[1:]])
+
+
+def real_executable() -> Path:
+    """This interpreter under the environment's real path (itself when the environment was not reached through a
+    symlink, or when the real path has no such interpreter)."""
+    prefix, current = Path(sys.prefix), Path(sys.executable)
+    if not current.is_relative_to(prefix):
+        return current
+    executable = environment_prefix() / current.relative_to(prefix)
+    return executable if os.access(executable, os.X_OK) else current
 
 
 def started_as(argv: list[str]) -> bool:
