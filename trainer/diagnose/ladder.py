@@ -345,6 +345,8 @@ def search(f: Found, rungs: list[Rung], pricer: Pricer, now: Price):
                dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds))
     timed = []
     for point in _points(r, rungs, current):
+        if point == current:
+            continue
         m, checkpointing, stage, optimizer, params = point
         candidate = Candidate("doctor", stage, optimizer, params)
         try:
@@ -362,9 +364,9 @@ def search(f: Found, rungs: list[Rung], pricer: Pricer, now: Price):
         price = pricer.price(planned(resolved))
         if price is None or not price.fits:
             continue
-        return replace(proposal, estimate=f"{pricer.words(now, price)}; the shortest step of the changes that fit "
-                                          f"(~{seconds:.1f} s per step by the planner's step-time model)"), \
-            proposal.overrides, price
+        return replace(proposal, estimate=pricer.words(now, price),
+                       reason=f"{proposal.reason} - the shortest step of the changes that fit (~{seconds:.1f} s per "
+                              f"step by the planner's step-time model)"), proposal.overrides, price
     return None
 
 

@@ -10,8 +10,10 @@ is for.
                  stage 3: the 16-bit parameters gathered in forward and backward and the gradients
                  reduce-scattered every micro-step (3 x 2 bytes/param per micro-step): ZeRO's 1.5x volume, paid
                  grad_accum times
-    offload      optimizer on CPU: the fp32 step on the host (CPU_ADAM_PARAMS_PER_S_PER_NODE, shared by its ranks) and the 16-bit
-                 gradients and parameters over PCIe once per step; parameters on CPU: the 16-bit partition over
+    offload      optimizer on CPU: the fp32 step on the host (CPU_ADAM_PARAMS_PER_S_PER_NODE, shared by its ranks:
+                 16 bytes of fp32 states read and written per parameter, memory-bound), the 16-bit gradients over
+                 PCIe every micro-step (accumulated in host memory), the parameters back once per step;
+                 parameters on CPU: the 16-bit partition over
                  PCIe in forward and backward of every micro-step; NVMe: the same bytes at NVME_BYTES_PER_S
 Bandwidths: NVLink inside a node, PCIe otherwise, the inter-node fabric across nodes (one figure each, below).
 """
@@ -26,7 +28,7 @@ BUS_BYTES_PER_S = {"nvlink": 150e9, "infinity-fabric": 100e9, "pcie": 12e9, "non
 INTER_NODE_BYTES_PER_S = 12e9
 PCIE_BYTES_PER_S = 12e9
 NVME_BYTES_PER_S = 3e9
-CPU_ADAM_PARAMS_PER_S_PER_NODE = 2.0e9  # DeepSpeedCPUAdam on all of a host's cores, shared by its ranks
+CPU_ADAM_PARAMS_PER_S_PER_NODE = 1.0e9  # DeepSpeedCPUAdam on all of a host's cores, shared by its ranks
 
 
 def step_seconds(inputs: PlanInputs, candidate: Candidate, micro_batch: int, grad_accum: int,
@@ -58,7 +60,8 @@ def _offload(inputs: PlanInputs, candidate: Candidate, grad_accum: int, trained:
     seconds = 0.0
     if candidate.offload_optimizer != "none":
         link = NVME_BYTES_PER_S if candidate.offload_optimizer == "nvme" else PCIE_BYTES_PER_S
-        moved = 2 * 2 * shard + (2 * 12 * shard if candidate.offload_optimizer == "nvme" else 0)
+        # 16-bit gradients leave the GPU every micro-step (accumulated in host memory), parameters return once
+        moved = 2 * shard * (grad_accum + 1) + (2 * 12 * shard if candidate.offload_optimizer == "nvme" else 0)
         seconds += shard * inputs.gpus_per_node / CPU_ADAM_PARAMS_PER_S_PER_NODE + moved / link
     if candidate.offload_param != "none":
         link = NVME_BYTES_PER_S if candidate.offload_param == "nvme" else PCIE_BYTES_PER_S
