@@ -145,6 +145,14 @@ def test_an_unsupported_choice_is_set_to_the_next_choice_the_preset_resolves_wit
     assert d.proposal.overrides[0] == "train.precision=fp16"
 
 
+def test_a_choice_that_is_an_english_word_is_no_statement():
+    """'does not support batch generation' says nothing about grpo.scale_rewards (whose choices hold 'batch')."""
+    text = ("Traceback (most recent call last):\n  File \"/opt/conda/lib/python3.10/site-packages/x/gen.py\", line 9, "
+            "in generate\n    raise ValueError(msg)\nValueError: This model does not support batch generation")
+    d = run("7b_grpo_8xh100", [], text)
+    assert not any("scale_rewards" in o for o in (d.proposal.overrides if d.proposal else []))
+
+
 def test_a_setting_written_in_words_is_found_in_the_key_indexes():
     d = run("7b_grpo_8xh100", [], (PROBES / "p09_grpo_num_generations.log").read_text())
     assert "grpo.num_generations=7" in d.proposal.step

@@ -166,9 +166,13 @@ def named_key(phrase: str) -> Optional[str]:
 
 
 def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
-    """(schema path, value) for a message saying a value some setting can take is not supported."""
+    """(schema path, value) for a message saying a value some setting can take is not supported; only choices
+    that are not English words (a digit or an underscore in them), so "does not support batch generation" is no
+    statement about grpo.scale_rewards."""
     for m in UNSUPPORTED.finditer(text):
         for value in re.split(r"[/,]", (m.group("value") or m.group("value2")).lower()):
+            if not re.search(r"[\d_]", value):  # bf16, flash_attention_2; not words ("batch", "group", "none")
+                continue
             path = next((p for p, choices in schema_fields().items() if value in choices), None)
             if path:
                 return path, value
