@@ -69,11 +69,24 @@ def diagnose_nccl(f: Found) -> Diagnosis:
     seen = collectives(f.log)
     apart = out_of_step(seen)
     if apart or f.log.has(MISMATCH):
-        return _desync(f, apart)
+        return _config_cause(f, _desync(f, apart))
     timed = [c for c in seen if c.timeout_ms] or seen
     if timed and min(c.seq for c in timed) <= BARRIER_SEQ and max(c.numel for c in timed) <= BARRIER_NUMEL:
         return _barrier(f, timed)
-    return _fabric(f, timed[0] if timed else None)
+    return _config_cause(f, _fabric(f, timed[0] if timed else None))
+
+
+def _config_cause(f: Found, d: Diagnosis) -> Diagnosis:
+    """A hang the config itself causes (lint's rule, from the same entry: an MoE at ZeRO-3 whose expert blocks are
+    not leaf modules) is the first proposal; the pattern's advice stays."""
+    from .lint import moe_leaf_risk
+    risk = moe_leaf_risk(f.resolved)
+    if risk is not None:
+        what, overrides = risk
+        d.proposal = Proposal("make the MoE blocks ZeRO-3 leaf modules" + ("" if overrides else
+                                                                          ": set model.zero3_leaf_modules"),
+                              overrides, what)
+    return d
 
 
 def _desync(f: Found, apart: dict[int, int]) -> Diagnosis:

@@ -28,7 +28,8 @@ from .. import ds as dsc
 from .. import hardware
 from ..errors import UserError
 from ..loss_path import fused_loss_possible
-from ..plan.estimate import Estimate, gb, inputs_for_resolved
+from ..plan.estimate import Candidate, Estimate, gb, inputs_for_resolved, plan_for_resolved
+from ..plan.steptime import step_seconds
 from ..plan.inputs import sequence_parallel_sizes
 from ..resolve import LOGITS_TILE_BYTES, Resolved, alst_mlp_tiles
 from .findings import Found, Proposal, Reresolve, first_error_line, planned
@@ -42,15 +43,20 @@ SAME_GPU = 0.08  # a log whose GPU capacity is within 8% of the preset's GPU com
 # --- the rungs -----------------------------------------------------------------------------------------------
 
 
-def smaller_micro_batch(r: Resolved) -> Optional[Proposal]:
+def smaller_micro_batch(r: Resolved, smaller: Optional[int] = None) -> Optional[Proposal]:
+    """The next smaller divisor of the micro-batch (or `smaller`), with the accumulation that keeps the global batch."""
     micro, accum = r.batch.micro_batch_size, r.batch.grad_accum
     if micro == 1:
         return None
-    smaller = max(d for d in range(1, micro) if micro % d == 0)
+    smaller = smaller or max(d for d in range(1, micro) if micro % d == 0)
     return Proposal("1. smaller micro-batch", [f"train.micro_batch_size={smaller}",
                                                f"train.grad_accum={accum * micro // smaller}"],
                     f"activations scale with the micro-batch; {micro} -> {smaller} with grad_accum "
                     f"{accum} -> {accum * micro // smaller} keeps the global batch ({r.batch.global_batch_size})")
+
+
+def _micro_batch_one(r: Resolved) -> Optional[Proposal]:
+    return smaller_micro_batch(r, 1)
 
 
 def activation_checkpointing(r: Resolved) -> Optional[Proposal]:
@@ -177,6 +183,8 @@ def lora(r: Resolved) -> Optional[Proposal]:
 OOM_LADDER: list[Rung] = [smaller_micro_batch, activation_checkpointing, stage_up, tiled_logits, tiled_mlp,
                           sequence_parallel, optimizer_offload, param_offload, checkpoint_offload, smaller_buffers,
                           nvme_offload, lora]
+# The rungs `search` prices together (the others - long-sequence rungs, buffers, NVMe, LoRA - come after).
+SEARCHED: list[Rung] = [smaller_micro_batch, activation_checkpointing, stage_up, optimizer_offload, param_offload]
 # Before the first step and at the optimizer step no activations are live: only model states can move.
 STATES_LADDER: list[Rung] = [stage_up, optimizer_offload, param_offload, nvme_offload, lora]
 # A ZeRO-3 gather holds the prefetched and live parameters: their limits first, then the usual ladder.
@@ -294,30 +302,129 @@ class Ladder:
 
 
 def walk(f: Found, rungs: list[Rung], pricer: Optional[Pricer]) -> Ladder:
-    """The cheapest rung that fits on its own; else the cheapest run of rungs (in cost order) that fits; then
-    the remaining rungs, each on top of the ones before it, as long as they lower the estimate."""
+    """The cheapest change in step time that fits (`search`: micro-batch down to 1, checkpointing, ZeRO stage and
+    offloads priced together); where that search does not apply (a ZeRO-3 gather, long sequences: their own
+    rungs) or finds nothing, the cheapest single rung that fits, else the cheapest run of rungs (in cost order)
+    that fits. Then the remaining rungs, each on top of the ones before it, as long as they lower the estimate;
+    each later step carries every earlier change, so each is one command line."""
     if pricer is None or f.reresolve is None:
         steps = cumulative(f.resolved, rungs, f.reresolve)
         return Ladder(steps[0] if steps else None, steps[1:])
     now = pricer.price(pricer.base)
-    single = next(((rung, p) for rung in rungs if (p := _priced(f, pricer, rung, f.resolved, [], now))
-                   and p[1].fits), None)
-    if single is not None:
-        chosen, applied, price = [single[0]], single[1][0].overrides, single[1][1]
-        proposal = single[1][0]
+    found = search(f, rungs, pricer, now)
+    if found is not None:
+        (proposal, applied, price), chosen = found, []
     else:
-        chosen, applied, proposal, price = _cheapest_run(f, pricer, rungs, now)
-        if proposal is None:
-            return Ladder(None, [], now, price)
+        single = next(((rung, p) for rung in rungs if (p := _priced(f, pricer, rung, f.resolved, [], now))
+                       and p[1].fits), None)
+        if single is not None:
+            chosen, applied, price = [single[0]], single[1][0].overrides, single[1][1]
+            proposal = single[1][0]
+        else:
+            chosen, applied, proposal, price = _cheapest_run(f, pricer, rungs, now)
+            if proposal is None:
+                return Ladder(None, [], now, price)
     then = _after(f, pricer, [r for r in rungs if r not in chosen], applied, price)
     return Ladder(proposal, then, now)
+
+
+# --- the search: every combination of the rungs that trade memory against step time ---------------------------
+
+
+def search(f: Found, rungs: list[Rung], pricer: Pricer, now: Price):
+    """Every combination of a micro-batch (each divisor of the current one, down to 1, keeping the global
+    batch), activation checkpointing, a ZeRO stage at or above the current one and CPU offload of the optimizer
+    and the parameters - those of them the phase's ladder holds - priced by the planner with the log's
+    calibration; of those that fit, the one with the shortest step (plan.steptime) is proposed, as one change.
+    (proposal, overrides, price), or None where the search does not apply or nothing it reaches fits."""
+    r = f.resolved
+    if smaller_buffers is rungs[0] or not any(rung in rungs for rung in SEARCHED):
+        return None
+    inputs, micro, accum = inputs_for_resolved(r), r.batch.micro_batch_size, r.batch.grad_accum
+    current = (micro, r.config.model.gradient_checkpointing, dsc.zero_stage(r.ds),
+               dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds))
+    timed = []
+    for point in _points(r, rungs, current):
+        if point == current:
+            continue
+        m, checkpointing, stage, optimizer, params = point
+        candidate = Candidate("doctor", stage, optimizer, params)
+        try:
+            price = pricer.price(plan_for_resolved(r, micro_batch=m, checkpointing=checkpointing,
+                                                   candidate=candidate))
+        except UserError:
+            continue
+        if price.fits:
+            seconds = step_seconds(inputs, candidate, m, accum * micro // m, checkpointing)
+            changes = sum(a != b for a, b in zip(point, current))
+            timed.append((seconds, changes, point))
+    for seconds, _, point in sorted(timed):
+        proposal = _point_proposal(r, current, point)
+        resolved = _for_pricing(f, proposal.overrides)
+        price = pricer.price(planned(resolved))
+        if price is None or not price.fits:
+            continue
+        return replace(proposal, estimate=pricer.words(now, price),
+                       reason=f"{proposal.reason} - the shortest step of the changes that fit (~{seconds:.1f} s per "
+                              f"step by the planner's step-time model)"), proposal.overrides, price
+    return None
+
+
+def _points(r: Resolved, rungs: list[Rung], current: tuple):
+    micro, checkpointing, stage, optimizer, params = current
+    micros = [d for d in range(micro, 0, -1) if micro % d == 0] if smaller_micro_batch in rungs else [micro]
+    checkpointings = [checkpointing] + ([True] if activation_checkpointing in rungs and not checkpointing else [])
+    stages = [stage] + ([s for s in (2, 3) if s > stage] if stage_up in rungs else [])
+    for m in micros:
+        for c in checkpointings:
+            for s in stages:
+                optimizers = [optimizer] + (["cpu"] if optimizer_offload in rungs and optimizer == "none" and s > 0
+                                            else [])
+                for o in optimizers:
+                    param_choices = [params] + (["cpu"] if param_offload in rungs and params == "none" and s == 3
+                                                else [])
+                    for p in param_choices:
+                        yield m, c, s, o, p
+
+
+def _point_proposal(r: Resolved, current: tuple, point: tuple) -> Proposal:
+    """One proposal for a point of the search: its parts' steps and reasons, its overrides in one list."""
+    micro, checkpointing, stage, optimizer, params = point
+    parts = []
+    if micro != current[0]:
+        parts.append(smaller_micro_batch(r, micro))
+    if checkpointing != current[1]:
+        parts.append(activation_checkpointing(r))
+    if (stage, optimizer, params) != current[2:]:
+        parts.append(_zero_change(r, stage, optimizer, params))
+    return Proposal(" + ".join(p.step for p in parts), _merged([o for p in parts for o in p.overrides]),
+                    "; ".join(p.reason for p in parts))
+
+
+def _zero_change(r: Resolved, stage: int, optimizer: str, params: str) -> Proposal:
+    now = dsc.zero_stage(r.ds)
+    steps, reasons = [], []
+    if stage != now:
+        what = "gradients and optimizer states" if stage == 2 else "parameters, gradients and optimizer states"
+        steps.append(f"3. ZeRO stage {now} -> {stage}")
+        reasons.append(f"stage {stage} shards {what} across the {r.world_size} ranks"
+                       + (" (same communication as stage 1)" if stage == 2 else " (~1.5x communication)"))
+    if optimizer != dsc.offload_optimizer_device(r.ds):
+        steps.append("4. optimizer offload to CPU")
+        reasons.append("fp32 master weights, Adam moments and fp32 gradients move to host RAM; the step runs on "
+                       "the CPU - launch with --bind_cores_to_rank")
+    if params != dsc.offload_param_device(r.ds):
+        steps.append("4b. parameter offload to CPU")
+        reasons.append("16-bit parameter partitions live in host RAM and are fetched per layer")
+    return Proposal(" + ".join(steps), dsc.zero_overrides(r.ds, dsc.base_config(stage, optimizer, params)),
+                    "; ".join(reasons))
 
 
 def _priced(f: Found, pricer: Pricer, rung: Rung, r: Resolved, applied: list[str], before: Price):
     proposal = rung(r)
     if proposal is None:
         return None
-    price = pricer.price(planned(_for_pricing(f, applied + proposal.overrides)))
+    price = pricer.price(planned(_for_pricing(f, _merged(applied + proposal.overrides))))
     if price is None:
         return None
     return replace(proposal, estimate=pricer.words(before, price)), price
@@ -327,6 +434,8 @@ def _cheapest_run(f: Found, pricer: Pricer, rungs: list[Rung], now: Price):
     """Rungs applied in cost order until the estimate fits: (rungs, overrides, combined proposal, price)."""
     applied, chosen, parts, price, r = [], [], [], now, f.resolved
     for rung in rungs:
+        if rung is smaller_micro_batch:  # nothing single fits: the micro-batch goes to 1 at once
+            rung = _micro_batch_one
         priced = _priced(f, pricer, rung, r, applied, now)
         if priced is None:
             continue
@@ -334,7 +443,7 @@ def _cheapest_run(f: Found, pricer: Pricer, rungs: list[Rung], now: Price):
         chosen.append(rung)
         parts.append(proposal)
         applied = applied + proposal.overrides
-        r = _for_pricing(f, applied) or r
+        r = _for_pricing(f, _merged(applied)) or r
         if price.fits:
             combined = Proposal(" + ".join(p.step for p in parts), _merged(applied),
                                 "no single change fits: " + "; ".join(p.reason for p in parts),
@@ -344,14 +453,14 @@ def _cheapest_run(f: Found, pricer: Pricer, rungs: list[Rung], now: Price):
 
 
 def _after(f: Found, pricer: Pricer, rungs: list[Rung], applied: list[str], price: Price) -> list[Proposal]:
-    out, r = [], _for_pricing(f, applied) or f.resolved
+    out, r = [], _for_pricing(f, _merged(applied)) or f.resolved
     for rung in rungs:
         priced = _priced(f, pricer, rung, r, applied, price)
         if priced is None or priced[1].total >= price.total or not priced[1].fits:
             continue
-        out.append(priced[0])
         applied, price = applied + priced[0].overrides, priced[1]
-        r = _for_pricing(f, applied) or r
+        out.append(replace(priced[0], overrides=_merged(applied)))  # every change so far: one command line
+        r = _for_pricing(f, _merged(applied)) or r
     return out
 
 
@@ -381,7 +490,7 @@ def cumulative(r: Resolved, ladder: list[Rung], reresolve: Optional[Reresolve] =
         proposals.append(proposal)
         if reresolve is not None:
             try:
-                r = reresolve(applied + proposal.overrides)
+                r = reresolve(_merged(applied + proposal.overrides))
                 applied += proposal.overrides
             except UserError as err:  # e.g. an NVMe path that does not exist on this machine
                 proposals[-1] = replace(proposal, reason=f"{proposal.reason} (not checked on this machine: "

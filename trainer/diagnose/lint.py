@@ -31,7 +31,7 @@ import contextlib
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from .. import ds as dsc
 from .. import hardware
@@ -254,23 +254,42 @@ def chat_template(r: Resolved) -> list[Finding]:
 EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")  # config.json names
 
 
+def moe_leaf_risk(r: Resolved) -> Optional[tuple[str, list[str]]]:
+    """An MoE under ZeRO-3 whose expert blocks are not ZeRO-3 leaf modules: ranks that route tokens to different
+    experts gather different parameters and hang. (what to say, the overrides that fix it), or None. One entry for
+    lint (a warning before the run) and the doctor (the cause of a hang or of ranks out of step)."""
+    from ..moe import MOE_FAMILIES
+    from ..rules import pretrained_config
+    m, stage = r.config.model, dsc.zero_stage(r.ds)
+    saved = pretrained_config(r.config)
+    model_type = saved.get("model_type", m.family)
+    experts = next((saved[k] for k in EXPERT_FIELDS if saved.get(k)), None) or m.num_experts
+    if not experts or stage != 3 or m.zero3_leaf_modules:
+        return None
+    if m.zero3_leaf_modules == [] and model_type in MOE_FAMILIES:
+        return (f"{m.name_or_path or m.family} is an MoE ({experts} experts) at ZeRO-3 with model.zero3_leaf_modules=[] "
+                f"(no leaf modules): ranks that route tokens to different experts gather different parameters and "
+                f"hang; leave it unset (null) and the trainer makes its {model_type} MoE blocks leaf modules",
+                ["model.zero3_leaf_modules=null"])
+    if model_type in MOE_FAMILIES:
+        return None
+    return (f"{m.name_or_path} is an MoE ({experts} experts, model_type {model_type!r}) of a family whose MoE blocks "
+            f"the trainer does not find on its own: under ZeRO-3, ranks that route tokens to different experts can "
+            f"gather different parameters and hang; set model.zero3_leaf_modules to its MoE block class (e.g. "
+            f"[{model_type.title()}SparseMoeBlock]; a wrong name is an error before any step)", [])
+
+
 def moe_layout(r: Resolved) -> list[Finding]:
-    """MoE mistakes the rules cannot call errors: a pretrained MoE of a family whose blocks the trainer does not find
-    (remote code, other model types) at ZeRO-3 without model.zero3_leaf_modules; AutoEP groups wider than a node;
-    a known MoE family at stage 3 on several GPUs without AutoEP."""
+    """MoE mistakes the rules cannot call errors: an MoE at ZeRO-3 whose blocks are not leaf modules
+    (moe_leaf_risk); AutoEP groups wider than a node; a known MoE family at stage 3 on several GPUs without AutoEP."""
     from ..moe import MOE_FAMILIES
     from ..rules import pretrained_config
     m, stage, ep = r.config.model, dsc.zero_stage(r.ds), dsc.autoep_size(r.ds)
     saved = pretrained_config(r.config)
     model_type = saved.get("model_type", m.family)
     experts = next((saved[k] for k in EXPERT_FIELDS if saved.get(k)), None) or m.num_experts
-    out = []
-    if experts and model_type not in MOE_FAMILIES and stage == 3 and m.zero3_leaf_modules is None:
-        out.append(Finding("warn", "MoE layout", f"{m.name_or_path} is an MoE ({experts} experts, model_type "
-                           f"{model_type!r}) of a family whose MoE blocks the trainer does not find on its own: under "
-                           f"ZeRO-3, ranks that route tokens to different experts can gather different parameters "
-                           f"and hang; set model.zero3_leaf_modules to its MoE block class (e.g. [{model_type.title()}"
-                           f"SparseMoeBlock]; a wrong name is an error before any step)"))
+    risk = moe_leaf_risk(r)
+    out = [Finding("warn", "MoE layout", risk[0])] if risk else []
     if ep > r.config.hardware.gpus_per_node and r.config.hardware.nodes > 1:
         out.append(Finding("warn", "MoE layout", f"expert_parallel.autoep_size={ep} spans more than the "
                            f"{r.config.hardware.gpus_per_node} GPUs of a node: every MoE layer's two all-to-alls cross "

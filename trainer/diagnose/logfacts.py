@@ -24,6 +24,7 @@ WORLD = re.compile(r"(?:\bworld[_ ]size\b\s*[=:]\s*|\bdist_world_size=|WORLD_SIZ
                    re.IGNORECASE)
 NNODES = re.compile(r"(?:--num_nodes[= ]|--nnodes[= ]|NNODES=|num_nodes=|\bnnodes=)(\d+)", re.IGNORECASE)
 WORLD_INFO = re.compile(r"WORLD INFO DICT: (\{.*\})")
+NCCL_HOST = re.compile(r"^\s*(?:\[\d+\]\s*)?([\w.-]+):\d+:\d+ \[\d+\] NCCL ", re.MULTILINE)  # "host:pid:tid [dev] NCCL"
 NODE_PREFIX = re.compile(r"^([\w.-]+): \[(?:20\d\d|rank\d)", re.MULTILINE)  # pdsh's "host: [2024-..." / "host: [rank3]"
 CONTAINER = re.compile(r"(/\.dockerenv|\bdocker (?:run|exec|compose)\b|\bkubectl\b|\bpodman\b|singularity|apptainer|"
                        r"\benroot\b|running (?:inside|in) (?:a )?(?:docker|container)|nvcr\.io/|/workspace/)", re.IGNORECASE)
@@ -91,6 +92,8 @@ def read_facts(log: Log) -> LogFacts:
         facts.nodes = len(re.findall(r"'[^']+':", first["world_info"].group(1))) or None
     elif len(hosts) > 1:
         facts.nodes = len(hosts)
+    elif len(nccl_hosts := {m.group(1) for m in NCCL_HOST.finditer(text)}) == 1:  # every rank's NCCL lines: one host
+        facts.nodes = 1
     facts.environment = "WSL2" if WSL.search(text) else "container" if CONTAINER.search(text) else None
     for shell in SHELL_SETTINGS.finditer(text):
         for m in SETTING.finditer(shell.group(1)):

@@ -81,11 +81,20 @@ def unprefixed(line: str) -> tuple[tuple, str]:
     return (match.group("host"), int(rank) if rank else None), line[match.end():] if match.end() else line
 
 
+# What a launcher raises when a rank failed: it reports the rank's exception, it is not the failure.
+LAUNCHER_WRAPPERS = re.compile(r"\b(ChildFailedError|CalledProcessError)\b")
+
+
 def final_exception(log: Log) -> Optional[Raised]:
-    """The last exception line of the log with its traceback, read from its rank's lines only."""
+    """The last exception line of the log with its traceback, read from its rank's lines only; a launcher's
+    report that a rank failed (torchrun's ChildFailedError) gives way to the rank's own exception before it."""
     index = log.last(PREFIXED_EXCEPTION)
     if index is None:
         return None
+    if LAUNCHER_WRAPPERS.search(log.lines[index]):
+        index = next((i for i in range(index - 1, max(-1, index - SEARCH_BACK), -1)
+                      if PREFIXED_EXCEPTION.match(log.lines[i]) and not LAUNCHER_WRAPPERS.search(log.lines[i])),
+                     index)
     who, _ = unprefixed(log.lines[index])
     rank = who[1]
     own = [(i, text) for i in range(max(0, index - SEARCH_BACK), index + MESSAGE_LINES + 1)

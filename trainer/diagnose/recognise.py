@@ -22,6 +22,7 @@
 | op_build          | a JIT op build failing (cpu_adam, ...), no ninja on PATH      | the toolchain fix, then fallback  |
 | not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
+| rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout)  | 127.0.0.1 on one node, else head  |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
@@ -152,6 +153,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("op_build", _op_build, toolkit.diagnose_op_build, signature=(OP_BUILD, BUILD_STOPPED)),
     Recogniser("not_distributed", _first(launch.NO_LAUNCHER), launch.diagnose_no_launcher),
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
+    Recogniser("rendezvous", _first(launch.RENDEZVOUS), launch.diagnose_rendezvous),  # after any failure it follows
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,

@@ -73,6 +73,33 @@ def diagnose_port(f: Found) -> Diagnosis:
     return d
 
 
+RENDEZVOUS = re.compile(r"(?:client socket has (?:failed to connect|timed out[^\n]*?while trying to connect) to "
+                        r"(?:\[(?P<host>[^\]]+)\]|\((?P<host2>[^,\s]+),))|(?:c10d|TCPStore)[^\n]*Cannot assign requested "
+                        r"address")
+LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+
+def diagnose_rendezvous(f: Found) -> Diagnosis:
+    """The ranks cannot reach the rank-0 TCP store: the master address is the fix, not the port. One node (the log
+    says so, or the store is on a loopback name) rendezvous on 127.0.0.1; across nodes the head's address must be
+    one every node reaches, with the port open."""
+    m = next(iter(f.log.all(RENDEZVOUS)), None)
+    host = (m.group("host") or m.group("host2")) if m else None
+    d = Diagnosis("rendezvous", f"the ranks could not reach the rendezvous store{' at ' + host if host else ''}", f.line)
+    if f.facts.single_node or (host in LOOPBACK and not (f.facts.nodes or 0) > 1):
+        d.proposal = Proposal("one node: rendezvous on the IPv4 loopback, --master_addr 127.0.0.1 (MASTER_ADDR=127.0.0.1)",
+                              [], f"{host or 'the master address'} did not give the ranks an address they can "
+                              "connect to (errno 99 'Cannot assign requested address': 'localhost' resolved to an "
+                              "address this host cannot use, such as IPv6 ::1 with IPv6 off, or a stale /etc/hosts "
+                              "entry); the ranks of one node need nothing but 127.0.0.1")
+        return d
+    d.proposal = Proposal("point --master_addr at the head node's address every node reaches, with the port open", [],
+                          f"the store{' at ' + host if host else ''} was not reachable from this rank: use the head's "
+                          "IP on the shared network (`hostname -I` on it), and check the port from a worker (`nc -zv "
+                          "HEAD PORT`); a firewall or a container without --network=host blocks it")
+    return d
+
+
 # --- ranks started without a launcher ----------------------------------------------------------------------------
 
 NO_LAUNCHER = re.compile(r"(environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected, but "

@@ -106,6 +106,13 @@ def _wrong_interface(f: Found):
     if not others and not none_found:
         return None
     d = Diagnosis("nccl_network", f"NCCL_SOCKET_IFNAME={named} names an interface NCCL cannot use here", f.line)
+    if f.facts.single_node and not others:  # one node: NCCL's bootstrap needs no more than the loopback
+        d.proposal = Proposal("one node: point NCCL_SOCKET_IFNAME at the loopback, NCCL_SOCKET_IFNAME=lo (or unset it)",
+                              [], f"the run exported NCCL_SOCKET_IFNAME={named}, and NCCL found no interface by that "
+                              "name (in a container the names differ from the host's); the ranks of one node "
+                              "bootstrap over any interface that is up, and lo always is",
+                              env=(("NCCL_SOCKET_IFNAME", "lo"),) + DEBUG_ENV)
+        return d
     target = others[0] if others else "<iface>"
     d.proposal = Proposal(f"set NCCL_SOCKET_IFNAME to the interface the nodes share: NCCL_SOCKET_IFNAME={target}", [],
                           f"the run exported NCCL_SOCKET_IFNAME={named}"

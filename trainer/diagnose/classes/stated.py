@@ -8,7 +8,12 @@ as phrases:
   DeepSpeed is older than the key (the pin); a key no DeepSpeed model has is a misspelling (the nearest key);
 - a requirement, "requires torch>=2.5", "needs transformers 4.46 or later": the pin, with the version the log
   shows;
-- an expectation, "expected K to be V, got W" naming a key of the config: `--set K=V`.
+- an expectation, "expected K to be V, got W" naming a key of the config: `--set K=V`;
+- an unsupported choice, "your setup doesn't support bf16": the setting whose choices hold it (the schema's
+  Literal fields) set to its next choice that resolves for the preset;
+- a setting named in words, "the valid values for the number of generations are: [7]" or "Target modules [...]
+  not found": the words are a key's name (num_generations, target_modules) in the schema or DeepSpeed's learned
+  keys; the valid value it lists is proposed, else the key is named for the user to set.
 
 The keys are looked up in the project's own indexes (the preset's resolved DeepSpeed config, DeepSpeed's learned
 pydantic models, the trainer's config schema), so a key is proposed under the path the trainer accepts.
@@ -54,6 +59,14 @@ FOUND_VERSION = re.compile(r"(?:found|but|have|installed|got|current(?:ly)?|dete
 EXPECTED = re.compile(r"expected\s+(?:the\s+)?[`'\"]?(?P<key>[\w.-]+)[`'\"]?\s+(?:to be|to equal|==?|of|as)\s+"
                       r"[`'\"]?(?P<want>[\w.-]+)[`'\"]?,?\s*(?:but\s+)?(?:got|found|received|is|was)\s+[`'\"]?"
                       r"(?P<got>[\w.-]+)", re.IGNORECASE)
+UNSUPPORTED = re.compile(r"(?:doesn't|does not|do not|don't|can ?not|can't) support (?P<value>[\w.-]+)|"
+                         r"(?P<value2>[\w.-]+) (?:is|are) not supported", re.IGNORECASE)
+VALID_VALUES = re.compile(r"valid values? (?:for|of) (?:the )?(?P<phrase>[\w ]{3,60}?) (?:are|is)[: ]+\[(?P<values>[^\]]*)\]",
+                          re.IGNORECASE)
+NAMED_BAD = re.compile(r"(?P<phrase>[A-Za-z][A-Za-z ]{2,40}?)\s*(?:\[[^\]]*\]|\{[^}]*\}|'[^']*'|\"[^\"]*\")\s+(?:(?:is|are|were|was) "
+                       r"(?:not found|invalid|not supported|unknown|not recogni[sz]ed)|not found)", re.IGNORECASE)
+FILLER = {"the", "of", "per", "a", "an", "for", "to", "in", "your"}
+SYNONYMS = {"number": "num", "numbers": "num"}
 PIP_NAMES = {"pytorch": "torch", "flash_attn": "flash-attn", "huggingface_hub": "huggingface-hub",
              "liger_kernel": "liger-kernel"}
 
@@ -75,10 +88,16 @@ def _statement(raised: Raised) -> Optional[str]:
         return "unknown_key"
     if CONFLICT.search(text):
         return "conflict"
+    if _unsupported_choice(text):
+        return "unsupported"
     if REQUIRE_WORDS.search(text) and (REQUIREMENT.search(text) or LATER.search(text)):
         return "requirement"
     if (m := EXPECTED.search(text)) and _known_key(m.group("key")):
         return "expected"
+    if (m := VALID_VALUES.search(text)) and named_key(m.group("phrase")):
+        return "valid_values"
+    if (m := NAMED_BAD.search(text)) and named_key(m.group("phrase")):
+        return "named_setting"
     return None
 
 
@@ -86,7 +105,8 @@ def diagnose(f: Found) -> Diagnosis:
     raised = final_exception(f.log)
     kind = _statement(raised)
     return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
-            "expected": _expected}[kind](f, raised, stated_text(raised))
+            "expected": _expected, "unsupported": _unsupported, "valid_values": _valid_values,
+            "named_setting": _named_setting}[kind](f, raised, stated_text(raised))
 
 
 # --- the indexes the keys are looked up in -------------------------------------------------------------------
@@ -117,6 +137,46 @@ def deepspeed_fields() -> dict[str, str]:
     except (UserError, OSError, ImportError):  # no DeepSpeed to learn from: the index is empty, the rest still works
         return {}
     return {name: model["name"] for model in models.values() for name in model.get("fields", {})}
+
+
+@functools.lru_cache(maxsize=1)
+def _phrases() -> dict[tuple, str]:
+    """A key's name as the words a message writes it in (num_generations: ("num", "generations")) -> the path the
+    trainer accepts (the schema's) or DeepSpeed's key; keys of two words or more only."""
+    out: dict[tuple, str] = {}
+    for name in deepspeed_fields():
+        if "_" in name:
+            out.setdefault(tuple(name.lower().split("_")), name)
+    for path in schema_fields():
+        leaf = path.rsplit(".", 1)[-1]
+        if "_" in leaf:
+            out[tuple(leaf.split("_"))] = path
+    return out
+
+
+def named_key(phrase: str) -> Optional[str]:
+    """The key whose name the words of `phrase` spell (the longest run of them), or None."""
+    words = [SYNONYMS.get(w, w) for w in re.findall(r"[a-z0-9]+", phrase.lower()) if w not in FILLER]
+    index = _phrases()
+    for size in range(min(4, len(words)), 1, -1):
+        for start in range(len(words) - size + 1):
+            if (hit := index.get(tuple(words[start:start + size]))) is not None:
+                return hit
+    return None
+
+
+def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
+    """(schema path, value) for a message saying a value some setting can take is not supported; only choices
+    that are not English words (a digit or an underscore in them), so "does not support batch generation" is no
+    statement about grpo.scale_rewards."""
+    for m in UNSUPPORTED.finditer(text):
+        for value in re.split(r"[/,]", (m.group("value") or m.group("value2")).lower()):
+            if not re.search(r"[\d_]", value):  # bf16, flash_attention_2; not words ("batch", "group", "none")
+                continue
+            path = next((p for p, choices in schema_fields().items() if value in choices), None)
+            if path:
+                return path, value
+    return None
 
 
 def _bare(key: str) -> str:
@@ -283,3 +343,51 @@ def _scalar(text: str):
     if lowered in ("true", "false"):
         return lowered == "true"
     return int(text) if re.fullmatch(r"-?\d+", text) else float(text) if re.fullmatch(r"-?\d+\.\d*", text) else text
+
+
+def _unsupported(f: Found, raised: Raised, text: str) -> Diagnosis:
+    path, value = _unsupported_choice(text)
+    d = Diagnosis("config_message", f"the error states that {value} is not supported here ({path})", raised.headline)
+    for choice in (c for c in schema_fields()[path] if c not in (value, "auto")):
+        overrides = [f"{path}={choice}"] + (dsc.precision_overrides(f.resolved.ds, choice)
+                                            if path == "train.precision" else [])
+        if f.resolves(overrides) is not None:
+            d.proposal = Proposal(f"{path}={choice} instead of {value}", overrides,
+                                  f"the message says this setup does not support {value}; {choice} is the next "
+                                  f"choice of {path} the preset resolves with")
+            return d
+    d.proposal = Proposal(f"change {path} from {value} where the run sets it", [],
+                          f"the message says this setup does not support {value}")
+    return d
+
+
+def _valid_values(f: Found, raised: Raised, text: str) -> Diagnosis:
+    m = VALID_VALUES.search(text)
+    path, values = named_key(m.group("phrase")), [v.strip(" '\"") for v in m.group("values").split(",") if v.strip()]
+    d = Diagnosis("config_message", f"the error lists the valid values of {path}: {values or 'none'}", raised.headline)
+    override = f"{path}={values[0]}" if values else None
+    if override and path in schema_fields() and f.resolves([override]) is not None:
+        d.proposal = Proposal(f"set {override}", [override], f"the message lists {values} as the valid values of "
+                              f"{m.group('phrase').strip()} for this batch")
+    else:
+        d.proposal = Proposal(f"set {path} to one of {values}" + (f" ({override} where the run sets it)" if override
+                                                                  else ", or change what they depend on"), [],
+                              f"the message lists the values {m.group('phrase').strip()} can take with the rest of "
+                              f"the run's settings" + ("" if not override or path not in schema_fields() else
+                                                       f"; {override} does not resolve for preset "
+                                                       f"{f.resolved.config.name}: change the batch it depends on"))
+    return d
+
+
+def _named_setting(f: Found, raised: Raised, text: str) -> Diagnosis:
+    m = NAMED_BAD.search(text)
+    path = named_key(m.group("phrase"))
+    d = Diagnosis("config_message", f"the error names a setting whose value is refused: {path}", raised.headline)
+    d.proposal = Proposal(f"set {path} to what the model or run really has", [],
+                          f"the message says the {m.group('phrase').strip()} it was given are not there: "
+                          f"{bounded_message(m.group(0))}; list the names the model has and set {path} to them")
+    return d
+
+
+def bounded_message(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
