@@ -149,3 +149,33 @@ def test_lint_does_not_warn_about_what_plan_recommends(values):
         assert any("past 95%" in line for line in plan.walk), plan.walk
         complaints = [(check, message) for check, message in complaints if check != MEMORY_HEADROOM]
     assert complaints == [], (values, plan.launch)
+
+
+@pytest.mark.parametrize("values", GRID[:12], ids=["-".join(str(v) for v in values.values()) for values in GRID[:12]])
+def test_the_walk_says_why_the_choice_beats_the_next_candidate_that_fits(values):
+    """Above the choice the walk says why each candidate was passed over (skipped, does not fit, tight); below it,
+    the next candidate that fits and what it costs more (estimate.COSTS, the table lint's notes read)."""
+    from trainer.errors import ConfigError
+    from trainer.plan.decide import best_shot
+    from trainer.plan.estimate import COSTS, WALK
+    from trainer.plan.inputs import build_inputs
+    try:
+        inputs = build_inputs(values)
+    except ConfigError:
+        return
+    plan = make_plan(inputs)
+    if plan.choice is None or plan.inputs.sp > 1:
+        return
+    name = plan.choice.candidate.name
+    chosen_line = next(i for i, line in enumerate(plan.walk) if line.startswith(f"{name}: fits") or
+                       line.startswith(f"{name}: nothing roomier"))
+    for candidate in WALK[:WALK.index(plan.choice.candidate)]:
+        assert any(line.startswith(f"{candidate.name}: ") for line in plan.walk[:chosen_line]), (candidate, plan.walk)
+    below = [line for line in plan.walk if " (below) fits too " in line]
+    fitting_below = [c for c in WALK[WALK.index(plan.choice.candidate) + 1:]
+                     if best_shot(plan.inputs, c, plan.choice.micro_batch).fits]
+    if below:
+        assert any(cost in below[0] for cost in COSTS.values()), below
+    elif fitting_below and not plan.choice.tight:
+        shot = best_shot(plan.inputs, fitting_below[0], plan.choice.micro_batch)
+        assert shot.candidate.stage <= plan.choice.candidate.stage or shot.checkpointing, plan.walk

@@ -38,7 +38,7 @@ from .. import ds as dsc
 from .. import hardware
 from ..options import add_preset_arguments, load_and_resolve
 from ..plan import memory as mem
-from ..plan.estimate import MAX_MICRO_BATCH, MEMORY_HEADROOM, TIGHT, Candidate, gb, memory_report, plan_for_resolved, stage_below_two_wasted
+from ..plan.estimate import COSTS, MAX_MICRO_BATCH, MEMORY_HEADROOM, TIGHT, Candidate, gb, memory_report, plan_for_resolved, stage_below_two_wasted
 from ..presets import ACCEPTED_WARNING, accepted_warnings, preset_path
 from ..resolve import Resolved, alst_mlp_tiles
 
@@ -113,8 +113,8 @@ def zero_stage_fits(r: Resolved) -> list[Finding]:
     if on_gpus(r) and stage == 3 and dsc.offload_optimizer_device(r.ds) == "none":
         two = plan_for_resolved(r, candidate=Candidate("zero2", 2))
         if two.roomy:
-            out.append(Finding("info", "#2 ZeRO stage", f"stage 3 costs ~1.5x the communication of stage 2, and "
-                               f"stage 2 fits here ({gb(two.gpu_total)} GB per GPU)"))
+            out.append(Finding("info", "#2 ZeRO stage", f"{COSTS['stage 3']}, and stage 2 fits here "
+                               f"({gb(two.gpu_total)} GB per GPU)"))
     return out
 
 
@@ -158,16 +158,15 @@ def grad_accumulation(r: Resolved) -> list[Finding]:
 
 def activation_checkpointing(r: Resolved) -> list[Finding]:
     on, seq = r.config.model.gradient_checkpointing, r.config.data.seq_len
-    if not on and seq >= LONG_SEQUENCE:
+    if not on and seq >= LONG_SEQUENCE and not (on_gpus(r) and plan_for_resolved(r).roomy):  # as the planner
         return [Finding("warn", "#6 activation checkpointing", f"seq_len {seq} without activation checkpointing: "
                         f"activations grow with sequence length (seed: a must for long sequences); "
                         f"set model.gradient_checkpointing=true unless the planner shows it fits")]
     if on and on_gpus(r):
         without = plan_for_resolved(r, checkpointing=False)
         if without.roomy:
-            return [Finding("info", "#6 activation checkpointing", f"checkpointing recomputes the forward "
-                            f"(~30% more compute) but this micro-batch fits without it "
-                            f"({gb(without.gpu_total)} GB per GPU)")]
+            return [Finding("info", "#6 activation checkpointing", f"{COSTS['checkpointing']}, but this "
+                            f"micro-batch fits without it ({gb(without.gpu_total)} GB per GPU)")]
     return []
 
 
@@ -175,7 +174,7 @@ def bind_cores(r: Resolved) -> list[Finding]:
     if "cpu" in (dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds)):
         return [Finding("info", "#7 --bind_cores_to_rank", "CPU offload: launch with `deepspeed --bind_cores_to_rank "
                         "...` so each rank's CPU Adam gets its own cores (and check cores and memory bandwidth "
-                        "per rank); offloaded steps are often 10-50x slower than on-GPU ones")]
+                        f"per rank): {COSTS['offload']}")]
     return []
 
 

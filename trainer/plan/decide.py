@@ -27,7 +27,7 @@ from . import memory as mem
 from .artifacts import launch_line, nearest_preset, planned_deepspeed_config, shipped_config
 from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, TIGHT, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
-    micro_batch_options, plan_for_resolved, planned_mlp_tiles, stage_below_two_wasted
+    micro_batch_options, plan_for_resolved, planned_mlp_tiles, slower_because, stage_below_two_wasted
 )
 from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
@@ -160,7 +160,7 @@ def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate],
         if shot.roomy:
             lines.append(f"{candidate.name}: fits at micro-batch {micro_batch} {how} "
                          f"({gb(shot.gpu_total)} of {gb(shot.gpu_budget)} GB per GPU) -> chosen")
-            return shot, lines
+            return shot, lines + below(inputs, shot, micro_batch)
         if shot.fits and tight is None:  # past TIGHT: lint would warn, so the next candidate first
             tight = shot
             lines.append(f"{candidate.name}: fits at micro-batch {micro_batch} {how} but fills {gb(shot.peak)} of "
@@ -172,6 +172,18 @@ def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate],
     if tight is not None:
         lines.append(f"{tight.candidate.name}: nothing roomier fits -> chosen, tight")
     return tight, lines
+
+
+def below(inputs: PlanInputs, chosen: Estimate, micro_batch: int) -> list[str]:
+    """Why the chosen candidate beats the next one down the tree that also fits: what that one costs more
+    (estimate.COSTS, the table lint's notes read)."""
+    for candidate in WALK[WALK.index(chosen.candidate) + 1:]:
+        shot = best_shot(inputs, candidate, micro_batch)
+        costs = slower_because(chosen, shot)
+        if shot.fits and costs:
+            return [f"{candidate.name} (below) fits too ({gb(shot.gpu_total)} GB per GPU) but is slower: "
+                    + "; ".join(costs)]
+    return []
 
 
 def only_offload_fits(inputs: PlanInputs, chosen: Estimate) -> bool:

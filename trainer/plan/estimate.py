@@ -55,6 +55,24 @@ CANDIDATES = (
 WALK = tuple(c for c in CANDIDATES if c.name != "zero1")
 
 
+# What each step down the seed's tree costs in step time: the one table the plan's walk (why the chosen candidate
+# beats the next one) and lint's notes (#2, #6, #7) read.
+COSTS = {
+    "stage 3": "ZeRO-3 costs ~1.5x ZeRO-2's communication (the parameters are all-gathered in forward and backward)",
+    "checkpointing": "activation checkpointing recomputes the forward (~1/3 more compute)",
+    "offload": "CPU offload moves the optimizer step to PCIe and CPU Adam (steps often 10-50x slower)",
+}
+
+
+def slower_because(chosen: "Estimate", other: "Estimate") -> list[str]:
+    """The COSTS `other` pays that `chosen` does not: why the chosen candidate is the faster of the two."""
+    offloaded = ("none", "none") != (other.candidate.offload_optimizer, other.candidate.offload_param)
+    chosen_offloaded = ("none", "none") != (chosen.candidate.offload_optimizer, chosen.candidate.offload_param)
+    return ([COSTS["stage 3"]] if other.candidate.stage == 3 > chosen.candidate.stage else []) + (
+        [COSTS["checkpointing"]] if other.checkpointing and not chosen.checkpointing else []) + (
+        [COSTS["offload"]] if offloaded and not chosen_offloaded else [])
+
+
 def stage_below_two_wasted(stage: int, data_parallel_size: int) -> bool:
     """Stage 0 or 1 with more than one data-parallel rank: stage 2 moves the same bytes (a reduce-scatter and an
     all-gather are one all-reduce) and shards the gradients and optimizer states too. The one rule the planner's
