@@ -157,7 +157,7 @@ def test_the_walk_says_why_the_choice_beats_the_next_candidate_that_fits(values)
     the next candidate that fits and what it costs more (estimate.COSTS, the table lint's notes read)."""
     from trainer.errors import ConfigError
     from trainer.plan.decide import best_shot
-    from trainer.plan.estimate import COSTS, WALK
+    from trainer.plan.estimate import WALK, slower_because
     from trainer.plan.inputs import build_inputs
     try:
         inputs = build_inputs(values)
@@ -172,10 +172,9 @@ def test_the_walk_says_why_the_choice_beats_the_next_candidate_that_fits(values)
     for candidate in WALK[:WALK.index(plan.choice.candidate)]:
         assert any(line.startswith(f"{candidate.name}: ") for line in plan.walk[:chosen_line]), (candidate, plan.walk)
     below = [line for line in plan.walk if " (below) fits too " in line]
-    fitting_below = [c for c in WALK[WALK.index(plan.choice.candidate) + 1:]
-                     if best_shot(plan.inputs, c, plan.choice.micro_batch).fits]
-    if below:
-        assert any(cost in below[0] for cost in COSTS.values()), below
-    elif fitting_below and not plan.choice.tight:
-        shot = best_shot(plan.inputs, fitting_below[0], plan.choice.micro_batch)
-        assert shot.candidate.stage <= plan.choice.candidate.stage or shot.checkpointing, plan.walk
+    walked = best_shot(plan.inputs, plan.choice.candidate, 1)  # the walk compares at micro-batch 1
+    slower = [shot for shot in (best_shot(plan.inputs, c, 1) for c in WALK[WALK.index(plan.choice.candidate) + 1:])
+              if shot.fits and slower_because(walked, shot)]
+    if slower and not walked.tight:
+        assert below and below[0].startswith(f"{slower[0].candidate.name} (below) fits too"), plan.walk
+        assert all(cost in below[0] for cost in slower_because(walked, slower[0])), below
