@@ -129,8 +129,9 @@ GRID = drawn_grid(24)
 
 @pytest.mark.parametrize("values", GRID, ids=["-".join(str(v) for v in values.values()) for values in GRID])
 def test_lint_does_not_warn_about_what_plan_recommends(values):
-    """Whatever `plan` recommends, its launch line resolves, `lint` prints the plan's number for it, and `lint` has no
-    error and no warning, but the memory-headroom one a plan names as its trade-off when nothing roomier fits."""
+    """Whatever `plan` recommends, its launch line resolves to the batch of the plan's DeepSpeed config, `lint` prints
+    the plan's number for it, and `lint` has no error and no warning, but the memory-headroom one a plan names as its
+    trade-off when nothing roomier fits."""
     from trainer.errors import ConfigError
     from trainer.plan.inputs import build_inputs
     try:
@@ -144,6 +145,10 @@ def test_lint_does_not_warn_about_what_plan_recommends(values):
         return
     resolved = resolve(load_preset(plan.preset, plan.preset_overrides))
     assert gb(plan_for_resolved(resolved).gpu_total) == gb(plan.choice.gpu_total), plan.walk
+    # the DeepSpeed config the plan prints (and -o writes) trains the launch line's batch
+    ds = plan.deepspeed
+    assert (ds["train_batch_size"], ds["gradient_accumulation_steps"], ds["train_micro_batch_size_per_gpu"]) == (
+        resolved.batch.global_batch_size, resolved.batch.grad_accum, resolved.batch.micro_batch_size), plan.launch
     complaints = [(f.check, f.message) for f in lint_resolved(resolved) if f.severity in ("error", "warn")]
     if plan.choice.tight:
         assert any("past 95%" in line for line in plan.walk), plan.walk

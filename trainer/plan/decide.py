@@ -90,13 +90,17 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
 def launched_estimate(plan: Plan) -> Optional[Estimate]:
     """The launch line's config (the preset and its --set items, resolved) priced as lint, show and a written preset
     price it (estimate.plan_for_resolved), under the plan's candidate name; None where it does not resolve on this
-    machine (an NVMe path that exists only where it will run: `launch` checks it there)."""
+    machine (an NVMe path that exists only where it will run: `launch` checks it there). The plan takes the launch
+    line's accumulation too (it keeps a preset's global batch), so its DeepSpeed config is the line's batch."""
     from ..resolve import resolve
     try:
-        shot = plan_for_resolved(resolve(load_preset(plan.preset, plan.preset_overrides)))
+        resolved = resolve(load_preset(plan.preset, plan.preset_overrides))
     except ConfigError:
         return None
-    return dataclasses.replace(shot, candidate=plan.choice.candidate)
+    if resolved.batch.micro_batch_size == plan.choice.micro_batch and resolved.batch.grad_accum != plan.grad_accum:
+        plan.grad_accum = resolved.batch.grad_accum
+        plan.deepspeed = planned_deepspeed_config(plan)
+    return dataclasses.replace(plan_for_resolved(resolved), candidate=plan.choice.candidate)
 
 
 def price_the_launch_line(plan: Plan) -> None:
