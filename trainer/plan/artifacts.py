@@ -201,6 +201,8 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
         setting("train.global_batch_size", config.train.global_batch_size,
                 c.micro_batch * accum * inputs.data_parallel_size)
     setting("model.gradient_checkpointing", config.model.gradient_checkpointing, c.checkpointing)
+    if inputs.preference and config.data.task == "preference":  # the reference the plan priced, not the preset's
+        setting("preference.reference", config.preference.reference, inputs.reference)
     if c.mlp_tiles:  # the plan needs them; a preset's own tiles where the plan does not are left alone
         setting("model.tiled_mlp", config.model.tiled_mlp, c.mlp_tiles)
     fixed_logits_tiles = config.model.tiled_logits
