@@ -34,7 +34,9 @@ STEP = 1024
 def plan_at(model, gpu: str, gpus: int, seq_len: int, sequence_parallel: bool, offload: Optional[bool],
             cpu_ram_gb: Optional[float]):
     per_node = min(gpus, 8)
-    values = {"model": model, "gpu": gpu, "gpus_per_node": per_node, "nodes": gpus // per_node, "seq_len": seq_len}
+    # pretraining: ALST trains packed samples told apart by position ids, with no (s, s) padding mask
+    values = {"model": model, "gpu": gpu, "gpus_per_node": per_node, "nodes": gpus // per_node, "seq_len": seq_len,
+              "task": "pretrain"}
     if not sequence_parallel:
         values["sequence_parallel"] = 1
     if offload is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -32,9 +33,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.__main__ import build_parser, subcommands
+from trainer.__main__ import build_parser, main, subcommands
 from trainer.commands import COMMANDS
 from trainer.paths import PathKind
+from trainer.plan.estimate import gb
 from trainer.presets import load_preset
 from trainer.provenance import VOLATILE
 from trainer.resolve import resolve
@@ -522,3 +524,56 @@ def test_every_benchmark_number_names_its_script_and_date():
                   if p.name.startswith(("bench", "measure_", "plan_long", "gpu_check.py", "sweep_"))}
     missing = [name for name in sorted(benchmarks) if f"scripts/{name}" not in page.read_text()]
     assert not missing, f"benchmark scripts docs/performance.md does not describe: {missing}"
+
+
+# --- memory numbers the prose quotes from a command ------------------------------------------------------------
+# "X of Y GB per GPU" in a page's prose is a number `plan` or `lint` prints: the paragraph names the command, in
+# backticks before the number (`python -m trainer plan ARGS` or `plan ARGS`, `lint PRESET`), and the test runs it
+# in-process and compares, so a planner change that moves the number fails here instead of leaving the page behind.
+QUOTED_GB = re.compile(r"(\d+\.\d) of (\d+\.\d) GB per GPU")
+QUOTED_COMMAND = re.compile(r"`(?:python -m trainer )?(plan|lint) ([^`]+)`")
+
+
+def prose_paragraphs(page: Path) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph outside code blocks, its lines joined with spaces."""
+    out, lines, start, fenced = [], [], 0, False
+    for number, line in enumerate(page.read_text().splitlines() + [""], 1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if line.strip():
+            start = start or number
+            lines.append(line.strip())
+        elif lines:
+            out.append((start, " ".join(lines)))
+            lines, start = [], 0
+    return out
+
+
+QUOTES = [(page, number, text[:match.start()], match.groups()) for page in PAGES
+          for number, text in prose_paragraphs(page) for match in QUOTED_GB.finditer(text)]
+
+
+def test_pages_quote_memory_numbers():
+    assert len(QUOTES) >= 2  # the mechanism below has something to check
+
+
+@pytest.mark.parametrize("page, number, before, quoted", QUOTES,
+                         ids=[f"{q[0].name}:{q[1]}:{q[3][0]}" for q in QUOTES])
+def test_every_memory_number_a_page_quotes_is_what_its_command_prints(page, number, before, quoted, capsys):
+    commands = QUOTED_COMMAND.findall(before)
+    assert commands, (f"{page.name}:{number}: '{quoted[0]} of {quoted[1]} GB per GPU' names no `plan ...` or "
+                      f"`lint PRESET` command before it in its paragraph")
+    command, args = commands[-1]
+    words = [w for w in shlex.split(args) if w != "--json"]
+    if command == "plan":
+        assert main(["plan", *words, "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        printed = (gb(plan["choice"]["gpu_bytes"]["total"]), gb(plan["gpu_budget_bytes"]))
+    else:
+        assert main(["lint", *words]) == 0
+        found = re.search(r"planner: ([\d.]+) GB per GPU of ([\d.]+) usable", capsys.readouterr().out)
+        printed = found.groups()
+    assert printed == quoted, f"{page.name}:{number}: `{command} {args}` prints {printed[0]} of {printed[1]} GB"

@@ -70,8 +70,12 @@ def test_overlap_comm_contiguous_gradients_and_pin_memory():
 
 
 def test_long_sequences_without_checkpointing():
-    found = findings("1b_pretrain_8xh100", ["data.seq_len=8192", "train.micro_batch_size=1", "train.grad_accum=32"])
+    """The seed's "a must for long sequences" where the planner does not show that it fits with room (on CPU ranks,
+    or tight); where it does fit, the plan itself would leave checkpointing off, so lint does not object."""
+    found = findings("1b_pretrain_8xh100", ["data.seq_len=8192", "train.micro_batch_size=4", "train.grad_accum=8"])
     assert "#6 activation checkpointing" in checks(found, "warn")
+    roomy = findings("1b_pretrain_8xh100", ["data.seq_len=8192", "train.micro_batch_size=1", "train.grad_accum=32"])
+    assert "#6 activation checkpointing" not in checks(roomy, "warn")
 
 
 def test_bucket_sizes_outside_the_useful_range():

@@ -68,10 +68,12 @@ def test_every_scenario_gets_its_expected_recommendation(path, plans):
 
 
 def test_seed_scenarios_one_line_each(plans):
-    """What the seed recommends vs what the planner chooses, for the report."""
+    """What the seed recommends vs what the planner chooses, for the report. Scenario 3: the seed's micro-batch 4
+    fills 76.0 of 76.5 GB, past the 95% lint warns about; the plan takes 2 x accumulation 4, and the preset keeps the
+    seed's 4 as a trade-off its header accepts."""
     summary = {name: (plans[name]["choice"]["name"], plans[name]["choice"]["micro_batch"]) for name in SEED_SCENARIOS}
     assert summary == {"seed1_7b_8xa100": ("zero2", 2), "seed2_70b_8xa100": ("zero3_cpu_optimizer", 4),
-                       "seed3_70b_32xa100": ("zero3", 4), "seed4_7b_2xv100": ("zero2_cpu_offload", 1)}
+                       "seed3_70b_32xa100": ("zero3", 2), "seed4_7b_2xv100": ("zero2_cpu_offload", 1)}
 
 
 def test_seed_scenario_1_records_both_numbers(plans):
@@ -168,7 +170,7 @@ def test_cli_json_stdout_is_only_json_and_o_writes_a_valid_config(tmp_path):
     written = json.loads(out.read_text())
     assert written == plan["deepspeed_config"] and dsc.check_keys(written) == []
     assert " train.py --preset " in plan["launch"]  # the preset and its --set items make the same config
-    assert dsc.zero_stage(written) == 2 and written["train_batch_size"] == 256
+    assert dsc.zero_stage(written) == 3 and written["train_batch_size"] == 256  # ZeRO-2 fills 99%: scenario header
 
 
 def test_cli_table_and_fits_nowhere():

@@ -128,3 +128,34 @@ def test_lint_does_not_object_to_the_stage_the_plan_chose(qwen, values):
 def test_one_gpu_keeps_stage_0_where_there_is_nothing_to_shard():
     plan = make_plan(build_inputs({"model": "7b", "gpu": "rtx4090", "gpus_per_node": 1, "task": "lora"}))
     assert plan.choice.candidate.stage == 0
+
+
+TINY_CONFIG = {**QWEN2_05B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 1024, "max_position_embeddings": 4096}
+
+
+@pytest.mark.multirank
+def test_the_make_it_yours_journey_runs_end_to_end_on_a_tiny_config_json(tmp_path, capsys):
+    """docs/make-it-yours.md, "Your model on your GPUs": a config.json and 4 GPUs -> plan --write-preset -> lint ->
+    the header's rehearsal line on 2 CPU ranks -> the header's launch line, which the launcher parses."""
+    from distributed import launch, read_metrics
+    from trainer.launch.command import command_for
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text(json.dumps(TINY_CONFIG))
+    target = tmp_path / "presets" / "mine_4x4090.yaml"
+    target.parent.mkdir()
+    assert main(["plan", "--model", str(tmp_path / "mine" / "config.json"), "--gpu", "rtx4090", "--gpus-per-node",
+                 "4", "--seq-len", "4096", "--task", "full", "--write-preset", str(target)]) == 0
+    capsys.readouterr()
+    assert main(["lint", str(target)]) == 0
+    assert "0 error(s), 0 warning(s)" in capsys.readouterr().out
+    header = [line[2:] for line in target.read_text().splitlines() if line.startswith("# ")]
+    check = next(line for line in header if line.startswith("Check it: "))
+    rehearse = shlex.split(check[check.index("deepspeed --num_gpus 2 "):])
+    assert rehearse[3:] == ["train.py", "--preset", str(target), "--rehearse"]
+    run = tmp_path / "run"
+    output = launch([*rehearse[3:], "--set", f"train.output_dir={run}"])
+    assert "rehearsal of mine_4x4090" in output
+    assert read_metrics(run)[0][-1]["step"] == 6
+    written = resolve(load_preset(str(target)))
+    assert f"Launch: {command_for(written, str(target), [])}" in header

@@ -64,9 +64,9 @@ def test_a_micro_batch_of_pairs_holds_twice_the_sequences():
     pairs = shot("dpo", "precomputed", "zero2", micro=2)
     sequences = estimate(build_inputs({"model": "7b", "gpu": "a100-80g", "gpus_per_node": GPUS, "task": "full"}),
                          candidate("zero2"), 4, False)
-    # the same 4 sequences; a preference batch also carries a padding mask (sdpa keeps one per layer)
+    # the same 4 sequences, each batch with a padding mask (a fine-tune's SFT batches carry one too)
     assert pairs.activations.logits == sequences.activations.logits == 12 * 4 * 2048 * 32000
-    assert pairs.activations.layers - sequences.activations.layers == 32 * BF16 * 4 * 2048 * 2048
+    assert pairs.activations.layers == sequences.activations.layers
 
 
 @pytest.mark.slow
@@ -93,3 +93,17 @@ def test_plan_json_names_the_reference_and_says_why():
 def test_reference_that_cannot_be_is_a_named_error(values, message):
     with pytest.raises(ConfigError, match=message):
         build_inputs({"model": "7b", "gpu": "a100-80g", **values})
+
+
+def test_the_launch_line_runs_the_reference_the_plan_priced():
+    """`plan --task dpo` keeps a frozen engine (71.0 GB per GPU with it); its launch line copies 7b_dpo_8xa100, whose
+    reference is precomputed, and must set the engine back, or it runs (and lint prices) another config (57.3 GB)."""
+    from trainer.plan.decide import make_plan
+    from trainer.plan.estimate import gb, plan_for_resolved
+    from trainer.presets import load_preset
+    from trainer.resolve import resolve
+    plan = make_plan(build_inputs({"model": "7b", "gpu": "a100-80g", "gpus_per_node": GPUS, "task": "dpo"}))
+    assert plan.inputs.reference == "engine" and plan.preset == "7b_dpo_8xa100"
+    launched = resolve(load_preset(plan.preset, plan.preset_overrides))
+    assert launched.config.preference.reference == "engine"
+    assert gb(plan_for_resolved(launched).gpu_total) == gb(plan.choice.gpu_total) == "71.0"

@@ -162,6 +162,25 @@ def _refuse_dropped_keys(current, value, dotted: str, item: str) -> None:
                         f"{dotted}{REPLACE}{{...}} to replace it on purpose")
 
 
+ACCEPTED_WARNING = "Accepted warning"
+ACCEPTED_LINE = re.compile(rf"^# {ACCEPTED_WARNING} \[([^\]]+)\]: (.+)$")
+
+
+def accepted_warnings(path: Path) -> dict[str, str]:
+    """The lint warnings a preset's header names as accepted trade-offs, check -> reason: one line each,
+    `# Accepted warning [CHECK]: why` (CHECK as lint prints it in brackets). Lint still reports them, marked
+    accepted; the header comment ends at the first line that is not a comment."""
+    found = {}
+    with open(path, errors="replace") as handle:
+        for line in handle:
+            if not line.startswith("#"):
+                break
+            match = ACCEPTED_LINE.match(line.rstrip("\n"))
+            if match:
+                found[match.group(1)] = match.group(2).strip()
+    return found
+
+
 def load_preset(name_or_path: str, overrides: list[str] | None = None) -> Config:
     """Read a preset (plus its template and `--set` overrides) into a typed, not yet resolved Config."""
     path = preset_path(name_or_path)

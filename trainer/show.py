@@ -40,6 +40,9 @@ def show_arguments(parser: argparse.ArgumentParser) -> None:
 def show(args) -> int:
     resolved = load_and_resolve(args)
     document = {**resolved.record(), "notices": resolved.notices}  # record(): secrets redacted (docs/security.md)
+    if resolved.config.hardware.gpu != "cpu":  # the planner's estimate, GB: the numbers lint prints
+        from .plan.estimate import memory_report, plan_for_resolved
+        document["estimate_gb"] = memory_report(plan_for_resolved(resolved))
     if args.json:
         print(json.dumps(document, indent=2))
     else:

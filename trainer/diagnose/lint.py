@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -37,7 +38,8 @@ from .. import ds as dsc
 from .. import hardware
 from ..options import add_preset_arguments, load_and_resolve
 from ..plan import memory as mem
-from ..plan.estimate import Candidate, gb, plan_for_resolved, stage_below_two_wasted
+from ..plan.estimate import COSTS, MAX_MICRO_BATCH, MEMORY_HEADROOM, TIGHT, Candidate, gb, memory_report, plan_for_resolved, stage_below_two_wasted
+from ..presets import ACCEPTED_WARNING, accepted_warnings, preset_path
 from ..resolve import Resolved, alst_mlp_tiles
 
 
@@ -51,6 +53,7 @@ class Finding:
     severity: str
     check: str
     message: str
+    accepted: str = ""  # a warning the preset's header names as an accepted trade-off: its reason, from the header
 
 
 Check = Callable[[Resolved], list[Finding]]
@@ -74,17 +77,22 @@ def mixed_precision(r: Resolved) -> list[Finding]:
     return []
 
 
+def planner_line(est) -> str:
+    """The planner's estimate as lint prints it: the numbers of `memory_report`, which `show` lists too."""
+    n = memory_report(est)
+    parts = ", ".join(f"{name.replace('_', ' ')} {n[name]:.1f}" for name in ("params", "grads", "optimizer", "activations", "buffers",
+                                                          "reference_model") if name in n)
+    return (f"planner: {n['per_gpu']:.1f} GB per GPU of {n['usable']:.1f} usable ({parts}); host "
+            f"{n['host_per_node']:.1f} GB per node"
+            + (f"; the one-time reference log-prob pass peaks at {n['reference_pass_peak']:.1f} GB per GPU"
+               if "reference_pass_peak" in n else ""))
+
+
 def zero_stage_fits(r: Resolved) -> list[Finding]:
     est, stage = plan_for_resolved(r), dsc.zero_stage(r.ds)
     out = []
     if on_gpus(r):
-        verdict = (f"planner: {gb(est.gpu_total)} GB per GPU of {gb(est.gpu_budget)} usable (params "
-                   f"{gb(est.states.params)}, grads {gb(est.states.gradients)}, optimizer {gb(est.states.optimizer)}, "
-                   f"activations {gb(est.activations.total)}, buffers {gb(est.buffers)}"
-                   + (f", reference model {gb(est.reference)}" if est.reference else "") + "); host "
-                   f"{gb(est.cpu_bytes_per_node)} GB per node"
-                   + (f"; the one-time reference log-prob pass peaks at {gb(est.precompute_pass)} GB per GPU"
-                      if est.precompute_pass else ""))
+        verdict = planner_line(est)
         if not est.fits_gpu:
             out.append(Finding("error", "#2 ZeRO stage", f"will not fit: {verdict}; `python -m trainer plan "
                                f"--model {r.config.name} ...` finds one that does"))
@@ -92,15 +100,21 @@ def zero_stage_fits(r: Resolved) -> list[Finding]:
             out.append(Finding("error", "#2 ZeRO stage", f"host RAM will not hold the offloaded states: {verdict}"))
         else:
             out.append(Finding("info", "#2 ZeRO stage", verdict))
+        if est.tight:  # the rule the planner's micro-batch reads (estimate.TIGHT), so lint never warns about a plan
+            out.append(Finding("warn", MEMORY_HEADROOM, f"{gb(est.peak)} GB per GPU is "
+                               f"{est.peak / est.gpu_budget:.0%} of the {gb(est.gpu_budget)} GB usable (past "
+                               f"{TIGHT:.0%}): a longer batch, allocator fragmentation or NCCL's buffers can run out "
+                               f"of memory; a smaller train.micro_batch_size with more train.grad_accum keeps the "
+                               f"global batch"))
     if stage_below_two_wasted(stage, r.batch.data_parallel_size):  # the rule the planner's walk reads
         out.append(Finding("info", "#2 ZeRO stage", f"stage {stage} on {r.batch.data_parallel_size} data-parallel "
                            f"ranks: stage 2 has the same communication volume and shards gradients too (seed step "
                            f"1.2)"))
     if on_gpus(r) and stage == 3 and dsc.offload_optimizer_device(r.ds) == "none":
         two = plan_for_resolved(r, candidate=Candidate("zero2", 2))
-        if two.fits:
-            out.append(Finding("info", "#2 ZeRO stage", f"stage 3 costs ~1.5x the communication of stage 2, and "
-                               f"stage 2 fits here ({gb(two.gpu_total)} GB per GPU)"))
+        if two.roomy:
+            out.append(Finding("info", "#2 ZeRO stage", f"{COSTS['stage 3']}, and stage 2 fits here "
+                               f"({gb(two.gpu_total)} GB per GPU)"))
     return out
 
 
@@ -111,8 +125,8 @@ def micro_batch_size(r: Resolved) -> list[Finding]:
     if not est.fits:
         return []
     micro = r.batch.micro_batch_size
-    bigger = max((m for m in (micro * 2, micro * 4, micro * 8) if plan_for_resolved(r, micro_batch=m).fits),
-                 default=micro)
+    bigger = max((m for m in (micro * 2, micro * 4, micro * 8)  # the planner's options: roomy, within its cap
+                  if m <= MAX_MICRO_BATCH and plan_for_resolved(r, micro_batch=m).roomy), default=micro)
     if bigger > micro:
         return [Finding("info", "#3 micro-batch", f"micro-batch {micro}: the planner fits {bigger} "
                         f"(fewer accumulation steps, better GPU utilisation); keep the global batch with "
@@ -144,16 +158,15 @@ def grad_accumulation(r: Resolved) -> list[Finding]:
 
 def activation_checkpointing(r: Resolved) -> list[Finding]:
     on, seq = r.config.model.gradient_checkpointing, r.config.data.seq_len
-    if not on and seq >= LONG_SEQUENCE:
+    if not on and seq >= LONG_SEQUENCE and not (on_gpus(r) and plan_for_resolved(r).roomy):  # as the planner
         return [Finding("warn", "#6 activation checkpointing", f"seq_len {seq} without activation checkpointing: "
                         f"activations grow with sequence length (seed: a must for long sequences); "
                         f"set model.gradient_checkpointing=true unless the planner shows it fits")]
     if on and on_gpus(r):
         without = plan_for_resolved(r, checkpointing=False)
-        if without.fits:
-            return [Finding("info", "#6 activation checkpointing", f"checkpointing recomputes the forward "
-                            f"(~30% more compute) but this micro-batch fits without it "
-                            f"({gb(without.gpu_total)} GB per GPU)")]
+        if without.roomy:
+            return [Finding("info", "#6 activation checkpointing", f"{COSTS['checkpointing']}, but this "
+                            f"micro-batch fits without it ({gb(without.gpu_total)} GB per GPU)")]
     return []
 
 
@@ -161,7 +174,7 @@ def bind_cores(r: Resolved) -> list[Finding]:
     if "cpu" in (dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds)):
         return [Finding("info", "#7 --bind_cores_to_rank", "CPU offload: launch with `deepspeed --bind_cores_to_rank "
                         "...` so each rank's CPU Adam gets its own cores (and check cores and memory bandwidth "
-                        "per rank); offloaded steps are often 10-50x slower than on-GPU ones")]
+                        f"per rank): {COSTS['offload']}")]
     return []
 
 
@@ -355,9 +368,23 @@ CHECKS: list[Check] = [mixed_precision, zero_stage_fits, micro_batch_size, overl
                        sequence_parallel, grpo]
 
 
-def lint_resolved(r: Resolved) -> list[Finding]:
-    findings = [f for check in CHECKS for f in check(r)]
+def lint_resolved(r: Resolved, accepted: Optional[dict[str, str]] = None) -> list[Finding]:
+    """Every check's findings, errors first. `accepted`: check -> reason, the warnings the preset's header names as
+    accepted trade-offs (presets.accepted_warnings): still reported, marked accepted; an accepted check that no
+    longer warns is a note, so a stale header line is seen."""
+    accepted = accepted or {}
+    findings = [dataclasses.replace(f, accepted=accepted[f.check]) if f.severity == "warn" and f.check in accepted
+                else f for check in CHECKS for f in check(r)]
+    warned = {f.check for f in findings if f.severity == "warn"}
+    findings += [Finding("info", check, f"the preset's header accepts a [{check}] warning that lint no longer "
+                         f"raises: remove its `# {ACCEPTED_WARNING} [{check}]: ...` line") for check in accepted
+                 if check not in warned]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def lint_preset(name_or_path: str, resolved: Resolved) -> list[Finding]:
+    """lint_resolved with the warnings the preset file's header accepts."""
+    return lint_resolved(resolved, accepted_warnings(preset_path(name_or_path)))
 
 
 def lint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -368,13 +395,17 @@ def lint_arguments(parser: argparse.ArgumentParser) -> None:
 def lint(args) -> int:
     resolved = load_and_resolve(args)
     with contextlib.redirect_stdout(sys.stderr):
-        findings = lint_resolved(resolved)
+        findings = lint_preset(args.preset, resolved)
     if args.json:
         print(json.dumps([asdict(f) for f in findings], indent=2))
     else:
         counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
+        accepted = sum(bool(f.accepted) for f in findings)
         print(f"lint {resolved.config.name} (world size {resolved.world_size}, ZeRO-{dsc.zero_stage(resolved.ds)}): "
-              f"{counts['error']} error(s), {counts['warn']} warning(s), {counts['info']} note(s)")
+              f"{counts['error']} error(s), {counts['warn']} warning(s)"
+              + (f" ({accepted} accepted in the preset's header)" if accepted else "")
+              + f", {counts['info']} note(s)")
         for f in findings:
-            print(f"{f.severity.upper():<5} [{f.check}] {f.message}")
+            print(f"{f.severity.upper():<5} [{f.check}] {f.message}"
+                  + (f" -- accepted in the preset's header: {f.accepted}" if f.accepted else ""))
     return 1 if any(f.severity == "error" for f in findings) else 0

@@ -95,6 +95,11 @@ def _shipped(name: str, mtime_ns: int) -> Config:
     return load_preset(name)
 
 
+def shipped_config(name: str) -> Config:
+    """A shipped preset by name, read once per process while its file is unchanged."""
+    return _shipped(name, (PRESET_DIR / f"{name}.yaml").stat().st_mtime_ns)
+
+
 MODEL_KEYS = ("family", "head_dim", "num_experts", "num_experts_per_tok", "rope_theta")  # beside ARCHITECTURE_FIELDS
 
 
@@ -183,6 +188,8 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
     setting("hardware.gpu", hw.gpu, inputs.gpu.name)
     setting("hardware.gpus_per_node", hw.gpus_per_node, inputs.gpus_per_node)
     setting("hardware.nodes", hw.nodes, inputs.nodes)
+    # the plan's host RAM (none given: not checked), not the preset's machine's, which the plan never priced
+    setting("hardware.cpu_ram_gb", hw.cpu_ram_gb, inputs.cpu_ram_gb)
     setting("data.seq_len", config.data.seq_len, inputs.seq_len)
     setting("train.precision", config.train.precision, inputs.precision)
     setting("train.micro_batch_size", config.train.micro_batch_size, c.micro_batch)
@@ -194,6 +201,8 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
         setting("train.global_batch_size", config.train.global_batch_size,
                 c.micro_batch * accum * inputs.data_parallel_size)
     setting("model.gradient_checkpointing", config.model.gradient_checkpointing, c.checkpointing)
+    if inputs.preference and config.data.task == "preference":  # the reference the plan priced, not the preset's
+        setting("preference.reference", config.preference.reference, inputs.reference)
     if c.mlp_tiles:  # the plan needs them; a preset's own tiles where the plan does not are left alone
         setting("model.tiled_mlp", config.model.tiled_mlp, c.mlp_tiles)
     fixed_logits_tiles = config.model.tiled_logits
@@ -203,6 +212,9 @@ def preset_overrides(plan: Plan, config: Config, preset: str = "the preset") -> 
     if dsc.sequence_parallel_size(config.deepspeed) != inputs.sp:
         differences.append(f"sequence parallel: preset {dsc.sequence_parallel_size(config.deepspeed)}, plan {inputs.sp}")
         overrides.append(f"deepspeed.sequence_parallel_size={inputs.sp}")
+    if dsc.autoep_size(config.deepspeed) != inputs.expert_parallel:  # a preset's groups may not divide these GPUs
+        differences.append(f"expert parallel: preset {dsc.autoep_size(config.deepspeed)}, plan {inputs.expert_parallel}")
+        overrides.append(dsc.set_override("expert_parallel", plan.deepspeed.get("expert_parallel")))
     ds_changes = (_zero_changes(config, plan)
                   + dsc.bucket_floor_overrides(config.deepspeed, inputs.model.config.hidden_size)
                   + dsc.precision_overrides(config.deepspeed, inputs.precision)

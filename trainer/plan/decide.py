@@ -21,11 +21,13 @@ import math
 from typing import Optional
 
 from .. import ds as dsc
+from ..errors import ConfigError
+from ..presets import load_preset, with_overrides
 from . import memory as mem
-from .artifacts import launch_line, nearest_preset, planned_deepspeed_config
+from .artifacts import launch_line, nearest_preset, planned_deepspeed_config, shipped_config
 from .estimate import (
-    CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
-    micro_batch_options, planned_mlp_tiles, stage_below_two_wasted
+    CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, TIGHT, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
+    micro_batch_options, plan_for_resolved, planned_mlp_tiles, slower_because, stage_below_two_wasted
 )
 from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
@@ -80,8 +82,49 @@ def make_plan(inputs: PlanInputs, output: Optional[str] = None) -> Plan:
                        if inputs.global_batch else 1)  # largest_micro_batch chose a micro-batch that divides
     plan.deepspeed = planned_deepspeed_config(plan)
     plan.preset, plan.preset_differences, plan.preset_overrides = nearest_preset(plan)
+    price_the_launch_line(plan)
     plan.launch = launch_line(plan, plan.preset_overrides, output)
     return plan
+
+
+def launched_estimate(plan: Plan) -> Optional[Estimate]:
+    """The launch line's config (the preset and its --set items, resolved) priced as lint, show and a written preset
+    price it (estimate.plan_for_resolved), under the plan's candidate name; None where it does not resolve on this
+    machine (an NVMe path that exists only where it will run: `launch` checks it there). The plan takes the launch
+    line's accumulation too (it keeps a preset's global batch), so its DeepSpeed config is the line's batch."""
+    from ..resolve import resolve
+    try:
+        resolved = resolve(load_preset(plan.preset, plan.preset_overrides))
+    except ConfigError:
+        return None
+    if resolved.batch.micro_batch_size == plan.choice.micro_batch and resolved.batch.grad_accum != plan.grad_accum:
+        plan.grad_accum = resolved.batch.grad_accum
+        plan.deepspeed = planned_deepspeed_config(plan)
+    return dataclasses.replace(plan_for_resolved(resolved), candidate=plan.choice.candidate)
+
+
+def price_the_launch_line(plan: Plan) -> None:
+    """One estimate: the launch line keeps what the preset sets and the plan did not choose (its bucket sizes, above
+    all), so the plan's choice becomes the launch line's own estimate, the number `lint` and `show` print for it.
+    Where the preset's settings take it past TIGHT of the budget (or out of it) and the plan's own did not, the launch
+    line takes the plan's bucket sizes instead."""
+    if plan.preset is None:
+        return
+    launched = launched_estimate(plan)
+    if launched is None or gb(launched.peak) == gb(plan.choice.peak):
+        plan.choice = launched or plan.choice
+        return
+    if plan.choice.roomy and not launched.roomy:
+        buckets = dsc.bucket_overrides(shipped_config(plan.preset).deepspeed, plan.deepspeed)
+        if buckets:
+            plan.preset_overrides = with_overrides(plan.preset_overrides, buckets)
+            plan.preset_differences.append(f"bucket sizes: {plan.preset}'s would fill {gb(launched.peak)} GB per "
+                                           f"GPU; the launch line takes the plan's")
+            launched = launched_estimate(plan) or launched
+    plan.walk.append(f"as launched ({plan.preset} with the --set items below): {gb(launched.peak)} of "
+                     f"{gb(launched.gpu_budget)} GB per GPU (the plan's own DeepSpeed config: {gb(plan.choice.peak)}), "
+                     f"the number `lint` prints for it")
+    plan.choice = launched
 
 
 def plan_with_reference(inputs: PlanInputs, output: Optional[str]) -> Plan:
@@ -108,21 +151,43 @@ def plan_with_reference(inputs: PlanInputs, output: Optional[str]) -> Plan:
 def walk_tree(inputs: PlanInputs, micro_batch: int) -> tuple[Optional[Estimate], list[str]]:
     """Seed step 1.2: lowest stage first, offload last; checkpointing before a stage up (step 7.1's order).
     The first candidate that fits (or None), and one line per candidate tried."""
-    lines = []
+    lines, tight = [], None
     for candidate in WALK:
         if stage_below_two_wasted(candidate.stage, inputs.data_parallel_size):
             lines.append(f"{candidate.name}: skipped on {inputs.data_parallel_size} data-parallel ranks: stage 2 has "
                          f"the same communication and shards gradients and optimizer states too")
             continue
+        if tight is not None and offloads(candidate) and not offloads(tight.candidate):
+            continue  # an offloaded optimizer step costs more than a tight fit: the next on-GPU candidate only
         shot = best_shot(inputs, candidate, micro_batch)
-        if shot.fits:
-            how = "with activation checkpointing" if shot.checkpointing else "without activation checkpointing"
+        how = "with activation checkpointing" if shot.checkpointing else "without activation checkpointing"
+        if shot.roomy:
             lines.append(f"{candidate.name}: fits at micro-batch {micro_batch} {how} "
                          f"({gb(shot.gpu_total)} of {gb(shot.gpu_budget)} GB per GPU) -> chosen")
-            return shot, lines
-        tried = " even with activation checkpointing" if shot.checkpointing else ""
-        lines.append(f"{candidate.name}: does not fit at micro-batch {micro_batch}{tried}: {shot.why_not()}")
-    return None, lines
+            return shot, lines + below(inputs, shot, micro_batch)
+        if shot.fits and tight is None:  # past TIGHT: lint would warn, so the next candidate first
+            tight = shot
+            lines.append(f"{candidate.name}: fits at micro-batch {micro_batch} {how} but fills {gb(shot.peak)} of "
+                         f"{gb(shot.gpu_budget)} GB per GPU, past {TIGHT:.0%} (lint warns): the next candidate first")
+            continue
+        if not shot.fits:
+            tried = " even with activation checkpointing" if shot.checkpointing else ""
+            lines.append(f"{candidate.name}: does not fit at micro-batch {micro_batch}{tried}: {shot.why_not()}")
+    if tight is not None:
+        lines.append(f"{tight.candidate.name}: nothing roomier fits -> chosen, tight")
+    return tight, lines
+
+
+def below(inputs: PlanInputs, chosen: Estimate, micro_batch: int) -> list[str]:
+    """Why the chosen candidate beats the next one down the tree that also fits: what that one costs more
+    (estimate.COSTS, the table lint's notes read)."""
+    for candidate in WALK[WALK.index(chosen.candidate) + 1:]:
+        shot = best_shot(inputs, candidate, micro_batch)
+        costs = slower_because(chosen, shot)
+        if shot.fits and costs:
+            return [f"{candidate.name} (below) fits too ({gb(shot.gpu_total)} GB per GPU) but is slower: "
+                    + "; ".join(costs)]
+    return []
 
 
 def only_offload_fits(inputs: PlanInputs, chosen: Estimate) -> bool:
@@ -262,7 +327,7 @@ def largest_micro_batch(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate,
     """Seed step 6 #3: the largest micro-batch that fits (and divides the per-rank share of the global batch),
     and the line that says why it is the largest (None: the micro-batch the user asked for fits)."""
     if inputs.micro_batch and chosen.micro_batch == inputs.micro_batch:
-        return chosen, None
+        return chosen, tight_line(chosen) if chosen.tight else None
     best = chosen
 
     def at(micro: int) -> Estimate:  # a tiled MLP keeps its tiles of ~hidden_size tokens at any micro-batch
@@ -271,16 +336,26 @@ def largest_micro_batch(inputs: PlanInputs, chosen: Estimate) -> tuple[Estimate,
                         mlp_tiles=tiles)
     for micro in micro_batch_options(inputs):
         shot = at(micro)
-        if shot.fits and micro > best.micro_batch:
+        if shot.roomy and micro > best.micro_batch:  # past TIGHT of the budget lint warns: not a plan's pick
             best = shot
+    if best.tight:
+        return best, tight_line(best)
     bigger = [m for m in micro_batch_options(inputs) if m > best.micro_batch]
     if bigger:
         shot = at(bigger[0])
-        return best, (f"micro-batch {best.micro_batch} is the largest that fits; {bigger[0]} would need "
-                      f"{gb(shot.gpu_total)} GB per GPU")
+        why = (f"would fill {gb(shot.peak)} of {gb(shot.gpu_budget)} GB per GPU, past {TIGHT:.0%} (lint warns)"
+               if shot.fits else f"would need {gb(shot.peak)} GB per GPU")
+        return best, f"micro-batch {best.micro_batch} is the largest that fits with room; {bigger[0]} {why}"
     return best, (f"micro-batch {best.micro_batch}: the largest option"
                   + (f" (the {inputs.global_batch // inputs.data_parallel_size} sequences per rank)"
                      if inputs.global_batch else f" (cap {MAX_MICRO_BATCH})"))
+
+
+def tight_line(shot: Estimate) -> str:
+    """The walk's line for a pick past TIGHT of the budget (nothing roomier fits): lint warns about it, and a preset
+    written from the plan names it as an accepted trade-off (preset_file.header)."""
+    return (f"micro-batch {shot.micro_batch} fills {gb(shot.peak)} of {gb(shot.gpu_budget)} GB per GPU, past "
+            f"{TIGHT:.0%}: nothing roomier fits, so this is a trade-off to accept (`lint` warns about it)")
 
 
 def what_would_fit(inputs: PlanInputs) -> list[str]:

@@ -20,6 +20,12 @@ GPU_HEADROOM = 0.10     # of device memory kept free: CUDA context, NCCL buffers
 HOST_HEADROOM = 0.10    # of host RAM and NVMe kept free: OS, dataloader workers, page cache
 
 
+TIGHT = 0.95            # of the usable budget: past it `lint` warns, and the planner takes it only when nothing
+                        # roomier fits (a longer document, a fragmented allocator or NCCL's buffers then OOM)
+MEMORY_HEADROOM = "memory headroom"  # lint's check for it; a header accepts it as `# Accepted warning [memory
+                                     # headroom]: why` (presets.accepted_warnings)
+
+
 MAX_MICRO_BATCH = 64
 
 
@@ -47,6 +53,24 @@ CANDIDATES = (
 
 # The seed's tree without stage 1: stage 2 has the same communication volume and strictly less memory.
 WALK = tuple(c for c in CANDIDATES if c.name != "zero1")
+
+
+# What each step down the seed's tree costs in step time: the one table the plan's walk (why the chosen candidate
+# beats the next one) and lint's notes (#2, #6, #7) read.
+COSTS = {
+    "stage 3": "ZeRO-3 costs ~1.5x ZeRO-2's communication (the parameters are all-gathered in forward and backward)",
+    "checkpointing": "activation checkpointing recomputes the forward (~1/3 more compute)",
+    "offload": "CPU offload moves the optimizer step to PCIe and CPU Adam (steps often 10-50x slower)",
+}
+
+
+def slower_because(chosen: "Estimate", other: "Estimate") -> list[str]:
+    """The COSTS `other` pays that `chosen` does not: why the chosen candidate is the faster of the two."""
+    offloaded = ("none", "none") != (other.candidate.offload_optimizer, other.candidate.offload_param)
+    chosen_offloaded = ("none", "none") != (chosen.candidate.offload_optimizer, chosen.candidate.offload_param)
+    return ([COSTS["stage 3"]] if other.candidate.stage == 3 > chosen.candidate.stage else []) + (
+        [COSTS["checkpointing"]] if other.checkpointing and not chosen.checkpointing else []) + (
+        [COSTS["offload"]] if offloaded and not chosen_offloaded else [])
 
 
 def stage_below_two_wasted(stage: int, data_parallel_size: int) -> bool:
@@ -84,7 +108,22 @@ class Estimate:
 
     @property
     def fits_gpu(self) -> bool:
-        return max(self.gpu_total, self.precompute_pass, self.rollout) <= self.gpu_budget
+        return self.peak <= self.gpu_budget
+
+    @property
+    def peak(self) -> int:
+        """The GPU peak of the run: training, the rollout (GRPO) or the one-time reference pass, whichever is
+        highest."""
+        return max(self.gpu_total, self.precompute_pass, self.rollout)
+
+    @property
+    def tight(self) -> bool:
+        """Fits, but past TIGHT of the usable budget: the one rule lint's warning and the planner's micro-batch read."""
+        return self.fits_gpu and self.peak > TIGHT * self.gpu_budget
+
+    @property
+    def roomy(self) -> bool:
+        return self.fits and not self.tight
 
     @property
     def rollout_sets_peak(self) -> bool:
@@ -131,6 +170,17 @@ def gb(value: Optional[float]) -> str:
     return "-" if value is None else f"{value / mem.GB:.1f}"
 
 
+def memory_report(est: Estimate) -> dict[str, float]:
+    """An estimate's GPU and host numbers in GB, rounded as `gb` prints them: what `show` lists under `estimate`,
+    `lint` prints on its planner line and `plan --write-preset` writes as a header's expected memory."""
+    parts = {"per_gpu": est.gpu_total, "usable": est.gpu_budget, "params": est.states.params,
+             "grads": est.states.gradients, "optimizer": est.states.optimizer, "activations": est.activations.total,
+             "buffers": est.buffers, "reference_model": est.reference, "host_per_node": est.cpu_bytes_per_node,
+             "reference_pass_peak": est.precompute_pass, "rollout_peak": est.rollout}
+    optional = ("reference_model", "reference_pass_peak", "rollout_peak")
+    return {name: float(gb(value)) for name, value in parts.items() if value or name not in optional}
+
+
 def budgets(inputs: PlanInputs) -> tuple[int, Optional[int], Optional[int]]:
     gpu = int(inputs.gpu.memory_bytes * (1 - GPU_HEADROOM))
     cpu = None if inputs.cpu_ram_gb is None else int(inputs.cpu_ram_gb * mem.GB * (1 - HOST_HEADROOM))
@@ -158,7 +208,7 @@ def estimate(inputs: PlanInputs, candidate: Candidate, micro_batch: int, checkpo
         checkpoint_offload = bool(inputs.checkpoint_offload)
     checkpoint_offload = checkpoint_offload and checkpointing
     activations = mem.activation_bytes(m, inputs.seq_len, sequences, checkpointing, precision, attention,
-                                       inputs.padding_mask, stage, inputs.sp, mlp_tiles, logits_tiles,
+                                       inputs.masked, stage, inputs.sp, mlp_tiles, logits_tiles,
                                        checkpoint_offload,
                                        forward="policy" if inputs.preference or inputs.grpo else "causal")
     # the plan's own config: 'auto' (hidden^2), raised to the useful floor for a small model (ds.with_bucket_floor)
@@ -216,7 +266,7 @@ def reference_costs(inputs: PlanInputs, candidate: Candidate, sequences: int, pr
     ZeRO-3 (offloaded with the policy's parameters) when training is (trainer/train/preference.py)."""
     m = inputs.model.config
     forward = mem.reference_forward_bytes(m, inputs.seq_len // inputs.sp, sequences, precision, attention,
-                                          inputs.padding_mask)
+                                          inputs.masked)
     if inputs.lora_enabled and inputs.reference in ("adapter", "precomputed"):
         return 0, 0, forward
     offload = inputs.reference_offload
@@ -308,8 +358,7 @@ def inputs_for_resolved(resolved) -> PlanInputs:
                       # position: train/sequence_parallel.py model_inputs), so sdpa builds no (b, 1, s, s) mask;
                       # isolated pretraining documents get one (transformers builds it from the position ids)
                       padding_mask=(cfg.data.task in ("sft", "preference", "grpo")
-                                    or cfg.data.cross_document_attention is False)
-                      and sp == 1, reference=reference,
+                                    or cfg.data.cross_document_attention is False), reference=reference,
                       reference_offload=cfg.preference.reference_offload,
                       expert_parallel=dsc.autoep_size(cfg.deepspeed),
                       sequence_parallel=sp, checkpoint_offload=dsc.cpu_checkpointing(cfg.deepspeed))

@@ -38,7 +38,8 @@ class PlanInputs:
     allow_checkpointing: bool = True
     lora: LoraConfig = field(default_factory=LoraConfig)
     nvme_path: str = "/local_nvme"
-    padding_mask: bool = False  # batches carry an attention mask (SFT): sdpa then expands k/v (plan.memory)
+    padding_mask: bool = False  # batches carry an attention mask (SFT): sdpa then expands k/v (plan.memory);
+    #                             none under sequence parallelism (`masked`)
     sequence_parallel: Optional[int] = None  # Ulysses SP size; None: the planner picks the smallest that fits
     expert_parallel: int = 1  # AutoEP group size: each GPU holds num_experts / expert_parallel experts
     reference: str = "auto"  # dpo tasks: how the reference model runs (REFERENCES); auto: adapter with LoRA, else the
@@ -76,6 +77,12 @@ class PlanInputs:
     @property
     def sp(self) -> int:
         return self.sequence_parallel or 1
+
+    @property
+    def masked(self) -> bool:
+        """The model gets an attention mask: padded batches, and no sequence parallelism (Ulysses attends causally
+        by position: train/sequence_parallel.py model_inputs)."""
+        return self.padding_mask and self.sp == 1
 
     @property
     def data_parallel_size(self) -> int:
@@ -183,7 +190,9 @@ def build_inputs(values: dict, source: str = "flags") -> PlanInputs:
                         seq_len=seq_len, micro_batch=ints["micro_batch"], global_batch=ints["global_batch"],
                         allow_checkpointing=checkpointing, checkpoint_offload=offload, lora=lora,
                         nvme_path=str(values.get("nvme_path") or "/local_nvme"),
-                        sequence_parallel=ints["sequence_parallel"], padding_mask=task in ("dpo", "dpo-lora", "grpo"),
+                        sequence_parallel=ints["sequence_parallel"], padding_mask=task != "pretrain",  # the launch line's
+                        # preset for a fine-tune (SFT, DPO, GRPO) pads its batches and passes the mask (as
+                        # estimate.inputs_for_resolved reads a preset), so the plan prices the expanded k/v too
                         reference="adapter" if reference == "auto" and task == "dpo-lora"
                         else "engine" if reference == "auto" and task == "grpo" else reference,
                         expert_parallel=ints["expert_parallel"])

@@ -12,8 +12,8 @@ import yaml
 
 from ..errors import UserError
 from ..files import read_yaml_mapping, write_text_atomic
-from ..presets import PRESET_DIR, apply_overrides, load_preset, preset_path
-from .estimate import Plan, gb
+from ..presets import ACCEPTED_WARNING, PRESET_DIR, apply_overrides, load_preset, preset_path
+from .estimate import MEMORY_HEADROOM, TIGHT, Plan, gb
 
 FLAG = "--write-preset"
 TASKS = {"pretrain": "pretraining", "full": "full fine-tune", "lora": "LoRA fine-tune", "dpo": "DPO",
@@ -87,8 +87,7 @@ def header(plan: Plan, path: Path) -> list[str]:
         f"{inputs.gpus_per_node} {inputs.gpu.description}.",
         f"{MARK} from the shipped preset {plan.preset} and the plan's --set items.",
         f"Hardware: {inputs.nodes} node(s) x {inputs.gpus_per_node} {inputs.gpu.description}, "
-        + (f"{host:g} GB host RAM per node" if host else "host RAM not given")
-        + ("" if inputs.cpu_ram_gb else f" (the plan had no --cpu-ram-gb: {plan.preset}'s value)") + ".",
+        + (f"{host:g} GB host RAM per node" if host else "host RAM not given (plan --cpu-ram-gb checks it)") + ".",
         f"Model: {inputs.model.label}: {inputs.params:,} params{lora}; weights: {weights}.",
         f"Trade-off: {e.candidate.label}, activation checkpointing {'on' if e.checkpointing else 'off'}, micro-batch "
         f"{batch.micro_batch_size} x accumulation {batch.grad_accum} x {batch.data_parallel_size} ranks = "
@@ -97,6 +96,8 @@ def header(plan: Plan, path: Path) -> list[str]:
         f"Expected memory per GPU: ~{gb(est.gpu_total)} GB of {gb(est.gpu_budget)} usable (params "
         f"{gb(est.states.params)}, grads {gb(est.states.gradients)}, optimizer {gb(est.states.optimizer)}, activations "
         f"{gb(est.activations.total)}, buffers {gb(est.buffers)}: the planner's estimate, as `lint` prints it).",
+        *([f"{ACCEPTED_WARNING} [{MEMORY_HEADROOM}]: the plan's pick fills {gb(est.peak)} of "
+           f"{gb(est.gpu_budget)} GB, past {TIGHT:.0%}; nothing roomier fits these GPUs"] if est.tight else []),
         "Check it: python -m trainer lint " + preset_argument(path) + "; rehearse its DeepSpeed features on 2 CPU "
         "ranks: deepspeed --num_gpus 2 train.py --preset " + preset_argument(path) + " --rehearse",
         f"Launch: {command_for(resolved, preset_argument(path), [])}",
