@@ -27,7 +27,8 @@ from . import memory as mem
 from .artifacts import launch_line, nearest_preset, planned_deepspeed_config, shipped_config
 from .estimate import (
     CANDIDATES, HOST_HEADROOM, MAX_MICRO_BATCH, TIGHT, WALK, Candidate, Estimate, Plan, best_shot, estimate, gb,
-    micro_batch_options, plan_for_resolved, planned_mlp_tiles, slower_because, stage_below_two_wasted
+    inputs_for_resolved, micro_batch_options, plan_for_resolved, planned_mlp_tiles, slower_because,
+    stage_below_two_wasted
 )
 from .inputs import PlanInputs, sequence_parallel_blocked, sequence_parallel_sizes
 
@@ -96,6 +97,13 @@ def launched_estimate(plan: Plan) -> Optional[Estimate]:
     try:
         resolved = resolve(load_preset(plan.preset, plan.preset_overrides))
     except ConfigError:
+        return None
+    launched = inputs_for_resolved(resolved)
+    if (launched.grpo, launched.preference) != (plan.inputs.grpo, plan.inputs.preference):
+        # no shipped preset of this task trains this model: the line's estimate is another training's (no rollout,
+        # no reference), so the plan keeps its own and says so
+        plan.walk.append(f"as launched: {plan.preset} trains data.task={resolved.config.data.task}, not this plan's "
+                         f"{plan.inputs.task}; the numbers above are the plan's own, not the line's")
         return None
     if resolved.batch.micro_batch_size == plan.choice.micro_batch and resolved.batch.grad_accum != plan.grad_accum:
         plan.grad_accum = resolved.batch.grad_accum
