@@ -110,6 +110,7 @@ def test_the_eval_split_is_the_seeded_permutations_first_records():
         assert np.array_equal(eval_indices(count, fraction, seed, "s"), wanted)
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_a_hub_dataset_is_read_in_row_chunks(tmp_path, tokenizer, monkeypatch):
     """The hub is the network (mocked): the dataset `datasets` would cache is read as rows, named by row."""
     table = datasets.Dataset.from_dict({"text": [text(i) for i in range(3000)], "other": list(range(3000))})
@@ -168,6 +169,7 @@ def slow_first(task: int) -> int:
     return task * task
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_the_workers_take_a_bounded_number_of_tasks_ahead_and_answer_in_order(tokenizer):
     drawn = []
 

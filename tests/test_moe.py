@@ -82,6 +82,7 @@ def test_the_router_settings_reach_the_model_and_the_aux_loss_joins_the_training
     assert torch.allclose(out.loss, without.loss + 0.5 * out.aux_loss)
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_lora_adapts_the_fused_expert_weights_named_as_parameters(pretrained):
     family, path = pretrained
     model = built(*moe_overrides(family), f"model.name_or_path={path}", "model.lora.enabled=true",
@@ -172,6 +173,7 @@ def test_router_health_equals_transformers_load_balancing_loss():
     assert watch.window("cpu")["router_aux_loss"] > 0
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_router_health_counts_each_training_forward_once_under_gradient_checkpointing():
     plain, ckpt = built(*moe_overrides("qwen3_moe")), built(*moe_overrides("qwen3_moe"),
                                                              "model.gradient_checkpointing=true")
@@ -226,6 +228,7 @@ def test_the_leaf_blocks_and_routers_of_moe_families_without_a_preset_are_found_
     assert float(watch.counts.sum()) == 2 * 16 * 2 * 2  # tokens x top-k x layers
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_a_lora_adapter_on_the_experts_merges_into_a_plain_model_with_the_same_logits(pretrained, tmp_path):
     """What export_merged does with a LoRA run's adapter: the merged model (no PEFT) gives the adapted logits."""
     from trainer.model import load_lora_merged

@@ -157,6 +157,7 @@ def test_one_preparation_at_a_time_writes_an_output_directory(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_a_jsonl_record_with_a_key_twice_is_named(capsys, tmp_path):
     from trainer.presets import REPO_ROOT
     rows = "".join(f'{{"text": "row {i}"}}\n' for i in range(20))

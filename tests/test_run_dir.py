@@ -61,6 +61,7 @@ def test_a_directory_that_holds_no_run_is_refused_and_left_alone(tmp_path):
     assert proc.returncode == 2 and "--set train.output_dir=runs/NAME, new or empty" in proc.stderr
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 def test_a_launch_that_failed_before_training_left_a_run_directory_and_node_1_leaves_node_0s_alone(tmp_path):
     """A launch whose ranks died before training wrote anything left only its launch.json: launching again sets it
     aside, it is not refused as somebody else's. Under torchrun every node is launched into the one shared directory:

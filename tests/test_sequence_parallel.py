@@ -214,6 +214,7 @@ class SwiGLUWithoutActFn(torch.nn.Module):
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@pytest.mark.slow  # 3-9 s in the quick tier's list of tests slower than 2 s (issue 36's 120 s budget)
 @pytest.mark.parametrize("mlp", ["transformers", "liger-shaped"])
 def test_tiled_mlps_give_the_untiled_loss_and_gradients(mlp):
     """model.tiled_mlp through DeepSpeed's TiledMLP on a real tiny Llama: same loss and gradients as untiled, with
