@@ -63,7 +63,7 @@ LOSS_SCALE = re.compile(r"(Current loss scale already at minimum|Attempted loss 
 OP_BUILD = re.compile(r"(Error building extension '\w+'|Unable to JIT load the \w+ op|Unable to pre-compile \w+|"
                       r"Ninja is required to load C\+\+ extension|op must be compiled on first use, with ninja|"
                       r"'DeepSpeedCPUAdam' object has no attribute 'ds_opt_adam'|\w+\.so: cannot open shared object|"
-                      r"nvcc fatal|FAILED: \w+(\.cuda)?\.(o|so)\b)")
+                      r"nvcc fatal|FAILED: \w+(\.cuda)?\.(o|so)\b|fatal error: [\w/.+-]+\.h(?:pp)?: No such file or directory)")
 OP_WEAK = re.compile(r"\basync_io requires the")  # ds_report prints it in healthy runs too: only when nothing else
 TRIAD = re.compile(r"train_batch_size is not\s+equal to micro_batch_per_gpu \* gradient_acc_step \* world_size\s*"
                    r"(\d+) != (\d+) \*\s*(\d+) \* (\d+)")
@@ -111,6 +111,9 @@ def _op_build(log: Log) -> Optional[int]:
     if not (log.has(OP_BUILD) or log.has(BUILDING) and log.has(BUILD_STOPPED)):
         return None
     found = {c.cause: i for c in toolkit.BUILD_CAUSES for i in [log.first(c.pattern)] if i is not None}
+    header = log.first(toolkit.MISSING_HEADER)
+    if header is not None:
+        found["a missing header"] = header
     # ds_report's libaio warning is printed in healthy runs too: it is the cause only when nothing else is
     causes = [i for cause, i in found.items() if "libaio" not in cause] or list(found.values())
     return min(causes) if causes else log.first(BUILD_STOPPED) if log.has(BUILD_STOPPED) else log.first(OP_BUILD)
