@@ -150,7 +150,8 @@ def diagnose_message(f: Found) -> Diagnosis:
                               f"{asked[0]}: these overrides set it in the preset's DeepSpeed config")
     else:
         code = CODE.search(asked[0]) or CODE.search(message)
-        if keys:
+        paths = dsc.leaf_paths(f.resolved.ds)
+        if any(p == k or p.endswith(f".{k}") for k in keys for p in paths) or (keys and not code):
             where = ("the message names the change; make it where the value comes from (your DeepSpeed JSON, the "
                      "training arguments or the launch command)")
         elif code:
