@@ -189,3 +189,48 @@ def test_a_log_ending_in_a_rich_frame_gives_the_site_and_what_it_raises():
             '│ ❱ 2364 │   │   │   │   raise ValueError(                       │\n')
     assert j["raising_site"]["function"] == "from_pretrained" and j["exception"]["type"] == "ValueError"
     assert j["phase"] == "loading"
+
+
+# --- 6. zero-size parameters in a saved model: consolidate the shards -------------------------------------------
+
+@pytest.mark.parametrize("listing", [
+    "model.embed_tokens.weight : torch.Size([0])\nmodel.layers.0.self_attn.q_proj.weight : torch.Size([0])",
+    "{'lm_head.weight': torch.Size([0]), 'model.norm.weight': torch.Size([0])}",
+    "transformer.h.0.attn.c_attn.bias = torch.Size([0])",
+])
+def test_zero_size_parameters_of_a_saved_model_are_consolidated_with_zero_to_fp32(listing):
+    j = run(f"pytorch_model.bin\n{listing}", preset="70b_8xa100")
+    assert j["class"] == "stage3_save", j["class"]
+    assert "zero_to_fp32" in j["proposal"]["step"], first(j)
+
+
+# --- a tokenizer without a pad token -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "ValueError: Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
+    "`pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new pad token via "
+    "`tokenizer.add_special_tokens({'pad_token': '[PAD]'})`.",
+    "ValueError: Cannot handle batch sizes > 1 if no padding token is defined.",
+    "Using pad_token, but it is not set yet.\nTraceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n"
+    "    batch = collator(samples)\nTypeError: '<' not supported between instances of 'NoneType' and 'int'",
+])
+def test_a_tokenizer_without_a_pad_token_gets_one(text):
+    j = run(text, preset="7b_lora_1x4090")
+    assert j["class"] == "pad_token", j["class"]
+    assert "tokenizer.pad_token = tokenizer.eos_token" in first(j)
+
+
+# --- 7. a hang without error text: a true fallback --------------------------------------------------------------
+
+@pytest.mark.parametrize("text, several", [
+    ("deepspeed --include localhost:2,3 train.py --deepspeed zero2.json\n[2024-05-01 10:00:00] Loading model", True),
+    ("torchrun --nproc_per_node=4 t.py\ndist.init_process_group('nccl')\ndist.all_reduce(x)", True),
+    ("python train.py --model llama\nLoading checkpoint shards: 100%|██████████| 2/2", False),
+])
+def test_a_log_without_error_text_is_a_hang_and_says_how_to_see_where(text, several):
+    j = run(text)
+    assert not j["recognised"] and j["proposal"] is None
+    assert j["title"].startswith("no error in the log"), j["title"]
+    said = " ".join(j["advice"])
+    assert "py-spy dump" in said
+    assert ("NCCL_P2P_DISABLE=1" in said) == several

@@ -211,3 +211,22 @@ def diagnose_client_optimizer(f: Found) -> Diagnosis:
                                "zero_force_ds_cpu_optimizer=false lets ZeRO-Offload step a torch optimizer on the CPU "
                                "(DeepSpeed >= 0.8.3 refuses it by default for its speed)"))
     return d
+
+
+# --- a tokenizer without a padding token ----------------------------------------------------------------------
+
+NO_PAD_TOKEN = re.compile(r"(tokenizer does not have a padding token|Cannot handle batch sizes > 1 if no padding token is "
+                          r"defined|Using pad_token, but it is not set yet|pad_token_id (?:is|was) (?:not set|None)|"
+                          r"tokenizer\.pad_token (?:is|was) None)", re.IGNORECASE)
+
+
+def diagnose_pad_token(f: Found) -> Diagnosis:
+    d = Diagnosis("pad_token", "the tokenizer has no padding token (batches of several sequences need one)", f.line)
+    d.proposal = Proposal("give the tokenizer a pad token: `tokenizer.pad_token = tokenizer.eos_token`", [],
+                          "Llama/GPT-2-style tokenizers ship without a pad token; padding a batch (and a model config "
+                          "asked for pad_token_id) needs one. Set it after loading the tokenizer and before the "
+                          "trainer or collator is built (also `model.config.pad_token_id = tokenizer.pad_token_id`); "
+                          "or add a new one with `tokenizer.add_special_tokens({'pad_token': '[PAD]'})` and "
+                          "`model.resize_token_embeddings(len(tokenizer))`. This trainer's data preparation sets it "
+                          "the first way")
+    return d
