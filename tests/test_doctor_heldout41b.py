@@ -8,6 +8,14 @@ committed before the doctor ran on any of them; the `observed` block records the
 sidecars). This is a measurement, not a target: the test asserts only that the score does not get worse - no fewer
 right, no wrong beyond the ones recorded, every unrecognised log a true fallback (no proposal) - and that the JSON
 carries the fields issue 41 names. It does not assert that any recorded miss stays a miss.
+
+After the mechanisms of the first run's misses were built (messages that state one remedy, versions to the toolkit
+reasoning, missing headers and unsupported architectures, the OOM ladder behind the planner's verdict, frames
+without a Traceback header, zero-size saved weights, pad tokens, hangs without error text), the same rules score
+10 right, 2 partial, 1 wrong (11: a version pin no line of the log names; the first proposal is now to find what
+holds memory outside the config, not a ZeRO stage change on one rank), 2 not recognised. These logs were read
+while building those mechanisms, so this set is no longer held out: the floor below guards against regressions,
+and tests/logs/heldout41c is the held-out measurement after the change (tests/test_doctor_heldout41c.py).
 """
 from __future__ import annotations
 
@@ -77,6 +85,10 @@ def test_held_out_score_does_not_get_worse():
     assert "silent" not in got.values(), got  # recognised but no proposal
     assert len(right) >= sum(v == "right" for v in first.values()), got
     assert len([v for v in got.values() if v == "wrong"]) <= sum(v == "wrong" for v in first.values()), got
+    # the floor after the mechanisms of issue 41's second round (this set was used while building them)
+    assert len(right) >= 10, got
+    assert len([v for v in got.values() if v == "wrong"]) <= 1, got
+    assert len([v for v in got.values() if v == "not recognised"]) <= 2, got
 
 
 def test_the_json_names_issue_41s_fields_and_an_unrecognised_log_proposes_nothing():
