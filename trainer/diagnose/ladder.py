@@ -69,7 +69,7 @@ def activation_checkpointing(r: Resolved) -> Optional[Proposal]:
 
 def stage_up(r: Resolved) -> Optional[Proposal]:
     stage = dsc.zero_stage(r.ds)
-    if stage == 3:
+    if stage == 3 or r.world_size < 2:  # one rank: a higher stage shards across nobody
         return None
     target = 2 if stage < 2 else 3
     new = dsc.base_config(target, dsc.offload_optimizer_device(r.ds), "none")
@@ -374,7 +374,7 @@ def _points(r: Resolved, rungs: list[Rung], current: tuple):
     micro, checkpointing, stage, optimizer, params = current
     micros = [d for d in range(micro, 0, -1) if micro % d == 0] if smaller_micro_batch in rungs else [micro]
     checkpointings = [checkpointing] + ([True] if activation_checkpointing in rungs and not checkpointing else [])
-    stages = [stage] + ([s for s in (2, 3) if s > stage] if stage_up in rungs else [])
+    stages = [stage] + ([s for s in (2, 3) if s > stage] if stage_up in rungs and r.world_size > 1 else [])
     for m in micros:
         for c in checkpointings:
             for s in stages:

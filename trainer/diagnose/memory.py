@@ -151,16 +151,30 @@ def _not_memory_pressure(f: Found, d: Diagnosis, numbers: OomNumbers, now: "ladd
     d.advice.append(f"the planner puts preset {f.resolved.config.name} at {gb(now.total)} of {gb(budget)} GB per GPU: "
                     f"it fits, so this is not ordinary memory pressure")
     causes = [c for c in (_pinned(f), _other_process(numbers), _fragmented(numbers), _leak(f, phase)) if c]
-    if not causes:
-        d.advice.append("look for memory outside the model states: another process on the GPU (nvidia-smi), "
-                        "tensors kept across steps (losses without .item(), outputs.logits), a longer sequence than "
-                        "data.seq_len; torch.cuda.memory_summary() at the failure shows who holds it")
-        return False
+    if not causes:  # the planner's verdict gates the ladder: its rungs come after finding what else holds memory
+        causes = [_outside_the_config(f, now)]
     d.proposal, d.then = causes[0], causes[1:]
     fallback = ladder.walk(f, ladder.LADDERS.get(phase, ladder.OOM_LADDER), ladder.pricer_for(f, OomNumbers())).proposal
     if fallback is not None:
         d.then.append(replace(fallback, step=f"if the memory is really needed: {fallback.step}"))
     return True
+
+
+def _outside_the_config(f: Found, now: "ladder.Price") -> Proposal:
+    """The planner fits the config and the log names no other holder: what differs from the planned run is outside
+    the config - the code that runs it (the launcher or framework and its version), another process, the data."""
+    frameworks = sorted({fr.package for fr in (f.log.frames(f.index) or []) if fr.package} - COMMON_PACKAGES)
+    who = f" ({', '.join(frameworks)})" if frameworks else ""
+    return Proposal("find what holds the memory outside the planned config (the planner says it fits)", [],
+                    f"the planner puts this config at {gb(now.total)} of {gb(now.estimate.gpu_budget)} GB per GPU, so a "
+                    f"memory change is not the first thing to try: compare with a run of the same config that fitted - "
+                    f"the version of the framework or launcher that started this one{who} (pin the release that worked), "
+                    f"another process on the GPU (`nvidia-smi`), sequences longer than data.seq_len, tensors kept across "
+                    f"steps; torch.cuda.memory_summary() at the failure names who holds it")
+
+
+COMMON_PACKAGES = {"torch", "deepspeed", "transformers", "accelerate", "peft", "trl", "python", "runpy", "threading",
+                   "contextlib", "functools", "multiprocessing", "site-packages", "dist-packages", ""}
 
 
 def _pinned(f: Found) -> Optional[Proposal]:

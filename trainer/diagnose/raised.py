@@ -19,7 +19,12 @@ RANK_PREFIX = re.compile(r"^\s*(?:(?P<host>[\w.-]+)(?<!Error)(?<!Exception)(?<!W
                          r"(?:\[(?:rank|default)?(?P<rank>\d+)\]:\s?)?")  # pdsh's "host: ", "[rank3]: "
 # an exception line after the prefixes that say who printed it, found by one search of the whole log
 PREFIXED_EXCEPTION = re.compile(RANK_PREFIX.pattern + r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
-FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)')
+# a Python frame; pasted logs may start the line mid-way through the path ('/trl/trainer/x.py", line 269, in f')
+FRAME_LINE = re.compile(r'(?:File "|^\s*(?=[^\s"]*[\\/][^"]*", line \d))(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>.]+)')
+# a rich traceback's frame, "│ /path/modeling_utils.py:2364 in from_pretrained │", which rich wraps inside its box
+RICH_FRAME = re.compile(r"(?P<file>(?:[\w.~-]*[\\/])+[\w.-]+\.py):\s*(?P<line>\d+)\s+in\s+(?P<func>[\w<>]+)")
+BOX = re.compile(r"^\s*[│|╭╰]\s?(?P<inner>.*?)\s*[│|╮╯]?\s*$")
+FRAME_RUN_LINES = 400  # without a 'Traceback' header, the frames of the lines before the exception, this far back
 EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)|"
                             r"(?:[A-Za-z_]\w*\.)+[A-Z]\w*)(?::\s?(?P<message>.*))?$")
 CHAINED = re.compile(r"(The above exception was the direct cause of the following exception|During handling of the "
@@ -90,7 +95,7 @@ def final_exception(log: Log) -> Optional[Raised]:
     report that a rank failed (torchrun's ChildFailedError) gives way to the rank's own exception before it."""
     index = log.last(PREFIXED_EXCEPTION)
     if index is None:
-        return None
+        return _frames_only(log)
     if LAUNCHER_WRAPPERS.search(log.lines[index]):
         index = next((i for i in range(index - 1, max(-1, index - SEARCH_BACK), -1)
                       if PREFIXED_EXCEPTION.match(log.lines[i]) and not LAUNCHER_WRAPPERS.search(log.lines[i])),
@@ -102,6 +107,15 @@ def final_exception(log: Log) -> Optional[Raised]:
     position = next(k for k, (i, _) in enumerate(own) if i == index)
     before = [text for _, text in own[:position]]
     start = _traceback_start(before)
+    if start is None:  # a pasted tail without its header: the frames after the previous exception, if any
+        start = _frame_run_start(before)
+    if start is None and who != (None, None):  # the rank's frames pasted without its prefix
+        own = [(i, text) for i in range(max(0, index - SEARCH_BACK), index + MESSAGE_LINES + 1)
+               if i < len(log.lines) for r, text in [unprefixed(log.lines[i])] if r in (who, (None, None))]
+        position = next(k for k, (i, _) in enumerate(own) if i == index)
+        before = [text for _, text in own[:position]]
+        start = _traceback_start(before)
+        start = _frame_run_start(before) if start is None else start
     blocks = _split_chain(before[start:] if start is not None else [])
     header = EXCEPTION_LINE.match(own[position][1].strip())
     kind = header.group("type") if header else own[position][1].strip().split(":")[0]
@@ -114,6 +128,23 @@ def final_exception(log: Log) -> Optional[Raised]:
         site = Site(file, func, line, code)
     return Raised(kind, message, index, site, tuple(Frame(f, fn, c) for f, fn, _, c in frames), rank,
                   tuple(c for c in chain if c))
+
+
+RAISE = re.compile(r"\braise\s+((?:[A-Za-z_]\w*\.)*[A-Z]\w*)")
+
+
+def _frames_only(log: Log) -> Optional[Raised]:
+    """A log that ends in frames without an exception line (a rich traceback cut before its last line): the site
+    is the innermost frame of the last lines, the type what its source line raises, when it says."""
+    lines = [unprefixed(line)[1] for line in log.lines[-FRAME_RUN_LINES:]]
+    start = _frame_run_start(lines)
+    if start is None:
+        return None
+    frames = _frames(lines[start:])
+    file, func, line, code = frames[-1]
+    raised = RAISE.search(code)
+    return Raised(raised.group(1) if raised else "", "", len(log.lines) - 1, Site(file, func, line, code),
+                  tuple(Frame(f, fn, c) for f, fn, _, c in frames))
 
 
 def _traceback_start(lines: list[str]) -> Optional[int]:
@@ -132,6 +163,15 @@ def _traceback_start(lines: list[str]) -> Optional[int]:
     return first
 
 
+def _frame_run_start(lines: list[str]) -> Optional[int]:
+    """Where the frames printed before an exception start when no 'Traceback' line introduces them: after the last
+    earlier exception line, within FRAME_RUN_LINES lines; None when those lines hold no frame."""
+    lowest = max(0, len(lines) - FRAME_RUN_LINES)
+    start = next((i + 1 for i in range(len(lines) - 1, lowest - 1, -1)
+                  if EXCEPTION_LINE.match(lines[i].strip()) and not FRAME_LINE.search(lines[i])), lowest)
+    return start if _frames(lines[start:]) else None
+
+
 def _split_chain(lines: list[str]) -> list[list[str]]:
     blocks: list[list[str]] = [[]]
     for line in lines:
@@ -148,7 +188,19 @@ def _frames(lines: list[str]) -> list[tuple[str, str, int, str]]:
         match = FRAME_LINE.search(line)
         if match:
             code = lines[i + 1].strip() if i + 1 < len(lines) and not FRAME_LINE.search(lines[i + 1]) else ""
-            found.append((match.group("file"), match.group("func"), int(match.group("line")), code))
+            found.append((match.group("file").strip(), match.group("func"), int(match.group("line")), code))
+    return found or _rich_frames(lines)
+
+
+def _rich_frames(lines: list[str]) -> list[tuple[str, str, int, str]]:
+    """The frames of a rich traceback: the box's lines joined (rich wraps a long path or the function name onto
+    the next line), each 'path.py:LINE in function' a frame; the source line is rich's ❱ line after it."""
+    inner = [m.group("inner") if (m := BOX.match(line)) else "" for line in lines]
+    text, found = " ".join(inner), []
+    for match in RICH_FRAME.finditer(text):
+        code = re.search(r"❱\s*\d+[\s│|]*([^│|]+)", text[match.end():match.end() + 2000])
+        found.append((match.group("file"), match.group("func"), int(match.group("line")),
+                      re.sub(r"\s+\d+$", "", code.group(1).strip()) if code else ""))
     return found
 
 

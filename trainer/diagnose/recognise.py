@@ -23,6 +23,7 @@
 | not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
 | rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout)  | 127.0.0.1 on one node, else head  |
+| pad_token         | a tokenizer without a padding token (asked to pad a batch)    | pad_token = eos_token             |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
@@ -56,14 +57,15 @@ ZERO3_LOAD = re.compile(r"the shape in current model is torch\.Size\(\[0\]\)")
 SAVE_SKIPPED = re.compile(r"(Did not save the model .* because `?stage3_gather_16bit_weights_on_model_save`? is False|"
                           r"Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save`|"
                           r"didn't save the model, since stage3_gather_16bit_weights_on_model_save=false)")
-EMPTY_WEIGHTS = re.compile(r"(copying a param with shape torch\.Size\(\[0\]\)|shape torch\.Size\(\[0\]\) from checkpoint)")
+EMPTY_WEIGHTS = re.compile(r"(copying a param with shape torch\.Size\(\[0\]\)|shape torch\.Size\(\[0\]\) from checkpoint|"
+                           + checkpoint.SAVED_EMPTY.pattern + ")")
 NVME = re.compile(r"(buffer nbytes != file bytes|deepspeed_py_aio_handle\.cpp:\d+.*Assertion|deepspeed_aio:.*failed|"
                   r"Assertion `static_cast<long long int>\(buffer\.nbytes\(\)\) == num_file_bytes')")
 LOSS_SCALE = re.compile(r"(Current loss scale already at minimum|Attempted loss scale: [01](\.0)?, reducing to [01](\.0)?\b)")
 OP_BUILD = re.compile(r"(Error building extension '\w+'|Unable to JIT load the \w+ op|Unable to pre-compile \w+|"
                       r"Ninja is required to load C\+\+ extension|op must be compiled on first use, with ninja|"
                       r"'DeepSpeedCPUAdam' object has no attribute 'ds_opt_adam'|\w+\.so: cannot open shared object|"
-                      r"nvcc fatal|FAILED: \w+(\.cuda)?\.(o|so)\b)")
+                      r"nvcc fatal|FAILED: \w+(\.cuda)?\.(o|so)\b|fatal error: [\w/.+-]+\.h(?:pp)?: No such file or directory)")
 OP_WEAK = re.compile(r"\basync_io requires the")  # ds_report prints it in healthy runs too: only when nothing else
 TRIAD = re.compile(r"train_batch_size is not\s+equal to micro_batch_per_gpu \* gradient_acc_step \* world_size\s*"
                    r"(\d+) != (\d+) \*\s*(\d+) \* (\d+)")
@@ -111,6 +113,9 @@ def _op_build(log: Log) -> Optional[int]:
     if not (log.has(OP_BUILD) or log.has(BUILDING) and log.has(BUILD_STOPPED)):
         return None
     found = {c.cause: i for c in toolkit.BUILD_CAUSES for i in [log.first(c.pattern)] if i is not None}
+    header = log.first(toolkit.MISSING_HEADER)
+    if header is not None:
+        found["a missing header"] = header
     # ds_report's libaio warning is printed in healthy runs too: it is the cause only when nothing else is
     causes = [i for cause, i in found.items() if "libaio" not in cause] or list(found.values())
     return min(causes) if causes else log.first(BUILD_STOPPED) if log.has(BUILD_STOPPED) else log.first(OP_BUILD)
@@ -154,6 +159,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("not_distributed", _first(launch.NO_LAUNCHER), launch.diagnose_no_launcher),
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
     Recogniser("rendezvous", _first(launch.RENDEZVOUS), launch.diagnose_rendezvous),  # after any failure it follows
+    Recogniser("pad_token", _first(messages.NO_PAD_TOKEN), messages.diagnose_pad_token),
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,

@@ -11,9 +11,25 @@ from ..findings import Diagnosis, Found, Proposal
 # --- ZeRO-3 weights: saving and loading ----------------------------------------------------------------------
 
 
+# a saved model's parameters listed with zero size ("model.embed_tokens.weight : torch.Size([0])",
+# "'lm_head.weight': torch.Size([0])"): ZeRO-3's placeholders were written instead of the consolidated weights
+SAVED_EMPTY = re.compile(r"[\w.]+\.(?:weight|bias)['\"]?\s*[:=,]\s*(?:shape\s*)?torch\.Size\(\[0\]\)")
+CONSOLIDATE = ("under ZeRO-3 each rank holds a shard and a model saved without gathering holds the empty "
+               "placeholders (torch.Size([0])); the shards in the DeepSpeed checkpoint hold the trained weights: "
+               "consolidate them with `python -m deepspeed.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT_DIR` (the "
+               "checkpoint's zero_to_fp32.py; OUTPUT_DIR is a folder) - this trainer's `python -m trainer export` "
+               "does it for its own runs")
+
+
 def diagnose_save(f: Found) -> Diagnosis:
     r = f.resolved
     d = Diagnosis("stage3_save", "ZeRO-3 saved incomplete (sharded or empty) weights", f.line)
+    if f.log.has(SAVED_EMPTY) and not f.log.has(re.compile(r"copying a param with shape")):
+        d.proposal = Proposal("consolidate the ZeRO-3 shards into whole weights: zero_to_fp32", [], CONSOLIDATE)
+        if dsc.zero_stage(r.ds) == 3 and not dsc.gather_16bit_on_save(r.ds):
+            d.then.append(Proposal("and gather 16-bit weights on save from now on", [dsc.gather_on_save_override(r.ds)],
+                                   "DeepSpeed writes a whole 16-bit model only when told to gather it at save time"))
+        return d
     if dsc.zero_stage(r.ds) == 3 and not dsc.gather_16bit_on_save(r.ds):
         d.proposal = Proposal("gather 16-bit weights on save", [dsc.gather_on_save_override(r.ds)],
                               "under ZeRO-3 each rank holds a shard; DeepSpeed only writes a whole 16-bit model "

@@ -80,6 +80,9 @@ def diagnose_unknown(f: Found) -> Diagnosis:
         source = raising_condition(exc.site, versions)
         if source:
             d.advice.append(source)
+    if exc is None and log.last(ERROR_WORDS) is None:
+        d.title = "no error in the log: the run stopped or hangs" + where
+        d.advice.append(_hang(log))
     message = log.joined(index, following=2)  # "Failed to import X ...:" and, wrapped, the error it names
     hint = next((text for pattern, text in HINTS if pattern.search(message)), None)
     if hint:
@@ -103,6 +106,25 @@ def diagnose_unknown(f: Found) -> Diagnosis:
                     "distributed failures), the command line, the DeepSpeed config, `pip list` and `nvidia-smi`, to "
                     + TRACKERS.get(library, "the project that owns the script (the innermost frame of your code)"))
     return d
+
+
+# several GPUs or ranks in one job, as the log states it (a launch line, a process group, a collective)
+SEVERAL_GPUS = re.compile(r"(--include\s+\S+:\d+,\d+|--num_gpus[= ]?(?:[2-9]|\d\d)|--nproc_per_node[= ]?(?:[2-9]|\d\d)|"
+                          r"CUDA_VISIBLE_DEVICES=\d+,\d+|init_process_group|all_reduce|all_gather|barrier\(|"
+                          r"world_size[=: ]+(?:[2-9]|\d\d))")
+
+
+def _hang(log: Log) -> str:
+    """What is true of a log that holds no error: it stopped or hangs, and how to see where."""
+    where = ("`py-spy dump --pid PID` on each rank (or `faulthandler.dump_traceback_later`) shows where each waits; "
+             "the doctor reads such a dump")
+    if not log.has(SEVERAL_GPUS):
+        return f"the log holds no exception and no error line: the run stopped or hangs - {where}"
+    return (f"the log holds no exception and no error line, and the job uses several GPUs: a hang in the first "
+            f"collective is the usual case. {where}; rerun with NCCL_DEBUG=INFO (it names the transport NCCL picked "
+            f"and where it stops), and test peer-to-peer with NCCL_P2P_DISABLE=1 - GPUs without working P2P (consumer "
+            f"cards, VMs, IOMMU/ACS on) hang in the first all_reduce; a small all_reduce script (or nccl-tests) "
+            f"reproduces it without the model")
 
 
 CONDITION = re.compile(r"^\s*(if|elif|assert|while)\b")

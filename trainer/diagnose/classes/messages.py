@@ -31,6 +31,17 @@ TO_AUTO = re.compile(r"set these DeepSpeed config values to 'auto'", re.IGNORECA
 CONCRETE = re.compile(r"(['\"`<]|=|\binstall\b|\bto \S+$)")
 EXCEPTION_PREFIX = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception):\s*")
 MESSAGE_LINES = 8
+# A message that lists several possible causes states no one remedy ("caused by one of the following reasons:
+# 1) ... 2) ...", "possible causes", "this may be because"): acting on its first suggestion is a guess.
+SEVERAL_CAUSES = re.compile(r"(one of the following (?:reasons|causes)|(?:several|multiple|possible|potential) (?:reasons|"
+                            r"causes)|this (?:may|might|could) be (?:because|due to|caused by)|(?:^|\s)\(?1\)[^\n]*?"
+                            r"(?:^|\s)\(?2\))", re.IGNORECASE | re.MULTILINE)
+# A message that names versions ("the detected CUDA version (12.2) mismatches the version ... (11.3)") is about the
+# environment: which package, which build or pin - the version and toolkit classes' reasoning, not a config key.
+VERSIONED = re.compile(r"(\bversions?\b[^.\n]{0,80}?\(?v?\d+\.\d+|\d+\.\d+\)?[^.\n]{0,80}?\bversions?\b)", re.IGNORECASE)
+INSTALLS = re.compile(r"\b(?:pip|conda) install\b", re.IGNORECASE)
+# A remedy written as code in backticks: `tokenizer.pad_token = tokenizer.eos_token`, `model.enable_input_require_grads()`
+CODE = re.compile(r"`([^`\n]*(?:\w\.\w+\s*=\s*[^`\n]+|\w\([^`\n]*\))[^`\n]*)`")
 
 
 def message_at(log: Log, index: int) -> str:
@@ -61,7 +72,17 @@ def find_message(log: Log) -> Optional[int]:
             return None
         return listed - 1 if listed > 0 and log.lines[listed - 1].strip() else listed  # the list's heading
     message = message_at(log, index)
-    return index if instructions(message) or any(MISMATCH_LINE.match(m) for m in message.split("\n")) else None
+    if any(MISMATCH_LINE.match(m) for m in message.split("\n")):
+        return index
+    return index if instructions(message) and states_one_remedy(message) else None
+
+
+def states_one_remedy(message: str) -> bool:
+    """The message states one remedy: not a list of possible causes, and not about versions of the environment
+    (unless it names the install command itself)."""
+    if SEVERAL_CAUSES.search(message):
+        return False
+    return not (VERSIONED.search(message) and not INSTALLS.search(message))
 
 
 VALUE_AFTER = re.compile(r"^\W{0,3}\s*(?:\w+\s+){0,6}?(?:be )?(?:set )?(?:to|=|:)\s*['\"`]?(true|false|auto|none|null|"
@@ -128,9 +149,18 @@ def diagnose_message(f: Found) -> Diagnosis:
         d.proposal = Proposal(f"do what the message asks{what}", overrides,
                               f"{asked[0]}: these overrides set it in the preset's DeepSpeed config")
     else:
-        d.proposal = Proposal(f"do what the message asks: {asked[0]}{what}", [],
-                              "the message names the change; make it where the value comes from (your DeepSpeed JSON, "
-                              "the training arguments or the launch command)")
+        code = CODE.search(asked[0]) or CODE.search(message)
+        paths = dsc.leaf_paths(f.resolved.ds)
+        if any(p == k or p.endswith(f".{k}") for k in keys for p in paths) or (keys and not code):
+            where = ("the message names the change; make it where the value comes from (your DeepSpeed JSON, the "
+                     "training arguments or the launch command)")
+        elif code:
+            where = f"the message states the remedy as code: `{code.group(1).strip()}` in the script, before the call that raised"
+        elif INSTALLS.search(asked[0]):
+            where = "the message states the command to run, in the environment that runs the ranks"
+        else:
+            where = "the message states this one remedy"
+        d.proposal = Proposal(f"do what the message asks: {asked[0]}{what}", [], where)
     if unchanged:
         d.advice.append(f"preset {f.resolved.config.name} already has {', '.join(unchanged)} as asked, or does not set "
                         f"it: this log came from a config of its own. The trainer fills 'auto' DeepSpeed values from "
@@ -180,4 +210,23 @@ def diagnose_client_optimizer(f: Found) -> Diagnosis:
                                [dsc.client_optimizer_on_cpu_override()],
                                "zero_force_ds_cpu_optimizer=false lets ZeRO-Offload step a torch optimizer on the CPU "
                                "(DeepSpeed >= 0.8.3 refuses it by default for its speed)"))
+    return d
+
+
+# --- a tokenizer without a padding token ----------------------------------------------------------------------
+
+NO_PAD_TOKEN = re.compile(r"(tokenizer does not have a padding token|Cannot handle batch sizes > 1 if no padding token is "
+                          r"defined|Using pad_token, but it is not set yet|pad_token_id (?:is|was) (?:not set|None)|"
+                          r"tokenizer\.pad_token (?:is|was) None)", re.IGNORECASE)
+
+
+def diagnose_pad_token(f: Found) -> Diagnosis:
+    d = Diagnosis("pad_token", "the tokenizer has no padding token (batches of several sequences need one)", f.line)
+    d.proposal = Proposal("give the tokenizer a pad token: `tokenizer.pad_token = tokenizer.eos_token`", [],
+                          "Llama/GPT-2-style tokenizers ship without a pad token; padding a batch (and a model config "
+                          "asked for pad_token_id) needs one. Set it after loading the tokenizer and before the "
+                          "trainer or collator is built (also `model.config.pad_token_id = tokenizer.pad_token_id`); "
+                          "or add a new one with `tokenizer.add_special_tokens({'pad_token': '[PAD]'})` and "
+                          "`model.resize_token_embeddings(len(tokenizer))`. This trainer's data preparation sets it "
+                          "the first way")
     return d

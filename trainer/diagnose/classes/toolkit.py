@@ -76,6 +76,47 @@ BUILD_CAUSES = [BuildCause(re.compile(p), c, x, *outcome) for p, c, x, *outcome 
 )]
 
 
+# A compiler that cannot find a header: the header names the package that provides it.
+MISSING_HEADER = re.compile(r"fatal error: ([\w/.+-]+\.h(?:pp)?): No such file or directory")
+INTERPRETER = re.compile(r"\bpython(3\.\d+)\b")
+HEADER_PACKAGES = [(re.compile(p), x) for p, x in (
+    (r"^Python\.h$|^pyconfig\.h$",
+     "the Python development headers of the interpreter that runs the build: `sudo apt install python{py}-dev` "
+     "(RHEL/Fedora: `sudo dnf install python{py}-devel`; conda: the env's own python has them - build with the env's "
+     "interpreter, not the system one)"),
+    (r"^(cuda_runtime|cuda_runtime_api|cuda|cuda_fp16|cuda_bf16|cuda_profiler_api|cusolverDn|cublas_v2|cublas|"
+     r"cusparse|curand|cufft|nvrtc|nvToolsExt)\.h$",
+     "the CUDA toolkit's headers (only the runtime is installed): install the CUDA toolkit matching torch "
+     "(`python -c 'import torch; print(torch.version.cuda)'`, apt `cuda-toolkit-<major>-<minor>` or conda "
+     "`cuda-toolkit`) and `export CUDA_HOME=/usr/local/cuda-<version>`"),
+    (r"^cudnn(_version)?\.h$", "cuDNN's headers: `sudo apt install libcudnn<N>-dev` (or conda `cudnn`), matching torch's cuDNN"),
+    (r"^nccl(_net)?\.h$", "NCCL's headers: `sudo apt install libnccl-dev` (the version matching torch's NCCL)"),
+    (r"^(libaio|aio)\.h$", "libaio's headers: `sudo apt install libaio-dev` (RHEL: `sudo yum install libaio-devel`)"),
+    (r"^mpi\.h$", "MPI's headers: `sudo apt install libopenmpi-dev` (or conda `openmpi`)"),
+    (r"^zlib\.h$", "zlib's headers: `sudo apt install zlib1g-dev` (RHEL: `zlib-devel`)"),
+    (r"^crypt\.h$", "libcrypt's headers: `sudo apt install libcrypt-dev` (conda: `conda install libxcrypt`)"),
+    (r"^omp\.h$", "the OpenMP headers of the compiler: `sudo apt install libomp-dev` (clang) or use gcc, which ships them"),
+    (r"^numpy/", "numpy's headers: `pip install numpy` into the environment that runs the build"),
+    (r"^(torch|ATen|c10|pybind11)/", "torch's own headers: build with the environment whose torch is installed "
+     "(the same interpreter), reinstall torch if its include/ is missing"),
+)]
+
+
+def missing_header(f: Found) -> Optional[tuple[str, str]]:
+    """(header, the package that provides it) for the first header the compiler could not find."""
+    match = next(iter(f.log.all(MISSING_HEADER)), None)
+    if match is None:
+        return None
+    header = match.group(1).split("/include/")[-1]
+    py = INTERPRETER.search(f.log.joined(f.log.first(MISSING_HEADER) or 0, following=0)) or INTERPRETER.search(f.log.text)
+    version = py.group(1) if py else "3"
+    for pattern, package in HEADER_PACKAGES:
+        if pattern.search(header):
+            return header, package.format(py=version)
+    return header, (f"the package that provides {header}: `apt-file search {header}` (Debian/Ubuntu) or `dnf provides "
+                    f"'*/{header}'` names it - usually the library's -dev/-devel package")
+
+
 def find_op(f: Found) -> Optional[str]:
     for pattern in OP_NAME:
         for match in reversed(f.log.all(pattern)):
@@ -91,7 +132,14 @@ def diagnose_op_build(f: Found) -> Diagnosis:
     prebuild = (f"prebuild it when installing DeepSpeed so nothing compiles at run time: `{BUILD_ENV.get(op, 'DS_BUILD_OPS')}=1 "
                 f"pip install deepspeed=={TRAINER_DEEPSPEED} --no-cache-dir --force-reinstall`, then `ds_report` "
                 f"shows it installed")
-    if cause is not None:
+    header = missing_header(f)
+    if header is not None:
+        name, package = header
+        d.title = f"the {op + ' op' if op else 'C/C++ extension'} build stops: the compiler cannot find {name}"
+        d.proposal = Proposal(f"install what provides {name}: {package.split(':')[0]}", [],
+                              f"`fatal error: {name}: No such file or directory` is the compiler's: install {package}; "
+                              f"then rerun (the op compiles once into the extensions directory)")
+    elif cause is not None:
         d.proposal = Proposal(f"fix the build: {cause.fix}", [], f"{cause.cause}; rerun (it compiles once into "
                                                                   f"the environment's extensions directory), or "
                                                                   f"{prebuild}")
@@ -129,9 +177,18 @@ FIRST_CUDA = {70: "9.0", 72: "10.0", 75: "10.0", 80: "11.0", 86: "11.1", 87: "11
               100: "12.8", 101: "12.8", 120: "12.8"}
 GPUS_OF = {80: "A100/A30", 86: "RTX 30xx/A10/A40/A6000", 89: "RTX 40xx/L4/L40", 90: "H100/H200", 100: "B200",
            120: "RTX 50xx"}
-UNSUPPORTED_ARCH = re.compile(r"nvcc fatal\s*:?\s*unsupported gpu architecture '?compute_(\d+)", re.IGNORECASE)
-CUDA_MISMATCH = re.compile(r"Installed CUDA version (\d+)\.(\d+) does not match the version torch was compiled with "
-                           r"(\d+)\.(\d+)(?!.*accepting)")
+# nvcc's own words ("Unsupported gpu architecture 'compute_89'", as pasted also "architechture"), and its other form
+# "Value 'sm_90' is not defined for option 'gpu-name'"; an 'a' suffix (compute_90a) is the same architecture's
+UNSUPPORTED_ARCH = re.compile(r"(?:nvcc fatal\s*:?\s*unsupported gpu archi\w*\s*'?(?:compute|sm)_(\d+)a?|nvcc fatal\s*:?\s*"
+                              r"Value '(?:compute|sm)_(\d+)a?' is not defined for option 'gpu-(?:name|architecture)')",
+                              re.IGNORECASE)
+CUDA_MISMATCH = re.compile(r"(?:Installed CUDA version (\d+)\.(\d+) does not match the version torch was compiled with "
+                           r"(\d+)\.(\d+)(?!.*accepting)|detected CUDA version \((\d+)\.(\d+)\) mismatches the version "
+                           r"that was used to compile)")
+# the second half of torch's own wording, on the next line as torch prints it: "PyTorch (11.3). Please make sure ..."
+COMPILED_WITH = re.compile(r"used to compile\s+PyTorch \((\d+)\.(\d+)\)")
+# the CUDA versions PyTorch publishes wheels for: a toolkit's major.minor maps to the highest index at or below it
+WHEEL_CUDA = ("11.8", "12.1", "12.4", "12.6", "12.8", "12.9", "13.0")
 NO_KERNEL = re.compile(r"(no kernel image is available for execution on the device|CUDA capability (sm_\d+) is not "
                        r"compatible with the current PyTorch installation)")
 OLD_DRIVER = re.compile(r"(CUDA driver version is insufficient for CUDA runtime version|The NVIDIA driver on your "
@@ -144,9 +201,14 @@ def diagnose_cuda_toolkit(f: Found) -> Diagnosis:
     arch = next(iter(f.log.all(UNSUPPORTED_ARCH)), None)
     mismatch = next(iter(f.log.all(CUDA_MISMATCH)), None)
     if arch is not None:
-        return _arch_too_new(f, int(arch.group(1)))
+        return _arch_too_new(f, int(arch.group(1) or arch.group(2)))
     if mismatch is not None:
-        return _toolkit_mismatch(f, mismatch)
+        if mismatch.group(5):  # torch's cpp_extension wording: the toolkit here, torch's CUDA from the next line
+            compiled = COMPILED_WITH.search(f.log.joined(f.log.first(CUDA_MISMATCH) or f.index, following=2))
+            if compiled is None:
+                return _toolkit_mismatch(f, (mismatch.group(5), mismatch.group(6), "?", "?"))
+            return _toolkit_mismatch(f, (mismatch.group(5), mismatch.group(6), compiled.group(1), compiled.group(2)))
+        return _toolkit_mismatch(f, mismatch.groups()[:4])
     if f.log.has(OLD_DRIVER):
         d = Diagnosis("cuda_toolkit", "the NVIDIA driver is older than the CUDA runtime torch was built with", f.line)
         d.proposal = Proposal("update the NVIDIA driver (or install torch built for an older CUDA)", [],
@@ -184,17 +246,27 @@ def _arch_too_new(f: Found, arch: int) -> Diagnosis:
     return d
 
 
-def _toolkit_mismatch(f: Found, m: re.Match) -> Diagnosis:
-    installed, torch_cuda = f"{m.group(1)}.{m.group(2)}", f"{m.group(3)}.{m.group(4)}"
+def wheel_index(major: str, minor: str) -> Optional[str]:
+    """PyTorch's wheel index for a CUDA toolkit: the highest published CUDA of that major version at or below it."""
+    try:
+        wanted = (int(major), int(minor))
+    except ValueError:
+        return None
+    fits = [v for v in WHEEL_CUDA if int(v.split(".")[0]) == wanted[0] and tuple(map(int, v.split("."))) <= wanted]
+    return f"cu{fits[-1].replace('.', '')}" if fits else None
+
+
+def _toolkit_mismatch(f: Found, m: tuple) -> Diagnosis:
+    installed, torch_cuda = f"{m[0]}.{m[1]}", f"{m[2]}.{m[3]}"
     d = Diagnosis("cuda_toolkit", f"CUDA toolkit {installed} vs torch built with CUDA {torch_cuda}: DeepSpeed will not "
                                   f"JIT-build its ops", f.line)
     d.proposal = Proposal(f"use the CUDA {torch_cuda} toolkit for the build: export CUDA_HOME=/usr/local/cuda-"
                           f"{torch_cuda}", [],
                           f"the ops compile with the nvcc under CUDA_HOME ({installed}) against torch's CUDA "
                           f"({torch_cuda}); the major versions must match. Install toolkit {torch_cuda} (or a torch "
-                          f"wheel built for {m.group(1)}.x: `pip install torch --index-url "
-                          f"https://download.pytorch.org/whl/cu{m.group(1)}{m.group(2)}`)")
-    if m.group(1) == m.group(3):
+                          f"wheel built for CUDA {m[0]}.x: `pip install torch --index-url "
+                          f"https://download.pytorch.org/whl/{wheel_index(m[0], m[1]) or f'cu{m[0]}{m[1]}'}`)")
+    if m[0] == m[2]:
         d.advice.append("the major versions agree: DS_SKIP_CUDA_CHECK=1 lets DeepSpeed build anyway (untested by it)")
     return d
 
