@@ -22,6 +22,9 @@ from distributed import REPO
 from trainer import numbers, paths
 from trainer.__main__ import build_parser, subcommands
 
+# Every test reads the fuzz run (every command x its drawn cases, in a subprocess: ~20 s here): slow, not quick.
+pytestmark = pytest.mark.slow
+
 SEED = 23
 CASES_PER_COMMAND = 14
 ALLOWED_CODES = {0, 1, 2, 3, 130}
@@ -115,7 +118,6 @@ def described(case: dict) -> str:
            f"{case['stderr'][-600:]}"
 
 
-@pytest.mark.slow
 def test_the_fuzz_covers_every_command(fuzz_report):
     _, results = fuzz_report
     parser, _ = build_parser()

@@ -97,6 +97,7 @@ def test_a_light_command_imports_neither_torch_nor_deepspeed(name, cache_home, t
         assert Path(what).stat().st_size > 0
 
 
+@pytest.mark.slow  # a light command and the live DeepSpeed check, ~6 s (issue 36's 120 s quick-tier budget)
 def test_a_bad_deepspeed_value_is_refused_by_a_light_command_as_by_train(cache_home):
     """The light check says what DeepSpeed's own models say (same words), without importing DeepSpeed."""
     result, loaded = run_light(["show", "tiny_cpu", "--set", "deepspeed.zero_optimization.stage=7",
@@ -112,6 +113,7 @@ def test_a_bad_deepspeed_value_is_refused_by_a_light_command_as_by_train(cache_h
     assert [p for p in live if p in result.stderr] == live  # every problem the live check finds, word for word
 
 
+@pytest.mark.slow  # imports DeepSpeed for the live answers, ~5 s (issue 36's 120 s quick-tier budget)
 def test_the_cache_equals_what_the_live_deepspeed_says(cache_home, monkeypatch):
     files = list((cache_home / "deepspeed-preset-trainer" / "deepspeed-config").glob("*.json"))
     assert len(files) == 1
