@@ -20,8 +20,10 @@ A command runs as a real process instead when the fork could differ from it:
   nothing) or in the command's (this one real);
 - a single command in an environment seen for the first time (above).
 Tests about the launchers themselves (their output, their signal handling) start them with subprocess directly.
-A forked process shows the server's command line and first environment in /proc (the kernel's copy, made at exec):
-find it by its session (trainer/process_tree.py), not by a marker; what it execs shows its own.
+A forked process shows the server's command line and first environment in /proc (the kernel's copy, made at exec,
+without the per-test TRAINER_*, TEST_*, PYTEST_*, WANDB_* variables): find it by its session
+(trainer/process_tree.py), not by a marker - a test that looks for its processes by a marker runs them real
+(TRAINER_TEST_PRELOAD=0 in the command's environment); what a forked process execs shows its own.
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ DEEPSPEED = Path(sys.executable).parent / "deepspeed"
 # PYTEST_CURRENT_TEST that changes at every test, wandb: none of them preloaded), or applied to the fork (sys.path
 # from PYTHONPATH, stdio buffering)
 AFTER_THE_FORK = ("TRAINER_", "TEST_", "PYTEST_", "WANDB_", "PYTHONPATH", "PYTHONUNBUFFERED")
+# Of those, the ones a server does not start with: it outlives the test that started it (the pool keeps it), and a
+# test that looks for its processes by a marker in their environment (TEST_MARKER) must not find the server
+PER_TEST = ("TRAINER_", "TEST_", "PYTEST_", "WANDB_")
 START_TIMEOUT_S = 300
 
 
@@ -111,7 +116,7 @@ class Server:
 
     def __init__(self, env: dict):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.env = dict(env)
+        self.env = {k: v for k, v in env.items() if not k.startswith(PER_TEST)}
         self.proc = subprocess.Popen([sys.executable, str(SERVER), str(theirs.fileno())], pass_fds=[theirs.fileno()],
                                      cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()

@@ -25,13 +25,14 @@ BUILDING = re.compile(r"op deepspeed_shm_comm: still building \(pid|deepspeed_sh
 @pytest.mark.slow
 def test_a_timed_out_two_rank_launch_leaves_no_process_and_no_lock(tmp_path):
     """Stopped while its ranks compile DeepSpeed's comm op (in a private extensions directory: this test kills a
-    build midway), as a timeout would: nothing that carried the run's marker is left, nor the build's lock."""
+    build midway), as a timeout would: nothing that carried the run's marker is left, nor the build's lock. Real
+    processes (not forks of a preloaded server, tests/preloaded.py): the marker must be in each one's /proc environ."""
     marker = f"cleanup-{uuid.uuid4().hex[:12]}"
     ext = tmp_path / "ext"
     with pytest.raises(subprocess.TimeoutExpired) as stopped:
         launch_raw(["train.py", "--preset", "tiny_cpu", "--set", f"train.output_dir={tmp_path / marker}"],
                    timeout=900, env={"TORCH_EXTENSIONS_DIR": str(ext), "TRAINER_WAIT_REPORT_S": "3",
-                                     "TEST_MARKER": marker},
+                                     "TEST_MARKER": marker, "TRAINER_TEST_PRELOAD": "0"},
                    stop_on=BUILDING)
     output = stopped.value.output
     assert "op deepspeed_shm_comm: not built for this environment yet" in output  # killed mid-build, as planned
