@@ -20,6 +20,7 @@ EVIDENCE_CHARS = 300  # an evidence line longer than this is cut (a 2 kB CUDA OO
 # ("[Previous line repeated 996 more times]"), so real tracebacks are far shorter; the bound keeps a log of
 # 200,000 exceptions under one early "Traceback" line linear.
 TRACEBACK_LINES = 1000
+WRAPPED_LINES = 8  # the most lines one wrapped message is read over (a terminal's 80 columns: 640 characters)
 
 # The exception line of a traceback: `RuntimeError: ...`, `torch.OutOfMemoryError: ...`, `[rank3]: Foo: ...`
 EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?")
@@ -27,6 +28,20 @@ ERROR_WORDS = re.compile(r"(Error|Exception|error:|FAILED|fatal|Killed)", re.IGN
 PY_FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>[\w<>.]+)')
 RICH_FRAME = re.compile(r"(?P<file>[\w./\\~:-]+\.py):\d+ in (?P<func>[\w<>]+)")
 SPY_FRAME = re.compile(r"^\s*(?P<func>[\w<>.]+) \((?P<file>[^()\s]+\.py):\d+\)\s*$")
+
+
+# A line that starts a record of its own, never the continuation of a wrapped message: a timestamp, a log level,
+# a rank or host prefix, a traceback's lines, an exception line
+RECORD_START = re.compile(r"^\s*(?:\[?\d{4}-\d\d-\d\d|\[?\d\d:\d\d:\d\d|[IWEF]\d{4} |\[(?:rank|default)?\d+\]|"
+                          r"\[(?:INFO|WARNING|ERROR|DEBUG)|(?:INFO|WARNING|ERROR|DEBUG)\b|[\w.-]+: \[|Traceback|File \"|"
+                          r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Warning)\b|[#>$|]|\d+%\|)")
+
+
+def wrapped(line: str, following: str) -> bool:
+    """Whether `following` reads as the rest of `line`, cut by a terminal's or a paste's wrapping: the line stops
+    mid-sentence (no closing punctuation) and the next one starts no record of its own."""
+    line, following = line.rstrip(), following.strip()
+    return bool(line and following) and line[-1] not in ".!?:;)]}>\"'" and not RECORD_START.match(following)
 
 
 KNOWN_PACKAGES = ("deepspeed", "transformers", "accelerate", "torch", "peft", "trl", "datasets", "apex",
@@ -113,6 +128,64 @@ class Log:
                 if pattern.search(self.lines[index]):
                     return index
         return None
+
+    def first_wrapped(self, pattern: re.Pattern) -> Optional[int]:
+        """For a pattern no single line matches: the line where it matches a message that a terminal or a paste
+        wrapped over several lines ("NVIDIA H100 PCIe with CUDA capability" / "sm_90 is not compatible with the
+        current PyTorch installation."), read with its lines joined by spaces (`paragraphs`). Only the messages
+        holding one of the pattern's needles are searched; None for a pattern without needles."""
+        found = needles(pattern)
+        if not found:
+            return None
+        text, starts, first_lines = self._paragraphs
+        haystack, offsets = self._folded_paragraphs if pattern.flags & re.IGNORECASE else (text, starts)
+        hits = sorted({bisect.bisect_right(offsets, at) - 1 for needle in found
+                       for at in _all_finds(haystack, needle)})
+        for paragraph in hits:
+            end = starts[paragraph + 1] - 1 if paragraph + 1 < len(starts) else len(text)
+            match = pattern.search(text, starts[paragraph], end)
+            if match:
+                return self._line_in_paragraph(first_lines[paragraph], match.start() - starts[paragraph])
+        return None
+
+    @functools.cached_property
+    def _paragraphs(self) -> tuple[str, list[int], list[int]]:
+        """The log with each wrapped message's lines joined by a space (at most WRAPPED_LINES lines): the text, each
+        paragraph's offset in it and its first line. Built once, on the first wrapped search."""
+        parts, starts, first_lines, at, index = [], [], [], 0, 0
+        while index < len(self.lines):
+            end = index
+            while end + 1 < len(self.lines) and end - index + 1 < WRAPPED_LINES and \
+                    wrapped(self.lines[end], self.lines[end + 1]):
+                end += 1
+            paragraph = " ".join(line.strip() for line in self.lines[index:end + 1])
+            parts.append(paragraph)
+            starts.append(at)
+            first_lines.append(index)
+            at += len(paragraph) + 1
+            index = end + 1
+        return "\n".join(parts), starts, first_lines
+
+    @functools.cached_property
+    def _folded_paragraphs(self) -> tuple[str, list[int]]:
+        """The paragraphs case-folded (`fold`; a folded paragraph may differ in length), with their offsets."""
+        text, _, _ = self._paragraphs
+        folded = [fold(paragraph) for paragraph in text.split("\n")]
+        offsets, at = [], 0
+        for paragraph in folded:
+            offsets.append(at)
+            at += len(paragraph) + 1
+        return "\n".join(folded), offsets
+
+    def _line_in_paragraph(self, first: int, offset: int) -> int:
+        """The line of a paragraph starting at line `first` that holds the paragraph's character `offset`."""
+        index, at = first, 0
+        while index + 1 < len(self.lines):
+            at += len(self.lines[index].strip()) + 1
+            if at > offset:
+                break
+            index += 1
+        return index
 
     def _candidates(self, pattern: re.Pattern) -> Optional[list[int]]:
         """The lines, in order, that hold one of the pattern's needles (None: the pattern has none). Each needle is
@@ -360,3 +433,10 @@ def read_log(path: str) -> Log:
     """The log through the one safe reader (a regular text file, its last 20 MB, long lines cut; empty, binary,
     missing or unreadable logs are named errors)."""
     return Log.of(files.read_log(path))
+
+
+def _all_finds(text: str, needle: str):
+    at = text.find(needle)
+    while at != -1:
+        yield at
+        at = text.find(needle, at + 1)

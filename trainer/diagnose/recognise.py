@@ -93,6 +93,7 @@ def _first(pattern: re.Pattern) -> Finder:
     def find(log: Log) -> Optional[int]:
         return log.first(pattern)
     find.signature = (pattern,)
+    find.wrapped = lambda log: log.first_wrapped(pattern)  # the second pass: messages wrapped over two lines
     return find
 
 
@@ -183,10 +184,7 @@ def diagnose(r: Resolved, text: str, reresolve: Optional[Reresolve] = None,
     seen = run_versions(log.ends(), recorded_versions)
     facts = read_facts(log)
     reresolve = _remembered(reresolve) if reresolve else None
-    for recogniser in RECOGNISERS:
-        index = _find_version(log, seen) if recogniser.failure == "version" else recogniser.find(log)
-        if index is None:
-            continue
+    for recogniser, index in _hits(log, seen):
         match = recogniser.pattern.search(log.joined(index)) if recogniser.pattern else None
         d = recogniser.handler(Found(r, log, index, match, reresolve, seen, facts))
         return _described(log, _launched_like(log, d), index, facts)
@@ -258,3 +256,20 @@ def _launched_like(log: Log, d: Diagnosis) -> Diagnosis:
     if log.has(TORCHRUN):
         d.launcher = "torchrun"  # rerun the way the failed run was started
     return d
+
+
+def _hits(log: Log, seen: dict):
+    """(recogniser, evidence line) in the table's order: every recogniser on the log's lines first, then - when
+    none found its evidence on a line - the ones that read a message a terminal or a paste wrapped over two lines,
+    so that a wrapped match never outranks a class whose evidence is whole on one line."""
+    for recogniser in RECOGNISERS:
+        index = _find_version(log, seen) if recogniser.failure == "version" else recogniser.find(log)
+        if index is not None:
+            yield recogniser, index
+            return
+    for recogniser in RECOGNISERS:
+        second = getattr(recogniser.find, "wrapped", None)
+        index = second(log) if second else None
+        if index is not None:
+            yield recogniser, index
+            return

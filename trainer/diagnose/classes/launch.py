@@ -10,6 +10,7 @@ import re
 from typing import Optional
 
 from ... import ds as dsc
+from .. import oserror
 from ..findings import Diagnosis, Found, Proposal
 
 DEFAULT_PORT = 29500  # the deepspeed and torchrun default rendezvous port
@@ -195,6 +196,9 @@ SHM = re.compile(r"(/dev/shm|shared memory segment|posix_fallocate failed|out of
 
 
 def diagnose_shm(f: Found) -> Diagnosis:
+    refused = oserror.stated(f.log, f.index)
+    if refused is not None and refused.kind in SHM_REFUSED:
+        return _shm_refused(f, refused)
     d = Diagnosis("shm", "shared memory (/dev/shm) ran out: bus error / SIGBUS (exit -7) or NCCL's shared-memory "
                          "segment", f.line)
     d.proposal = Proposal("give the ranks a larger /dev/shm: docker run --shm-size=16g (or --ipc=host)", [],
@@ -206,4 +210,30 @@ def diagnose_shm(f: Found) -> Diagnosis:
     d.then.append(Proposal("or keep NCCL off shared memory (slower intra-node traffic)", [],
                            "NCCL_SHM_DISABLE=1 makes NCCL use P2P or sockets instead of /dev/shm; it does not help "
                            "DataLoader workers (fewer num_workers does)", env=(("NCCL_SHM_DISABLE", "1"),)))
+    return d
+
+
+# what the system said when /dev/shm refused a segment for another reason than room
+SHM_REFUSED = {
+    "permission": ("let the ranks' user create files in /dev/shm: `sudo chmod 1777 /dev/shm`",
+                   "/dev/shm must be writable by every user, with the sticky bit (mode 1777, as a default system "
+                   "mounts it); `ls -ld /dev/shm` shows its mode. A hardened host, a container started with a "
+                   "read-only or restrictive /dev/shm mount, or a rank running as another user than the files "
+                   "left there by an earlier job (remove them: `ls -l /dev/shm`) refuse it"),
+    "read_only": ("mount /dev/shm writable (in docker: --ipc=host or --shm-size=16g, not a read-only tmpfs)",
+                  "the ranks create their shared-memory segments there; a read-only root file system must leave "
+                  "/dev/shm a writable tmpfs"),
+    "missing": ("mount a tmpfs at /dev/shm (in docker: --ipc=host or --shm-size=16g; on Kubernetes an emptyDir "
+                "with medium: Memory)", "the system has no /dev/shm for the ranks' shared-memory segments"),
+}
+
+
+def _shm_refused(f: Found, refused: "oserror.OsError") -> Diagnosis:
+    step, reason = SHM_REFUSED[refused.kind]
+    d = Diagnosis("shm", f"/dev/shm refused a shared-memory segment: {refused.words}", f.line)
+    d.proposal = Proposal(step, [], f"the system answered '{refused.words}' ({refused.line[:160]}), not a lack of "
+                                    f"room, so a larger /dev/shm would not help: {reason}")
+    d.then.append(Proposal("or keep NCCL off shared memory (slower intra-node traffic)", [],
+                           "NCCL_SHM_DISABLE=1 makes NCCL use P2P or sockets instead of /dev/shm",
+                           env=(("NCCL_SHM_DISABLE", "1"),)))
     return d
