@@ -127,3 +127,60 @@ def test_shared_memory_refused_gets_the_remedy_of_the_systems_answer(code, says,
     j = run(SHM_LINE.format(os.strerror(code)) + "\n" + SHM_TAIL + "\n")
     assert j["class"] == "shm", j
     assert says in first(j) and never not in j["proposal"]["step"], first(j)
+
+
+# --- two failures PyTorch states in its own terms (issue 41's "classic PyTorch failures") ---------------------------
+
+DRIVERS = {  # the frames above torch's backward / embedding, as each library prints them
+    "hf_trainer": '  File "/opt/conda/lib/python3.10/site-packages/transformers/trainer.py", line 2747, in training_step\n'
+                  "    self.accelerator.backward(loss)\n",
+    "deepspeed": '[rank0]:   File "/usr/local/lib/python3.11/dist-packages/deepspeed/runtime/engine.py", line 2020, '
+                 "in backward\n[rank0]:     self.optimizer.backward(loss, retain_graph=retain_graph)\n",
+    "plain": '  File "finetune.py", line 88, in <module>\n    loss.backward()\n',
+}
+NO_GRAPH = ('  File "/opt/conda/lib/python3.10/site-packages/torch/autograd/__init__.py", line 200, in backward\n'
+            "    Variable._execution_engine.run_backward(\n"
+            "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n")
+CHECKPOINT_WARNING = ("UserWarning: torch.utils.checkpoint: the use_reentrant parameter should be passed explicitly.\n")
+PEFT_LINE = "trainable params: 4,194,304 || all params: 6,742,609,920 || trainable%: 0.0622\n"
+
+
+@pytest.mark.parametrize("driver", sorted(DRIVERS))
+@pytest.mark.parametrize("checkpointing,peft,preset", [
+    (True, True, "7b_8xa100"), (False, False, "7b_lora_1x4090"), (False, False, "7b_8xa100"), (True, False, "7b_8xa100"),
+])
+def test_a_loss_without_a_graph_gets_the_remedy_of_what_the_run_had(driver, checkpointing, peft, preset):
+    """The fix depends on the run: checkpointing over a frozen base (from the log, or from the preset's LoRA and
+    checkpointing) needs inputs that require grad or the non-reentrant checkpoint; otherwise nothing trains."""
+    text = (CHECKPOINT_WARNING if checkpointing else "") + (PEFT_LINE if peft else "") + DRIVERS[driver] + NO_GRAPH
+    d = diagnose(resolve(load_preset(preset, [])), text)
+    j = diagnosis_json(d, None, None)
+    assert j["class"] == "no_gradient_graph" and j["phase"] == "backward", j
+    cfg = resolve(load_preset(preset, [])).config
+    both = (checkpointing or cfg.model.gradient_checkpointing) and (peft or cfg.model.lora.enabled)
+    if both:
+        assert "enable_input_require_grads" in first(j) and "use_reentrant" in first(j), first(j)
+    else:
+        assert "print_trainable_parameters" in first(j) and "enable_input_require_grads" not in j["proposal"]["step"]
+
+
+@pytest.mark.parametrize("evidence", [
+    "../aten/src/ATen/native/cuda/Indexing.cu:1146: indexSelectLargeIndex: block: [52,0,0], thread: [64,0,0] "
+    "Assertion `srcIndex < srcSelectDimSize` failed.",
+    "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:702: indexSelectSmallIndex: block: [0,0,0], thread: [3,0,0] "
+    "Assertion `srcIndex < srcSelectDimSize` failed.",
+    "IndexError: index out of range in self",
+])
+@pytest.mark.parametrize("site,named", [
+    ('  File "/usr/local/lib/python3.10/dist-packages/torch/nn/modules/sparse.py", line 162, in forward\n'
+     "    return F.embedding(\n", "an embedding"),
+    ('  File "/usr/local/lib/python3.10/dist-packages/transformers/models/llama/modeling_llama.py", line 1049, in '
+     "forward\n    inputs_embeds = self.embed_tokens(input_ids)\n", "an embedding"),
+    ('  File "collate.py", line 12, in __call__\n    batch = self.table[ids]\n', "most often an embedding"),
+])
+def test_a_token_id_past_the_embedding_proposes_resizing_it(evidence, site, named):
+    tail = "RuntimeError: CUDA error: device-side assert triggered\n" if "Assertion" in evidence else ""
+    text = f"{evidence}\nTraceback (most recent call last):\n{site}{tail or evidence}\n"
+    j = run(text)
+    assert j["class"] == "token_past_embedding", j
+    assert "resize_token_embeddings(len(tokenizer))" in first(j) and named in j["title"], j["title"]

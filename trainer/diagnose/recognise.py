@@ -24,6 +24,8 @@
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
 | rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout)  | 127.0.0.1 on one node, else head  |
 | pad_token         | a tokenizer without a padding token (asked to pad a batch)    | pad_token = eos_token             |
+| no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
+| token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
@@ -31,7 +33,8 @@
 | jit_lock (weak)   | a log that stops while loading a JIT op                       | remove the stale lock             |
 | unrecognised      | nothing above: exception, library, phase, versions, the plan  | what to attach to a bug report    |
 
-An OOM or a kill before an NCCL error is the cause of the NCCL error, so memory comes before collectives; a
+A message wrapped over several lines is read in a second pass (`Log.first_wrapped`), after every class had its
+chance on whole lines. An OOM or a kill before an NCCL error is the cause of the NCCL error, so memory comes before collectives; a
 message that states its own fix comes after every specific class, whose advice knows more than the message.
 """
 from __future__ import annotations
@@ -44,7 +47,7 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
 from . import phases
-from .classes import checkpoint, fallback, launch, messages, network, sequence, stated, toolkit, versions
+from .classes import autograd, checkpoint, fallback, launch, messages, network, sequence, stated, toolkit, versions
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -161,6 +164,8 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
     Recogniser("rendezvous", _first(launch.RENDEZVOUS), launch.diagnose_rendezvous),  # after any failure it follows
     Recogniser("pad_token", _first(messages.NO_PAD_TOKEN), messages.diagnose_pad_token),
+    Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
+    Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,

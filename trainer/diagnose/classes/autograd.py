@@ -1,0 +1,79 @@
+"""Two failures PyTorch reports in its own terms, whatever library drove it, read with what the log and the config
+say about the run:
+
+- **No gradient graph** ("element 0 of tensors does not require grad and does not have a grad_fn"): the loss is
+  connected to no parameter that trains. With activation checkpointing in the reentrant form and a frozen input
+  embedding (LoRA, or any frozen base), each checkpointed block's input does not require grad, so the reentrant
+  checkpoint returns outputs without a graph: the inputs must require grad (`enable_input_require_grads`) or the
+  checkpoint must be the non-reentrant one (`use_reentrant=False`, what this trainer uses). Without checkpointing,
+  nothing trainable reached the loss: LoRA target modules that matched nothing, a loss computed under `no_grad`.
+- **A token id past the embedding** (`srcIndex < srcSelectDimSize`, "index out of range in self"): an id at least
+  the number of rows of the embedding it indexes - a tokenizer that grew (a pad or chat token added) without the
+  model's embedding being resized, another model's tokenizer, or positions past a learned position table.
+"""
+from __future__ import annotations
+
+import re
+
+from ..findings import Diagnosis, Found, Proposal
+from ..raised import final_exception
+
+NO_GRAPH = re.compile(r"element \d+ of tensors does not require grad and does not have a grad_fn")
+CHECKPOINTED = re.compile(r"(torch[\\/]utils[\\/]checkpoint\.py|gradient_checkpointing|use_reentrant|"
+                          r"CheckpointFunction|activation_checkpointing)", re.IGNORECASE)
+FROZEN_BASE = re.compile(r"(peft|lora|prepare_model_for_kbit_training|trainable params)", re.IGNORECASE)
+
+PAST_EMBEDDING = re.compile(r"(srcIndex < srcSelectDimSize|index out of range in self|indexSelect(?:Large|Small)Index)")
+EMBEDDING_FRAME = re.compile(r"(F\.embedding|torch[\\/]nn[\\/]functional\.py\S* in embedding|modules[\\/]sparse\.py|"
+                             r"embed_tokens|wte|embed_positions|position_embeddings)")
+
+
+def diagnose_no_graph(f: Found) -> Diagnosis:
+    text = f.log.text
+    checkpointed = bool(CHECKPOINTED.search(text)) or f.resolved.config.model.gradient_checkpointing
+    frozen = bool(FROZEN_BASE.search(text)) or f.resolved.config.model.lora.enabled
+    d = Diagnosis("no_gradient_graph", "the loss has no gradient graph: no parameter that trains reached it", f.line)
+    if checkpointed and frozen:
+        d.proposal = Proposal(
+            "make the checkpointed blocks' inputs require grad: `model.enable_input_require_grads()` before "
+            "wrapping the model with PEFT, or non-reentrant checkpointing: `model.gradient_checkpointing_enable("
+            "gradient_checkpointing_kwargs={\"use_reentrant\": False})`", [],
+            "with the base model frozen (LoRA), the embedding's output does not require grad; torch's reentrant "
+            "activation checkpoint then returns each block's output without a graph, and the loss has none. This "
+            "trainer checkpoints with use_reentrant=False (trainer/model.py), so its own runs are not affected")
+        d.then.append(Proposal("or check that something trains", [],
+                               "`model.print_trainable_parameters()` after PEFT wraps it: 0 trainable parameters "
+                               "means the LoRA target_modules matched no layer of this model"))
+        return d
+    d.proposal = Proposal(
+        "check that trainable parameters reach the loss: `model.print_trainable_parameters()`", [],
+        "0 trainable parameters means every parameter is frozen (LoRA target_modules that match no layer, a "
+        "`requires_grad_(False)` on the whole model); otherwise the loss was computed under `torch.no_grad()` / "
+        "`inference_mode()`, or from tensors detached from the model (labels only, a `.detach()` or `.item()`)")
+    if frozen:
+        d.then.append(Proposal("with gradient checkpointing on a frozen base: make its inputs require grad", [],
+                               "`model.enable_input_require_grads()` or `use_reentrant=False`"))
+    return d
+
+
+def diagnose_past_embedding(f: Found) -> Diagnosis:
+    raised = final_exception(f.log)  # the device-side assert is printed before the traceback that reports it
+    frames = [*f.log.frames(f.index), *(raised.frames if raised else ())]
+    at_embedding = any(EMBEDDING_FRAME.search(f"{frame.file} {frame.func} {frame.code}") for frame in frames)
+    where = "an embedding" if at_embedding else "an index (most often an embedding's)"
+    d = Diagnosis("token_past_embedding", f"a token id past the rows of {where}: a tokenizer that does not match "
+                                          "the model's embedding", f.line)
+    d.proposal = Proposal(
+        "resize the model's embedding to the tokenizer after adding tokens: `model.resize_token_embeddings("
+        "len(tokenizer))`", [],
+        "an id at least the embedding's row count: a pad or chat-template token added to the tokenizer (its id is "
+        "the old vocabulary size) without resizing, or a tokenizer of another model. `max(input_ids)` against "
+        "`model.get_input_embeddings().num_embeddings` shows which. This trainer resizes a pretrained model's "
+        "embedding to its tokenizer (model.fit_embeddings) and refuses a tokenizer larger than model.vocab_size "
+        "for a model built from scratch")
+    d.then.append(Proposal("or shorten the sequences to the model's position table", [],
+                           "a model with learned absolute positions (GPT-2, OPT, BERT) fails the same way on a "
+                           "sequence longer than max_position_embeddings: set data.seq_len at most that"))
+    d.advice.append("on GPU the failing index is reported asynchronously: CUDA_LAUNCH_BLOCKING=1 (or a CPU run of "
+                    "one batch) shows the line that indexes")
+    return d
