@@ -7,7 +7,13 @@ thread's confirmation is weaker (10, 11: a maintainer's answer and a closed issu
 
 The test asserts the score does not get worse - no fewer right, no wrong, no more unrecognised, every unrecognised
 log a true fallback (no proposal) - not that any miss stays a miss. Once these logs are used to build anything, say
-so here: they are then no longer held out."""
+so here: they are then no longer held out.
+
+Used, 2026-12-07, after that measurement: its misses led to the quantized-placement and unknown-architecture
+classes, the "only supports A and B" statement and the fix of a prohibition read as an instruction
+(tests/test_doctor_mechanisms41c.py); 02 became right with the no-gradient-graph class, built from issue 41's own
+list. After them: 9 right, 0 partial, 0 wrong, 2 not recognised. This set is no longer held out;
+tests/logs/heldout41e is (test_doctor_heldout41e.py)."""
 from __future__ import annotations
 
 import json
@@ -35,8 +41,7 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 def test_the_measured_score_does_not_get_worse():
     got = {name: verdict(case, run(case, (HELD / f"{name}.log").read_text())) for name, case in CASES.items()}
     count = {v: sum(g == v for g in got.values()) for v in ("right", "partial", "wrong", "not recognised", "silent")}
-    assert count["right"] >= 4, got
-    assert count["right"] + count["partial"] >= 7, got
+    assert count["right"] >= 9, got  # 4 when held out; 9 after the mechanisms it led to (above)
     assert count["wrong"] == 0 and count["silent"] == 0, got
-    assert count["not recognised"] <= 4, got
+    assert count["not recognised"] <= 2, got
     assert all(got[n] == "right" for n, c in CASES.items() if c["observed"]["auto_score"] == "right"), got

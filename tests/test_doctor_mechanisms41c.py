@@ -184,3 +184,78 @@ def test_a_token_id_past_the_embedding_proposes_resizing_it(evidence, site, name
     j = run(text)
     assert j["class"] == "token_past_embedding", j
     assert "resize_token_embeddings(len(tokenizer))" in first(j) and named in j["title"], j["title"]
+
+
+# --- mechanisms after heldout41d (that set was used for them: see test_doctor_heldout41d.py) ------------------------
+
+AUTO_FRAMES = {
+    "config": '  File "/env/lib/python3.10/site-packages/transformers/models/auto/configuration_auto.py", line 1022, in '
+              'from_pretrained\n    config_class = CONFIG_MAPPING[config_dict["model_type"]]\n'
+              '  File "/env/lib/python3.10/site-packages/transformers/models/auto/configuration_auto.py", line 723, in '
+              "__getitem__\n    raise KeyError(key)\n",
+    "modeling": '  File "/env/lib/python3.9/site-packages/transformers/models/auto/modeling_auto.py", line 434, in '
+                "from_pretrained\n    config, kwargs = AutoConfig.from_pretrained(\n"
+                '  File "/env/lib/python3.9/site-packages/transformers/models/auto/configuration_auto.py", line 672, in '
+                "__getitem__\n    raise KeyError(key)\n",
+}
+
+
+@pytest.mark.parametrize("frames", sorted(AUTO_FRAMES))
+@pytest.mark.parametrize("kind,known", [("qwen2", True), ("gemma3", True), ("qwen3_moe", True),
+                                        ("my_private_arch", False)])
+def test_a_model_type_the_running_transformers_lacks_is_an_upgrade_or_the_models_own_code(frames, kind, known):
+    text = f"Traceback (most recent call last):\n{AUTO_FRAMES[frames]}KeyError: '{kind}'\n"
+    j = run(text)
+    assert j["class"] == "unknown_architecture", j
+    if known:
+        assert "upgrade transformers" in j["proposal"]["step"], first(j)
+    else:
+        assert "trust_remote_code" in j["proposal"]["step"], first(j)
+
+
+def test_the_architecture_message_of_newer_transformers_is_the_same_class():
+    j = run("ValueError: The checkpoint you are trying to load has model type `qwen3` but Transformers does not "
+            "recognize this architecture. This could be because of an issue with the checkpoint, or because your "
+            "version of Transformers is out of date.\n")
+    assert j["class"] == "unknown_architecture" and "upgrade transformers" in j["proposal"]["step"], j
+
+
+def test_a_key_error_elsewhere_is_not_an_architecture():
+    j = run('Traceback (most recent call last):\n  File "/env/lib/python3.10/site-packages/datasets/arrow_dataset.py", '
+            'line 2810, in __getitem__\n    return self._getitem(key)\nKeyError: \'text\'\n')
+    assert j["class"] != "unknown_architecture", j
+
+
+@pytest.mark.parametrize("message,preset,sets,says", [
+    ("RuntimeError: FlashAttention only support fp16 and bf16 data type", "7b_lora_1x4090", [], "torch_dtype=torch.bfloat16"),
+    ("RuntimeError: FlashAttention only supports fp16 and bf16", "7b_8xa100", ["train.precision=fp32"],
+     "train.precision=fp16"),
+    ("ValueError: this kernel only works with bf16/fp16 inputs", "7b_8xa100", [], "torch_dtype=torch.bfloat16"),
+])
+def test_only_some_values_work_sets_one_of_them_or_loads_the_model_in_the_configs(message, preset, sets, says):
+    from trainer.presets import with_overrides
+    d = diagnose(resolve(load_preset(preset, sets)), message + "\n",
+                 lambda extra: resolve(load_preset(preset, with_overrides(sets, extra))))
+    j = diagnosis_json(d, None, None)
+    assert says in first(j), first(j)
+
+
+@pytest.mark.parametrize("message", [
+    "ValueError: You can't train a model that has been loaded in 8-bit precision on multiple devices.",
+    "ValueError: You can't train a model that has been loaded in 8-bit or 4-bit precision on a different device than "
+    "the one you're training on. Make sure you loaded the model on the correct device using for example "
+    "`device_map={'':torch.cuda.current_device()}`",
+    "ValueError: Calling `.to()` is not supported for `4-bit` or `8-bit` bitsandbytes models. Please use the model as "
+    "it is, since the model has already been set to the correct devices and casted to the correct `dtype`.",
+])
+def test_a_quantized_model_off_its_ranks_device_is_loaded_on_each_ranks_own(message):
+    j = run(message + "\n")
+    assert j["class"] == "quantized_placement" and 'device_map={"": ' in first(j), j
+
+
+def test_a_prohibition_is_not_an_instruction():
+    """"You can't X" forbids X; it does not ask for it (the instruction reader took it as one)."""
+    from trainer.diagnose.classes.messages import INSTRUCTION
+    assert not INSTRUCTION.search("You can't train this model on multiple devices")
+    assert not INSTRUCTION.search("you cannot use offload here")
+    assert INSTRUCTION.search("You can also set zero_force_ds_cpu_optimizer to false")

@@ -24,6 +24,8 @@
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
 | rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout)  | 127.0.0.1 on one node, else head  |
 | pad_token         | a tokenizer without a padding token (asked to pad a batch)    | pad_token = eos_token             |
+| quantized_placement | an 8-/4-bit model on several devices, another device, offloaded | each rank's copy on its device |
+| unknown_architecture | KeyError: 'qwen2' from the auto config, "does not recognize this architecture" | the transformers that has it |
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
@@ -47,7 +49,8 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
 from . import phases
-from .classes import autograd, checkpoint, fallback, launch, messages, network, sequence, stated, toolkit, versions
+from .classes import (architecture, autograd, checkpoint, fallback, launch, messages, network, quantized, sequence,
+                      stated, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -164,6 +167,8 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
     Recogniser("rendezvous", _first(launch.RENDEZVOUS), launch.diagnose_rendezvous),  # after any failure it follows
     Recogniser("pad_token", _first(messages.NO_PAD_TOKEN), messages.diagnose_pad_token),
+    Recogniser("quantized_placement", _first(quantized.PLACEMENT), quantized.diagnose),
+    Recogniser("unknown_architecture", architecture.find, architecture.diagnose, signature=(architecture.UNKNOWN_ARCH,)),
     Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states

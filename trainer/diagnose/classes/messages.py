@@ -17,7 +17,7 @@ from ... import ds as dsc
 from ..findings import Diagnosis, Found, Proposal
 from ..logtext import EXCEPTION, Log
 
-INSTRUCTION = re.compile(r"((?:please|you (?:can|should|must|need to|may)(?: also)?|try(?:ing)?|consider|make sure|"
+INSTRUCTION = re.compile(r"((?:please|you (?:can|should|must|need to|may)(?!'t|’t|n't| ?not\b)(?: also)?|try(?:ing)?|consider|make sure|"
                          r"ensure)\b[^.\n]*|\bset (?:these|it|them|the|this|\S+ (?:to|=))\b[^.\n]*|\buse \S+[^.\n]* "
                          r"instead\b[^.\n]*|(?:pip|conda) install \S+[^.\n]*|did you mean [^?\n]*\?|[^.\n]*\b(?:must|"
                          r"should|needs? to) be (?:set to|enabled|disabled|true|false)\b[^.\n]*)", re.IGNORECASE)

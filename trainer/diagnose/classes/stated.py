@@ -61,6 +61,9 @@ EXPECTED = re.compile(r"expected\s+(?:the\s+)?[`'\"]?(?P<key>[\w.-]+)[`'\"]?\s+(
                       r"(?P<got>[\w.-]+)", re.IGNORECASE)
 UNSUPPORTED = re.compile(r"(?:doesn't|does not|do not|don't|can ?not|can't) support (?P<value>[\w.-]+)|"
                          r"(?P<value2>[\w.-]+) (?:is|are) not supported", re.IGNORECASE)
+# the complement: "FlashAttention only support fp16 and bf16 data type", "only supports bf16 or fp32"
+ONLY = re.compile(r"only (?:supports?|works? with|accepts?|allows?|handles?) (?P<values>[\w.-]+(?:\s*(?:,|/|\band\b|\bor\b)"
+                  r"\s*[\w.-]+)*)", re.IGNORECASE)
 VALID_VALUES = re.compile(r"valid values? (?:for|of) (?:the )?(?P<phrase>[\w ]{3,60}?) (?:are|is)[: ]+\[(?P<values>[^\]]*)\]",
                           re.IGNORECASE)
 NAMED_BAD = re.compile(r"(?P<phrase>[A-Za-z][A-Za-z ]{2,40}?)\s*(?:\[[^\]]*\]|\{[^}]*\}|'[^']*'|\"[^\"]*\")\s+(?:(?:is|are|were|was) "
@@ -90,6 +93,8 @@ def _statement(raised: Raised) -> Optional[str]:
         return "conflict"
     if _unsupported_choice(text):
         return "unsupported"
+    if _only_choices(text):
+        return "only"
     if REQUIRE_WORDS.search(text) and (REQUIREMENT.search(text) or LATER.search(text)):
         return "requirement"
     if (m := EXPECTED.search(text)) and _known_key(m.group("key")):
@@ -105,7 +110,7 @@ def diagnose(f: Found) -> Diagnosis:
     raised = final_exception(f.log)
     kind = _statement(raised)
     return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
-            "expected": _expected, "unsupported": _unsupported, "valid_values": _valid_values,
+            "expected": _expected, "unsupported": _unsupported, "only": _only, "valid_values": _valid_values,
             "named_setting": _named_setting}[kind](f, raised, stated_text(raised))
 
 
@@ -176,6 +181,18 @@ def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
             path = next((p for p, choices in schema_fields().items() if value in choices), None)
             if path:
                 return path, value
+    return None
+
+
+def _only_choices(text: str) -> Optional[tuple[str, list[str]]]:
+    """(schema path, the values it names) for a message saying only some values of a setting work ("only support
+    fp16 and bf16"): the setting whose choices hold every value named that is not an English word."""
+    for m in ONLY.finditer(text):
+        values = [v for v in re.split(r"\s*(?:,|/|\band\b|\bor\b)\s*", m.group("values").lower())
+                  if re.search(r"[\d_]", v)]
+        path = next((p for p, choices in schema_fields().items() if values and set(values) <= set(choices)), None)
+        if path:
+            return path, values
     return None
 
 
@@ -359,6 +376,36 @@ def _unsupported(f: Found, raised: Raised, text: str) -> Diagnosis:
     d.proposal = Proposal(f"change {path} from {value} where the run sets it", [],
                           f"the message says this setup does not support {value}")
     return d
+
+
+def _only(f: Found, raised: Raised, text: str) -> Diagnosis:
+    path, values = _only_choices(text)
+    section, field = path.split(".")
+    current = str(getattr(getattr(f.resolved.config, section), field))
+    d = Diagnosis("config_message", f"the error states that only {' or '.join(values)} work here ({path})",
+                  raised.headline)
+    if current in values:  # the config already says so: the code that ran used another value than the config's
+        what = (f"load the model in {current}: `from_pretrained(..., torch_dtype=torch.{DTYPES[current]})` "
+                f"(`dtype=` in transformers >= 4.56)" if path == "train.precision" else
+                f"make the code that failed use {path}'s value ({current})")
+        d.proposal = Proposal(what, [], f"the message says only {' or '.join(values)} work; this preset already "
+                                        f"sets {path}={current}, so the tensors that failed were made another way - "
+                                        f"a model loaded without a dtype is float32 in transformers")
+        return d
+    for value in values:
+        overrides = [f"{path}={value}"] + (dsc.precision_overrides(f.resolved.ds, value)
+                                           if path == "train.precision" else [])
+        if f.resolves(overrides) is not None:
+            d.proposal = Proposal(f"{path}={value} instead of {current}", overrides,
+                                  f"the message says only {' or '.join(values)} work; {value} is the first of them "
+                                  f"the preset resolves with")
+            return d
+    d.proposal = Proposal(f"set {path} to one of {values} where the run sets it", [],
+                          f"the message says only {' or '.join(values)} work")
+    return d
+
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def _valid_values(f: Found, raised: Raised, text: str) -> Diagnosis:
