@@ -9,7 +9,9 @@ out.
 Used, 2026-12-07: two of its misses led to mechanisms (tests/test_doctor_mechanisms41c.py) - 09's message wrapped
 over four lines (the recognisers' second pass reads wrapped messages) and 03's "Permission denied" from shm_open (the
 system's answer picks the remedy, trainer/diagnose/oserror.py). After them: 6 right, 1 partial, 0 wrong, 3 not
-recognised. This set is no longer held out; tests/logs/heldout41d is (test_doctor_heldout41d.py)."""
+recognised. This set is no longer held out; tests/logs/heldout41d is (test_doctor_heldout41d.py). With the classes
+of the later sets (two devices: 05's DeepSpeed 0.14.2 offload defect is partial now): 6 right, 2 partial, 0 wrong, 2
+not recognised."""
 from __future__ import annotations
 
 import json

@@ -7,7 +7,11 @@ where a confirmation is weaker or a log incomplete (08's traceback stops before 
 
 The test asserts the score does not get worse - no wrong, no more unrecognised, every unrecognised log a true
 fallback (no proposal) - not that any miss stays a miss. Once these logs are used to build anything, say so here:
-they are then no longer held out."""
+they are then no longer held out.
+
+Used, 2026-12-07, after that measurement: 03 (one process on two GPUs) led to the two-devices class
+(classes/devices.py, tests in test_doctor_mechanisms41c.py): 1 right, 3 partial, 0 wrong, 4 not recognised since.
+This set is no longer held out."""
 from __future__ import annotations
 
 import json
@@ -36,5 +40,6 @@ def test_the_measured_score_does_not_get_worse():
     count = {v: sum(g == v for g in got.values()) for v in ("right", "partial", "wrong", "not recognised", "silent")}
     assert count["right"] + count["partial"] >= 3, got
     assert count["wrong"] == 0 and count["silent"] == 0, got
-    assert count["not recognised"] <= 5, got
+    assert count["right"] >= 1, got  # 0 when held out; 1 after the class it led to (above)
+    assert count["not recognised"] <= 4, got
     assert all(got[n] in ("right", "partial") for n, c in CASES.items() if c["observed"]["auto_score"] == "partial"), got

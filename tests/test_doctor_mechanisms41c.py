@@ -259,3 +259,31 @@ def test_a_prohibition_is_not_an_instruction():
     assert not INSTRUCTION.search("You can't train this model on multiple devices")
     assert not INSTRUCTION.search("you cannot use offload here")
     assert INSTRUCTION.search("You can also set zero_force_ds_cpu_optimizer to false")
+
+
+# --- tensors on two devices (after heldout41e, which was used for it) -----------------------------------------------
+
+USER_FRAME = '  File "finetune.py", line 120, in train_step\n    logits = model(input_ids, attention_mask=mask)\n'
+DS_FRAME = ('  File "/usr/local/lib/python3.10/dist-packages/deepspeed/runtime/zero/stage_1_and_2.py", line 1901, in '
+            "step\n    self.unscale_and_clip_grads(single_partition_grad_groups, scaled_global_grad_norm)\n")
+
+
+@pytest.mark.parametrize("wording", [
+    "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!",
+    "RuntimeError: Expected all tensors to be on the same device, but got mat2 is on {a}, different from other "
+    "tensors on {b} (when checking argument in method wrapper_CUDA_mm)",
+])
+@pytest.mark.parametrize("a,b,frame,launched,says", [
+    ("cuda:0", "cuda:1", USER_FRAME, False, "CUDA_VISIBLE_DEVICES=0"),
+    ("cuda:1", "cuda:3", USER_FRAME, True, 'device_map={"": local_rank}'),
+    ("cuda:0", "cpu", DS_FRAME, False, "deepspeed=="),
+    ("cpu", "cuda:0", USER_FRAME, False, "device=model.device"),
+])
+def test_the_two_devices_and_whose_code_decide_the_remedy(wording, a, b, frame, launched, says):
+    launch = "[INFO] [launch.py:146:main] WORLD INFO DICT: {'localhost': [0, 1, 2, 3]}\n" if launched else ""
+    text = f"{launch}Traceback (most recent call last):\n{frame}{wording.format(a=a, b=b)}\n"
+    j = run(text)
+    assert j["class"] == "two_devices", j
+    assert says in first(j), first(j)
+    if not launched and a.startswith("cuda") and b.startswith("cuda"):
+        assert ["CUDA_VISIBLE_DEVICES", "0"] in [list(e) for e in j["proposal"]["env"]], j["proposal"]

@@ -31,6 +31,8 @@ class Proposal:
 
     def as_json(self) -> dict:
         out = {"step": self.step, "overrides": list(self.overrides), "reason": self.reason}
+        if self.env:  # the variables the rerun line sets before the launcher
+            out["env"] = [list(item) for item in self.env]
         return {**out, "estimate": self.estimate} if self.estimate else out
 
 

@@ -24,6 +24,7 @@
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
 | rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout)  | 127.0.0.1 on one node, else head  |
 | pad_token         | a tokenizer without a padding token (asked to pad a batch)    | pad_token = eos_token             |
+| two_devices       | tensors of one operation on two devices (which two, whose code) | one GPU per process / the pin / device= |
 | quantized_placement | an 8-/4-bit model on several devices, another device, offloaded | each rank's copy on its device |
 | unknown_architecture | KeyError: 'qwen2' from the auto config, "does not recognize this architecture" | the transformers that has it |
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
@@ -49,8 +50,8 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
 from . import phases
-from .classes import (architecture, autograd, checkpoint, fallback, launch, messages, network, quantized, sequence,
-                      stated, toolkit, versions)
+from .classes import (architecture, autograd, checkpoint, devices, fallback, launch, messages, network, quantized,
+                      sequence, stated, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -167,6 +168,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
     Recogniser("rendezvous", _first(launch.RENDEZVOUS), launch.diagnose_rendezvous),  # after any failure it follows
     Recogniser("pad_token", _first(messages.NO_PAD_TOKEN), messages.diagnose_pad_token),
+    Recogniser("two_devices", _first(devices.TWO_DEVICES), devices.diagnose),
     Recogniser("quantized_placement", _first(quantized.PLACEMENT), quantized.diagnose),
     Recogniser("unknown_architecture", architecture.find, architecture.diagnose, signature=(architecture.UNKNOWN_ARCH,)),
     Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
