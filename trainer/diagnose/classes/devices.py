@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
+from ... import ds as dsc
 from ..findings import Diagnosis, Found, Proposal
 from ..raised import final_exception
 
@@ -45,7 +46,7 @@ def diagnose(f: Found) -> Diagnosis:
         return d
     cpu_side = "cpu" in (a, b)
     if cpu_side and inside == "deepspeed":
-        offload = f.resolved.ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device") == "cpu"
+        offload = dsc.offload_optimizer_device(f.resolved.ds) == "cpu"
         d = Diagnosis("two_devices", f"DeepSpeed's own code met a GPU and a CPU tensor ({a} and {b})", f.line)
         theirs = f.versions.get("deepspeed")
         d.proposal = Proposal(
