@@ -66,6 +66,28 @@ def verdict(case: dict, j: dict) -> str:
     return "wrong"
 
 
+# --- shared by the later sets (test_doctor_heldout41c/d/e.py) ----------------------------------------------------
+
+def cases_of(held: Path) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(held.glob("*.json"))}
+
+
+def assert_a_new_set(held: Path, cases: dict, count: int) -> None:
+    """`count` threads, none of whose sources is anywhere else in tests/logs, each with a log."""
+    assert len(cases) == count
+    earlier = "\n".join(p.read_text(errors="ignore") for p in LOGS.rglob("*")
+                        if p.is_file() and held not in p.parents and p.suffix in (".json", ".log", ".jsonl"))
+    for name, case in cases.items():
+        assert case["source"].startswith("https://github.com/") and case["source"] not in earlier, name
+        assert (held / f"{name}.log").read_text().strip(), name
+
+
+def scored(held: Path, cases: dict) -> tuple[dict, dict]:
+    """({case: verdict}, {verdict: how many}) of the doctor on every log of a set, now."""
+    got = {name: verdict(case, run(case, (held / f"{name}.log").read_text())) for name, case in cases.items()}
+    return got, {v: sum(g == v for g in got.values()) for v in ("right", "partial", "wrong", "not recognised", "silent")}
+
+
 def test_the_held_out_threads_were_not_used_before():
     assert len(CASES) == 15
     used = [p for p in LOGS.rglob("*") if p.is_file() and HELD not in p.parents]

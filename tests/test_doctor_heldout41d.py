@@ -16,31 +16,22 @@ list. After them: 9 right, 0 partial, 0 wrong, 2 not recognised. This set is no 
 tests/logs/heldout41e is (test_doctor_heldout41e.py)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from test_doctor_heldout41b import LOGS, run, verdict
+from test_doctor_heldout41b import LOGS, assert_a_new_set, cases_of, scored
 
 pytestmark = pytest.mark.quick
 
 HELD = LOGS / "heldout41d"
-CASES = {p.stem: json.loads(p.read_text()) for p in sorted(HELD.glob("*.json"))}
+CASES = cases_of(HELD)
 
 
 def test_the_threads_were_not_in_an_earlier_corpus():
-    assert len(CASES) == 11
-    earlier = "\n".join(p.read_text(errors="ignore") for p in LOGS.rglob("*")
-                        if p.is_file() and HELD not in p.parents and p.suffix in (".json", ".log", ".jsonl"))
-    for name, case in CASES.items():
-        assert case["source"].startswith("https://github.com/") and case["source"] not in earlier, name
-        assert (HELD / f"{name}.log").read_text().strip(), name
+    assert_a_new_set(HELD, CASES, 11)
 
 
 def test_the_measured_score_does_not_get_worse():
-    got = {name: verdict(case, run(case, (HELD / f"{name}.log").read_text())) for name, case in CASES.items()}
-    count = {v: sum(g == v for g in got.values()) for v in ("right", "partial", "wrong", "not recognised", "silent")}
+    got, count = scored(HELD, CASES)
     assert count["right"] >= 9, got  # 4 when held out; 9 after the mechanisms it led to (above)
     assert count["wrong"] == 0 and count["silent"] == 0, got
     assert count["not recognised"] <= 2, got

@@ -14,30 +14,22 @@ Used, 2026-12-07, after that measurement: 03 (one process on two GPUs) led to th
 This set is no longer held out."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from test_doctor_heldout41b import LOGS, run, verdict
+from test_doctor_heldout41b import LOGS, assert_a_new_set, cases_of, scored
 
 pytestmark = pytest.mark.quick
 
 HELD = LOGS / "heldout41e"
-CASES = {p.stem: json.loads(p.read_text()) for p in sorted(HELD.glob("*.json"))}
+CASES = cases_of(HELD)
 
 
 def test_the_threads_were_not_in_an_earlier_corpus():
-    assert len(CASES) == 8
-    earlier = "\n".join(p.read_text(errors="ignore") for p in LOGS.rglob("*")
-                        if p.is_file() and HELD not in p.parents and p.suffix in (".json", ".log", ".jsonl"))
-    for name, case in CASES.items():
-        assert case["source"].startswith("https://github.com/") and case["source"] not in earlier, name
-        assert (HELD / f"{name}.log").read_text().strip(), name
+    assert_a_new_set(HELD, CASES, 8)
 
 
 def test_the_measured_score_does_not_get_worse():
-    got = {name: verdict(case, run(case, (HELD / f"{name}.log").read_text())) for name, case in CASES.items()}
-    count = {v: sum(g == v for g in got.values()) for v in ("right", "partial", "wrong", "not recognised", "silent")}
+    got, count = scored(HELD, CASES)
     assert count["right"] + count["partial"] >= 3, got
     assert count["wrong"] == 0 and count["silent"] == 0, got
     assert count["right"] >= 1, got  # 0 when held out; 1 after the class it led to (above)

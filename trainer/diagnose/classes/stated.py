@@ -365,14 +365,13 @@ def _scalar(text: str):
 def _unsupported(f: Found, raised: Raised, text: str) -> Diagnosis:
     path, value = _unsupported_choice(text)
     d = Diagnosis("config_message", f"the error states that {value} is not supported here ({path})", raised.headline)
-    for choice in (c for c in schema_fields()[path] if c not in (value, "auto")):
-        overrides = [f"{path}={choice}"] + (dsc.precision_overrides(f.resolved.ds, choice)
-                                            if path == "train.precision" else [])
-        if f.resolves(overrides) is not None:
-            d.proposal = Proposal(f"{path}={choice} instead of {value}", overrides,
-                                  f"the message says this setup does not support {value}; {choice} is the next "
-                                  f"choice of {path} the preset resolves with")
-            return d
+    found = _first_resolving(f, path, [c for c in schema_fields()[path] if c not in (value, "auto")])
+    if found:
+        choice, overrides = found
+        d.proposal = Proposal(f"{path}={choice} instead of {value}", overrides,
+                              f"the message says this setup does not support {value}; {choice} is the next "
+                              f"choice of {path} the preset resolves with")
+        return d
     d.proposal = Proposal(f"change {path} from {value} where the run sets it", [],
                           f"the message says this setup does not support {value}")
     return d
@@ -389,23 +388,34 @@ def _only(f: Found, raised: Raised, text: str) -> Diagnosis:
                 f"(`dtype=` in transformers >= 4.56)" if path == "train.precision" else
                 f"make the code that failed use {path}'s value ({current})")
         d.proposal = Proposal(what, [], f"the message says only {' or '.join(values)} work; this preset already "
-                                        f"sets {path}={current}, so the tensors that failed were made another way - "
-                                        f"a model loaded without a dtype is float32 in transformers")
+                                        f"sets {path}={current}, so what failed was made another way" +
+                              (" - a model loaded without a dtype is float32 in transformers"
+                               if path == "train.precision" else ""))
         return d
-    for value in values:
-        overrides = [f"{path}={value}"] + (dsc.precision_overrides(f.resolved.ds, value)
-                                           if path == "train.precision" else [])
-        if f.resolves(overrides) is not None:
-            d.proposal = Proposal(f"{path}={value} instead of {current}", overrides,
-                                  f"the message says only {' or '.join(values)} work; {value} is the first of them "
-                                  f"the preset resolves with")
-            return d
+    found = _first_resolving(f, path, values)
+    if found:
+        value, overrides = found
+        d.proposal = Proposal(f"{path}={value} instead of {current}", overrides,
+                              f"the message says only {' or '.join(values)} work; {value} is the first of them "
+                              f"the preset resolves with")
+        return d
     d.proposal = Proposal(f"set {path} to one of {values} where the run sets it", [],
                           f"the message says only {' or '.join(values)} work")
     return d
 
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _first_resolving(f: Found, path: str, choices: list[str]) -> Optional[tuple[str, list[str]]]:
+    """(choice, overrides) for the first of `choices` the preset resolves with when `path` is set to it (a precision
+    brings its DeepSpeed blocks along); None when none does."""
+    for choice in choices:
+        overrides = [f"{path}={choice}"] + (dsc.precision_overrides(f.resolved.ds, choice)
+                                            if path == "train.precision" else [])
+        if f.resolves(overrides) is not None:
+            return choice, overrides
+    return None
 
 
 def _valid_values(f: Found, raised: Raised, text: str) -> Diagnosis:
