@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,15 @@ from trainer.presets import load_preset, with_overrides
 from trainer.resolve import resolve
 
 LOGS = Path(__file__).resolve().parent / "logs"
-NVME_DIR = tempfile.mkdtemp(prefix="doctor-nvme-")  # the NVMe rungs name a path the strict loader checks exists
+NVME_DIR = ""  # the NVMe rungs name a path the strict loader checks exists: the module's own, below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nvme_dir(tmp_path_factory):
+    """Under pytest's temporary root, which pytest prunes (a mkdtemp at import left one directory in /tmp per
+    collection, every worker, every run)."""
+    global NVME_DIR
+    NVME_DIR = str(tmp_path_factory.mktemp("doctor-nvme"))
 
 
 def resolved(preset: str, overrides: list[str] | None = None):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import jit_env, jit_locks, waits
+from . import jit_env, jit_locks, jit_reuse, waits
 from .errors import UserError
 from .files import write_text_atomic
 
@@ -154,8 +154,12 @@ def announced(jit_load, emit: Callable[[str], None]):
         if ninja is None:
             raise UserError(jit_env.missing_ninja_message(op.name))
         speaks = announcing()
+        reused = jit_reuse.reuse_if_unchanged(op.directory, op.name, ninja)
         if speaks:
             emit(op.announce(ninja, version))
+            if reused:
+                emit(f"op {op.name}: its sources are new files with the content it was built from (a reinstalled "
+                     f"environment) - reusing that build instead of rebuilding")
         before, started = op.built_at(), time.monotonic()
         try:  # on every rank: whichever takes torch's lock first builds, the announcing one or not
             with (waits.during(op.still) if speaks else contextlib.nullcontext()), stopped_by_signals():
@@ -165,6 +169,8 @@ def announced(jit_load, emit: Callable[[str], None]):
             raise SystemExit(128 + stop.signum) from None
         if speaks:
             emit(op.finished(time.monotonic() - started, before))
+            if op.built_at() != before or not (op.directory / jit_reuse.MANIFEST).is_file():
+                jit_reuse.record(op.directory, op.name, ninja)
         return module
     jit_load_announced.announced = True
     return jit_load_announced
