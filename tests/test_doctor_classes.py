@@ -106,7 +106,8 @@ def test_the_run_record_supplies_the_versions_a_log_does_not_print(tmp_path):
     (run / "train.log").write_text("RuntimeError: No module named 'torch._six'\n")
     (run / "config.resolved.yaml").write_text(yaml.safe_dump({"provenance": {"versions": {"deepspeed": "0.9.2"}}}))
     report = json.loads(run_cli("doctor", "7b_8xa100", str(run / "train.log"), "--json").stdout)
-    assert report["failure"] == "unrecognised"  # the recorded DeepSpeed is not in the broken range
+    # the recorded DeepSpeed is not in the broken range: not the version row, but a name the installed torch lacks
+    assert report["failure"] == "missing_name" and "downgrade torch" in report["proposal"]["step"]
     (run / "config.resolved.yaml").write_text(yaml.safe_dump({"provenance": {"versions": {"deepspeed": "0.8.1"}}}))
     report = json.loads(run_cli("doctor", "7b_8xa100", str(run / "train.log"), "--json").stdout)
     assert report["failure"] == "version" and "deepspeed>=0.8.2" in report["proposal"]["step"]

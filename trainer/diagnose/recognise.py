@@ -6,6 +6,7 @@
 | version           | a row of classes/versions.yaml: signature, the run's versions | the fixed release or the good pin |
 | jit_lock          | a rank waiting on a JIT build's lock file (FileBaton, py-spy) | remove the stale lock             |
 | launch_args       | argparse's unrecognized arguments (--local_rank: launcher's)  | the script accepts it             |
+| devices_ignored   | DeepSpeed's runner ignoring CUDA_VISIBLE_DEVICES for a slot flag | --include host:ids         |
 | port_in_use       | the rendezvous port cannot be bound (in use, privileged)      | another --master_port             |
 | cuda_toolkit      | nvcc too old for the GPU, toolkit vs torch, no kernel image   | the matching toolkit / wheel      |
 | zero3_device_map  | ZeRO-3 with device_map / low_cpu_mem_usage in from_pretrained | load without them (zero.Init)     |
@@ -29,6 +30,7 @@
 | unknown_architecture | KeyError: 'qwen2' from the auto config, "does not recognize this architecture" | the transformers that has it |
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
+| missing_name      | "cannot import name N from P", "module P has no attribute N"  | the release that goes with it     |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
@@ -50,8 +52,8 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
 from . import phases
-from .classes import (architecture, autograd, checkpoint, devices, fallback, launch, messages, network, quantized,
-                      sequence, stated, toolkit, versions)
+from .classes import (architecture, autograd, checkpoint, devices, fallback, launch, messages, names, network,
+                      quantized, sequence, stated, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -150,6 +152,8 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("launch_args", launch.find_unrecognized, launch.diagnose_launch_args,
                signature=(launch.UNRECOGNIZED, launch.LOCAL_RANK)),
     Recogniser("port_in_use", _first(launch.PORT_IN_USE), launch.diagnose_port),
+    Recogniser("devices_ignored", _first(launch.DEVICES_IGNORED), launch.diagnose_devices_ignored,
+               pattern=launch.DEVICES_IGNORED),
     Recogniser("cuda_toolkit", _first(toolkit.CUDA_TOOLKIT), toolkit.diagnose_cuda_toolkit),
     Recogniser("zero3_device_map", _first(checkpoint.DEVICE_MAP), checkpoint.diagnose_device_map),
     Recogniser("zero3_load", _first(ZERO3_LOAD), checkpoint.diagnose_zero3_load),
@@ -173,6 +177,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("unknown_architecture", architecture.find, architecture.diagnose, signature=(architecture.UNKNOWN_ARCH,)),
     Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
+    Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,

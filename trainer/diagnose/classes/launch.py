@@ -74,6 +74,28 @@ def diagnose_port(f: Found) -> Diagnosis:
     return d
 
 
+DEVICES_IGNORED = re.compile(r"Detected (?:CUDA|HIP|ASCEND_RT|HABANA)_VISIBLE_(?:DEVICES|MODULES)=(?P<ids>[\w,]+) but "
+                             r"ignoring it because one or several of --include/--exclude/--num_gpus/--num_nodes")
+
+
+def diagnose_devices_ignored(f: Found) -> Diagnosis:
+    """DeepSpeed's runner drops CUDA_VISIBLE_DEVICES whenever a slot flag is given, and places ranks on GPUs 0..N-1:
+    the ranks land on GPUs the user meant to leave alone (busy ones, or another job's: OOM, hangs)."""
+    ids = f.match.group("ids") if f.match else DEVICES_IGNORED.search(f.log.joined(f.index)).group("ids")
+    d = Diagnosis("devices_ignored", f"DeepSpeed's launcher ignored the GPUs the run named ({ids})", f.line)
+    through_accelerate = bool(re.search(r"\baccelerate\b", "\n".join(f.log.lines), re.IGNORECASE))
+    d.proposal = Proposal(
+        f"name the GPUs with the launcher instead: deepspeed --include localhost:{ids} (and no --num_gpus)", [],
+        "DeepSpeed's runner reads CUDA_VISIBLE_DEVICES only when none of --include/--exclude/--num_gpus/--num_nodes is "
+        "given, and otherwise starts its ranks on GPUs 0..N-1; --include host:ids is its own way to pick them"
+        + ("; the log shows accelerate: accelerate before 0.13 passed --num_gpus to DeepSpeed itself (upgrade "
+           "accelerate, which honours gpu_ids)" if through_accelerate else ""))
+    if through_accelerate:
+        d.then.append(Proposal("or upgrade accelerate (pip install -U accelerate): from 0.13 it passes no slot flag, "
+                               "so CUDA_VISIBLE_DEVICES / gpu_ids hold", [], "accelerate PR #626"))
+    return d
+
+
 RENDEZVOUS = re.compile(r"(?:client socket has (?:failed to connect|timed out[^\n]*?while trying to connect) to "
                         r"(?:\[(?P<host>[^\]]+)\]|\((?P<host2>[^,\s]+),))|(?:c10d|TCPStore)[^\n]*Cannot assign requested "
                         r"address")

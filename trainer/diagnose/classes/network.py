@@ -44,6 +44,9 @@ def diagnose_network(f: Found) -> Diagnosis:
         return _one_node(f)
     if f.log.has(SOCKET) or ib_off:
         return _sockets(f)
+    if (facts.nodes or 0) > 1:  # across nodes, no IB and no transport named: the socket interface, most often
+        return _sockets(f, f"NCCL failed in a system call across {facts.nodes} nodes, with no InfiniBand in the log: "
+                           f"most often the socket transport on an interface the other node cannot reach")
     d = Diagnosis("nccl_network", "NCCL failed in a system call (network, shared memory or a peer that went away)",
                   f.line)
     d.proposal = Proposal("rerun with NCCL_DEBUG=INFO to see which transport failed", [],
@@ -136,8 +139,8 @@ def _infiniband(f: Found) -> Diagnosis:
     return d
 
 
-def _sockets(f: Found) -> Diagnosis:
-    d = Diagnosis("nccl_network", "NCCL's socket transport found no usable interface or lost its peer", f.line)
+def _sockets(f: Found, title: str = "NCCL's socket transport found no usable interface or lost its peer") -> Diagnosis:
+    d = Diagnosis("nccl_network", title, f.line)
     d.proposal = Proposal("pin the interface that connects the nodes: NCCL_SOCKET_IFNAME=<iface>", [],
                           "NCCL picks the first interface that is not loopback or docker; on hosts with several "
                           "(bridges, VPNs, a second NIC) it may pick one the peers cannot reach, or find none inside a "

@@ -103,6 +103,8 @@ def _statement(raised: Raised) -> Optional[str]:
         return "valid_values"
     if (m := NAMED_BAD.search(text)) and named_key(m.group("phrase")):
         return "named_setting"
+    if _refused_feature(text):
+        return "refused_feature"
     return None
 
 
@@ -111,7 +113,7 @@ def diagnose(f: Found) -> Diagnosis:
     kind = _statement(raised)
     return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
             "expected": _expected, "unsupported": _unsupported, "only": _only, "valid_values": _valid_values,
-            "named_setting": _named_setting}[kind](f, raised, stated_text(raised))
+            "named_setting": _named_setting, "refused_feature": _unsupported}[kind](f, raised, stated_text(raised))
 
 
 # --- the indexes the keys are looked up in -------------------------------------------------------------------
@@ -182,6 +184,72 @@ def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
             if path:
                 return path, value
     return None
+
+
+def _refused_feature(text: str) -> Optional[tuple[str, str]]:
+    """(schema path, value) for the feature a message refuses on this hardware or setup as its subject, by the
+    name a library writes it in ("FlashAttention only supports Ampere GPUs or newer", "Liger kernels require a CUDA
+    device"): a statement about what the run turned on, not about values a setting lists."""
+    for m in FEATURE_REFUSED.finditer(text):
+        words = re.findall(r"[A-Za-z0-9]+", m.group("subject"))
+        for size in (3, 2, 1):  # the feature is the subject's last words: "the FlashAttention 2 kernel" -> 2-3
+            for start in range(max(0, len(words) - size - 1), len(words) - size + 1):
+                hit = feature_names().get(_spelt("".join(words[start:start + size])))
+                if hit:
+                    return hit
+    return None
+
+
+# the subject of a refusal: "<feature> only supports / requires / is not supported / is not available ..."
+FEATURE_REFUSED = re.compile(r"(?P<subject>[A-Za-z][\w-]*(?:\s+[\w-]+){0,3}?)\s+(?:kernels?\s+)?(?:only supports?\s+(?!"
+                             r"(?:fp|bf|float|int|half|the\b|one\b|\w+ (?:and|or) )\w*)|(?:is|are) only supported on|"
+                             r"(?:requires?|needs?)\s+(?:an?\s+|the\s+)?(?:CUDA|GPU|NVIDIA|Ampere|Hopper|compute "
+                             r"capability|sm_?\d|\w+ GPU|\w+ device)|(?:is|are)(?: currently)? not (?:supported|available)"
+                             r" (?:on|with|for|in)\b|(?:is|are)(?: currently)? not available\b|(?:is|are) unavailable)",
+                             re.IGNORECASE)
+SPELLINGS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
+
+
+def _spelt(name: str) -> str:
+    """A feature's name without case, separators or a plural: FlashAttention, flash_attention, Flash-Attention and
+    flash attention are one; 'Liger kernels' is 'liger'."""
+    bare = re.sub(r"[^a-z0-9]", "", name.lower())
+    bare = SPELLINGS.get(bare, bare)
+    return bare[:-1] if bare.endswith("s") and len(bare) > 4 else bare
+
+
+@functools.lru_cache(maxsize=1)
+def feature_names() -> dict[str, tuple[str, str]]:
+    """How a message may name a setting's value -> (schema path, value): each choice that is no English word
+    (flash_attention_2: also without its version suffix), and each on/off feature of the model section (liger,
+    gradient_checkpointing, tiled_mlp) -> 'true', the value a refusal is about."""
+    out: dict[str, tuple[str, str]] = {}
+    for path, choices in schema_fields().items():
+        for choice in choices:
+            if re.search(r"[\d_]", choice):
+                out.setdefault(_spelt(choice), (path, choice))
+                out.setdefault(_spelt(re.sub(r"_\d+$", "", choice)), (path, choice))
+    for path, kind in schema_types().items():
+        if path.startswith("model.") and kind is bool:
+            out.setdefault(_spelt(path.rsplit(".", 1)[1]), (path, "true"))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def schema_types() -> dict[str, object]:
+    """Every field of the trainer's config as `section.field` -> its type hint."""
+    out: dict[str, object] = {}
+
+    def walk(cls, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for fld in dataclasses.fields(cls):
+            hint = hints.get(fld.name)
+            if dataclasses.is_dataclass(hint):
+                walk(hint, f"{prefix}{fld.name}.")
+            else:
+                out[f"{prefix}{fld.name}"] = hint
+    walk(schema.Config, "")
+    return out
 
 
 def _only_choices(text: str) -> Optional[tuple[str, list[str]]]:
@@ -274,7 +342,8 @@ def _unknown_key(f: Found, raised: Raised, text: str) -> Diagnosis:
     seen = f.versions.get("deepspeed")
     removals = [dsc.set_override(p, None) for k in keys for p in [_ds_path(f, k)] if p]
     if newer:
-        d.proposal = Proposal(f"pin a DeepSpeed that knows {', '.join(newer)}: pip install deepspeed=={TRAINER_DEEPSPEED}",
+        d.proposal = Proposal(f"upgrade DeepSpeed to a release that knows {', '.join(newer)}: pip install "
+                              f"deepspeed=={TRAINER_DEEPSPEED}",
                               [], f"{', '.join(newer)} {'is' if len(newer) == 1 else 'are'} keys of DeepSpeed "
                               f"{TRAINER_DEEPSPEED} (this trainer's pin; its learned keys hold them)"
                               + (f"; the log's DeepSpeed is {seen}" if seen else "") +
@@ -363,9 +432,11 @@ def _scalar(text: str):
 
 
 def _unsupported(f: Found, raised: Raised, text: str) -> Diagnosis:
-    path, value = _unsupported_choice(text)
-    d = Diagnosis("config_message", f"the error states that {value} is not supported here ({path})", raised.headline)
-    found = _first_resolving(f, path, [c for c in schema_fields()[path] if c not in (value, "auto")])
+    path, value = _unsupported_choice(text) or _refused_feature(text)
+    d = Diagnosis("config_message", f"the error states that {value if value != 'true' else path} is not supported "
+                                    f"here ({path})", raised.headline)
+    others = ["false"] if value == "true" else [c for c in schema_fields()[path] if c not in (value, "auto")]
+    found = _first_resolving(f, path, others)
     if found:
         choice, overrides = found
         d.proposal = Proposal(f"{path}={choice} instead of {value}", overrides,

@@ -1,0 +1,148 @@
+"""A name that one package takes from another, and the other's installed release does not have:
+`ImportError: cannot import name 'N' from 'P'`, `AttributeError: module 'P' has no attribute 'N'`,
+`ModuleNotFoundError: No module named 'P.sub'` while P itself is there. Packages add, move and remove names from
+release to release, so the two releases in that environment do not go together; which way round is read from:
+
+- the importer: the package whose frame made the import (the traceback's innermost frame outside P), when shown;
+- the installed P where the doctor runs (the project's pins): whether its source defines N, read without importing
+  it - when it does, the run's P predates N; when it does not, N was removed or renamed by then;
+- the versions the log prints for P, compared with the installed one (a newer P than ours says nothing either way).
+
+The first proposal upgrades what the evidence points at; the other direction is named as the alternative.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+from ..findings import Diagnosis, Found, Proposal
+from ..logtext import Log
+from ..raised import final_exception
+
+MISSING_NAME = re.compile(
+    r"cannot import name '(?P<name>[\w.]+)' from '(?P<module>[\w.]+)'"
+    r"|module '(?P<module2>[\w.]+)' has no attribute '(?P<name2>\w+)'"
+    r"|No module named '(?P<module3>[A-Za-z_]\w*)\.(?P<name3>[\w.]+)'")
+BUILTIN_ROOTS = {"__main__", "builtins", "os", "sys", "typing", "collections", "numpy.core"}
+
+
+def parts(match: re.Match) -> tuple[str, str, bool]:
+    """(module, name, whether the name is a submodule): 'P.sub' and 'N' as the message states them."""
+    if match.group("name"):
+        return match.group("module"), match.group("name"), False
+    if match.group("name2"):
+        return match.group("module2"), match.group("name2"), False
+    return match.group("module3"), match.group("name3"), True
+
+
+def find(log: Log) -> Optional[int]:
+    """The final exception, when it is such a message about a module of an installed-style package."""
+    raised = final_exception(log)
+    if raised is not None:
+        found = MISSING_NAME.search(raised.headline)
+        return raised.index if found and parts(found)[0].split(".")[0] not in BUILTIN_ROOTS else None
+    index = log.first(MISSING_NAME)
+    if index is None:
+        return None
+    return index if parts(MISSING_NAME.search(log.line(index)))[0].split(".")[0] not in BUILTIN_ROOTS else None
+
+
+def distribution_of(package: str) -> Optional[metadata.Distribution]:
+    """The installed distribution that provides the top-level package (torch, transformers, bitsandbytes, ...)."""
+    names = metadata.packages_distributions().get(package, [package])
+    for name in names:
+        try:
+            return metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def installed_has(module: str, name: str, submodule: bool) -> tuple[str, Optional[bool]]:
+    """(the installed version of module's package, whether its source defines or exports `name` - or, for a
+    submodule, has that file; None when the package is not installed here)."""
+    package = module.split(".")[0]
+    dist = distribution_of(package)
+    if dist is None:
+        return "", None
+    root = Path(dist.locate_file(package))
+    if not root.is_dir():
+        return dist.version, None
+    if submodule:
+        path = root.joinpath(*module.split(".")[1:], *name.split("."))
+        return dist.version, path.is_dir() or path.with_suffix(".py").is_file()
+    defined = re.compile(rf"^\s*(?:def|class|async def)\s+{re.escape(name)}\b|^\s*{re.escape(name)}\s*[:=]|"
+                         rf"[\"']{re.escape(name)}[\"']|\bimport\s+(?:[\w.]+\s+as\s+)?{re.escape(name)}\b|"
+                         rf"\bas\s+{re.escape(name)}\b", re.MULTILINE)
+    needle = name.encode()
+    for path in root.rglob("*.py"):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if needle in data and defined.search(data.decode(errors="replace")):  # the plain search first: fast
+            return dist.version, True
+    return dist.version, False
+
+
+def version_key(version: str) -> tuple:
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def importer_of(f: Found, package: str) -> str:
+    """The package whose code made the import: the innermost frame outside `package`, '' when not shown or when
+    it is the user's own script."""
+    raised = final_exception(f.log)
+    frames = list(raised.frames) if raised else f.log.frames(f.index)
+    for frame in reversed(frames):
+        if frame.package and frame.package != package:
+            return frame.package
+    return ""
+
+
+def diagnose(f: Found) -> Diagnosis:
+    module, name, submodule = parts(MISSING_NAME.search(f.log.joined(f.index)))
+    package = module.split(".")[0]
+    importer = importer_of(f, package)
+    here, has = installed_has(module, name, submodule)
+    here = here.split("+")[0]  # 2.13.0+cpu: the local build tag names this machine's wheel, not a release
+    theirs = f.versions.get(package)
+    newer_than_ours = bool(theirs and here and version_key(theirs) > version_key(here))
+    d = Diagnosis("missing_name", f"'{name}' is not in the {package} the run imported"
+                  + (f" ({package} {theirs})" if theirs else "")
+                  + (f", which {importer} imports" if importer else ""), f.line)
+    user = importer or "the package that imports it"
+    both = f"pip install -U {importer + ' ' if importer else ''}{package}"
+    if has and not newer_than_ours:
+        d.proposal = Proposal(
+            f"upgrade {package}: {package} {here} has '{name}' (`pip install -U {package}`, or `pip install "
+            f"{package}=={here}`, the release this project pins)", [],
+            f"the run's {package}{' ' + theirs if theirs else ''} predates '{name}', which {user} needs"
+            + (f"; if the log's {package} {theirs} should already have it, the script ran another environment's "
+               f"{package}: `python -c 'import {package}; print({package}.__version__, {package}.__file__)'` with "
+               f"the interpreter that runs it" if theirs else ""))
+        d.then.append(Proposal(f"or pin {user} to a release written for the run's {package}", [],
+                               "the other direction: keep the environment and match the importer to it"))
+    elif has is False and not newer_than_ours:
+        upgrade = (f"`pip install -U {importer}`" if importer else
+                   "`pip install -U <it>`: the traceback's last frame outside your script names it")
+        d.proposal = Proposal(
+            f"upgrade {user} to a release written for the newer {package} ({upgrade}), or downgrade {package} to a "
+            f"release that still has '{name}'", [],
+            f"{package} {here} (this project's pin) does not define '{name}' either: it was removed or renamed in a "
+            f"{package} release, and {user} still imports it from there")
+    else:
+        d.proposal = Proposal(
+            f"upgrade {user} together with {package} ({both}), or downgrade {package} to the release {user} was "
+            f"written for", [],
+            f"'{name}' moved between {package} releases, and the two releases in that environment do not go together"
+            + ("" if has is not None else f" ({package} is not installed where the doctor runs, so which release has "
+                                           f"'{name}' is not known here)"))
+    d.advice.append(f"`pip show {package}{' ' + importer if importer else ''}` in the environment that ran it gives the "
+                    "two versions; the importer's release notes or requirements name the range of "
+                    f"{package} it supports")
+    return d
