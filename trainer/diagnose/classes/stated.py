@@ -121,19 +121,8 @@ def diagnose(f: Found) -> Diagnosis:
 @functools.lru_cache(maxsize=1)
 def schema_fields() -> dict[str, tuple]:
     """Every field of the trainer's config as `section.field` -> its choices (a Literal's values; () for none)."""
-    out: dict[str, tuple] = {}
-
-    def walk(cls, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for fld in dataclasses.fields(cls):
-            hint = hints.get(fld.name)
-            if dataclasses.is_dataclass(hint):
-                walk(hint, f"{prefix}{fld.name}.")
-            else:
-                out[f"{prefix}{fld.name}"] = tuple(str(v) for v in typing.get_args(hint)) \
-                    if typing.get_origin(hint) is typing.Literal else ()
-    walk(schema.Config, "")
-    return out
+    return {path: tuple(str(v) for v in typing.get_args(hint)) if typing.get_origin(hint) is typing.Literal else ()
+            for path, hint in schema_types().items()}
 
 
 @functools.lru_cache(maxsize=1)
