@@ -10,6 +10,13 @@ collector was given by mistake; it reads `deepspeed.zero_optimization.stage=2`, 
 The test asserts the score does not get worse - no more wrong, no more unrecognised, every unrecognised log a true
 fallback (no proposal) - not that any miss stays a miss. Once these logs are used to build anything, say so here:
 they are then no longer held out.
+
+Used, 2026-12-07, after that measurement: the misses led to seven mechanisms, each tested on drawn cases in
+test_doctor_mechanisms41f.py - a compiled extension's undefined C++ symbol (01), invalid device ordinal (04), a
+setting a message requires named by its words in order (03: "ZeRO Stage 3"), PEFT's own default LoRA targets for the
+model family the log loads (06), a programming error inside a library's own code (07), a field a sample lacks after
+N steps (09), a log that stops in the process group's start (10). Since: 8 right, 0 partial, 0 wrong, 2 not
+recognised (02: a ChildFailedError with no error text; 08: one source line). This set is no longer held out.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 
 def test_the_measured_score_does_not_get_worse():
     got, count = scored(HELD, CASES)
-    assert count["right"] >= 1 and count["right"] + count["partial"] >= 2, got
-    assert count["wrong"] <= 1 and count["silent"] == 0, got
-    assert count["not recognised"] <= 7, got
+    assert count["right"] >= 8, got  # 1 when held out; 8 after the mechanisms it led to (above)
+    assert count["wrong"] == 0 and count["silent"] == 0, got
+    assert count["not recognised"] <= 2, got
     assert all(got[n] in ("right", "partial") for n, c in CASES.items() if c["observed"]["auto_score"] == "right"), got

@@ -169,3 +169,112 @@ def test_devices_the_deepspeed_runner_ignored_are_named_with_its_include(ids, vi
     j = run(text)
     assert j["class"] == "devices_ignored" and f"--include localhost:{ids}" in first(j), j
     assert ("upgrade accelerate" in " ".join(t["step"] for t in j["then"])) == via.startswith("accelerate")
+
+
+# --- after heldout41f (used to build what follows: see test_doctor_heldout41f.py) ------------------------------
+
+EXTENSIONS = [("flash_attn", "flash_attn_2_cuda", "flash-attn"), ("xformers", "_C", "xformers"),
+              ("apex", "fused_layer_norm_cuda", "apex"), ("causal_conv1d", "causal_conv1d_cuda", "causal-conv1d")]
+SYMBOLS = {"_ZN3c104cuda9SetDeviceEi": "torch", "_ZNK2at6Tensor7is_cudaEv": "torch",
+           "_ZN5torch3jit17parseSchemaOrNameERKSs": "torch", "_ZN4absl12lts_202301255MutexD1Ev": ""}
+
+
+@pytest.mark.parametrize("package, library, pip_name", EXTENSIONS)
+def test_an_extension_built_against_another_torch_is_rebuilt_against_this_one(package, library, pip_name):
+    symbol = DRAW.choice(list(SYMBOLS))
+    site = f"/opt/conda/lib/python3.10/site-packages"
+    text = "\n".join(["Traceback (most recent call last):",
+                      f'  File "{site}/{package}/interface.py", line 10, in <module>',
+                      f"    import {library}",
+                      f"ImportError: {site}/{library}.cpython-310-x86_64-linux-gnu.so: undefined symbol: {symbol}"])
+    j = run(text)
+    assert j["class"] == "extension_abi", j
+    said = first(j)
+    assert f"pip uninstall -y {pip_name}" in said and f"pip install {pip_name}" in said, said
+    assert (f"installed {SYMBOLS[symbol]}" in said) if SYMBOLS[symbol] else "installed libraries" in said
+
+
+def test_the_mangled_namespace_is_read_from_the_symbol():
+    from trainer.diagnose.classes import binaries
+    assert [binaries.mangled_namespace(s) for s in SYMBOLS] == ["c10", "at", "torch", "absl"]
+    assert binaries.mangled_namespace("cudaSetDevice") == ""
+
+
+@pytest.mark.parametrize("line", ["RuntimeError: CUDA error: invalid device ordinal",
+                                  "torch.cuda.DeferredCudaCallError: CUDA call failed lazily at initialization with "
+                                  "error: device >= 0 && device < num_gpus INTERNAL ASSERT FAILED; invalid device ordinal",
+                                  "runtimeerror: cuda error: invalid device ordinal"])
+def test_an_invalid_device_ordinal_starts_as_many_ranks_as_gpus(line):
+    j = run(f"torchrun --nproc_per_node={DRAW.choice([2, 4, 8])} train.py\n{line}\n")
+    assert j["class"] == "invalid_device_ordinal" and "--nproc_per_node" in first(j), j
+
+
+@pytest.mark.parametrize("field, holder, steps", [("input_ids_j", "feature", 125), ("labels", "batch", 0),
+                                                  ("chosen_input_ids", "example", 40), ("pixel_values", "examples", 0)])
+def test_a_sample_without_a_field_the_code_reads_is_preprocessed_like_the_training_data(field, holder, steps):
+    progress = f" 11%|████      | {steps}/1125 [1:04:25<8:30:35, 30.64s/it]\n" if steps else ""
+    text = (f"{progress}Traceback (most recent call last):\n  File \"/home/u/collate.py\", line 40, in __call__\n"
+            f"    \"input_ids\": {holder}[\"{field}\"],\nKeyError: '{field}'\n")
+    j = run(text)
+    assert j["class"] == "missing_field", j
+    said = first(j)
+    assert f"'{field}'" in said
+    assert ("eval dataset" in said and f"for {steps} steps" in said) if steps else "map the dataset" in said
+
+
+def test_a_key_error_on_a_name_the_code_does_not_read_from_a_sample_is_not_a_missing_field():
+    text = "Traceback (most recent call last):\n  File \"/x/train.py\", line 3, in f\n    cfg = CONFIGS[name]\nKeyError: 'llama'\n"
+    assert run(text)["class"] != "missing_field"
+
+
+INIT_TAILS = [["[INFO] [comm.py:637:init_distributed] cdb=None",
+               "[INFO] [comm.py:668:init_distributed] Initializing TorchBackend in DeepSpeed with backend nccl"],
+              ["INFO:torch.distributed.distributed_c10d:Added key: store_based_barrier_key:1 to store for rank: 0"],
+              ["[W socket.cpp:663] [c10d] The client socket cannot be initialized", "Distributed environment: DEEPSPEED  "
+               "Backend: nccl"]]
+
+
+@pytest.mark.parametrize("tail", INIT_TAILS[:2])
+def test_a_log_that_stops_at_the_process_groups_start_fixes_the_rendezvous_port(tail):
+    j = run("\n".join(["Loading checkpoint shards: 100%", *tail]) + "\n")
+    assert j["class"] == "stopped_at_init", j
+    assert "main_process_port" in first(j) and "--master_port" in first(j)
+
+
+def test_a_log_that_goes_on_past_the_start_is_no_init_hang():
+    assert run("\n".join([*INIT_TAILS[0], "step 10 loss 2.31"]) + "\n")["class"] != "stopped_at_init"
+
+
+@pytest.mark.parametrize("package, error", [("bitsandbytes", "AttributeError: 'NoneType' object has no attribute 'to'"),
+                                            ("peft", "TypeError: forward() got multiple values for argument 'x'"),
+                                            ("accelerate", "NameError: name 'is_torch_xla_available' is not defined")])
+def test_a_programming_error_inside_a_library_upgrades_that_library(package, error):
+    form = DRAW.choice(["File ", "error : "])
+    text = (f"Traceback (most recent call last):\n  {form}\"/env/lib/python3.10/site-packages/{package}/nn/modules.py\", "
+            f"line 254, in _load\n    self.bias.data = bias_data.to(self.bias.data.device)\n{error}\n")
+    j = run(text)
+    assert j["class"] == "library_bug" and f"pip install -U {package}" in first(j), j
+
+
+def test_the_same_error_in_the_users_own_code_is_no_library_bug():
+    text = "Traceback (most recent call last):\n  File \"/home/u/train.py\", line 9, in main\n    x.to(dev)\nAttributeError: 'NoneType' object has no attribute 'to'\n"
+    assert run(text)["class"] != "library_bug"
+
+
+@pytest.mark.parametrize("message, override", [
+    ("ValueError: ZeRO inference only makes sense with ZeRO Stage 3 - please adjust your config",
+     "deepspeed.zero_optimization.stage=3"),
+    ("AssertionError: this feature only works with zero stage 2 - adjust the config", "deepspeed.zero_optimization.stage=2"),
+    ("ValueError: offload only makes sense with ZeRO stage: 3", "deepspeed.zero_optimization.stage=3")])
+def test_a_setting_a_message_requires_is_set(message, override):
+    j = run(message + "\n")
+    assert override in j["proposal"]["overrides"], j["proposal"]
+
+
+@pytest.mark.parametrize("model, targets", [("THUDM/chatglm3-6b", "query_key_value"), ("tiiuae/falcon-7b", "query_key_value"),
+                                            ("bigscience/bloom-560m", "query_key_value"), ("gpt2-medium", "c_attn")])
+def test_lora_targets_a_model_does_not_have_are_replaced_by_peft_defaults_for_its_family(model, targets):
+    text = (f"python train.py --model_name_or_path {model} --lora_target q_proj,v_proj\nValueError: Target modules "
+            f"{{'v_proj', 'q_proj'}} not found in the base model. Please check the target modules and try again.\n")
+    said = first(run(text))
+    assert targets in said and "peft.utils.constants" in said, said

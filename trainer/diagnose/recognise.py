@@ -31,11 +31,16 @@
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | missing_name      | "cannot import name N from P", "module P has no attribute N"  | the release that goes with it     |
+| extension_abi     | a compiled extension's "undefined symbol" (built for another torch) | rebuild it against this one |
+| invalid_device_ordinal | "invalid device ordinal": more ranks than visible GPUs   | ranks per node = GPUs             |
+| missing_field     | KeyError on a field the code reads from a sample              | preprocess that split like training |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
 | config_message    | an exception whose message says what to change (names keys)   | that change (overrides if it can) |
 | jit_lock (weak)   | a log that stops while loading a JIT op                       | remove the stale lock             |
+| stopped_at_init   | a log that ends in the process group's start, no error        | one fixed rendezvous port/address |
+| library_bug       | AttributeError/TypeError/NameError inside a library's own code | upgrade that library            |
 | unrecognised      | nothing above: exception, library, phase, versions, the plan  | what to attach to a bug report    |
 
 A message wrapped over several lines is read in a second pass (`Log.first_wrapped`), after every class had its
@@ -52,8 +57,8 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory
 from . import phases
-from .classes import (architecture, autograd, checkpoint, devices, fallback, launch, messages, names, network,
-                      quantized, sequence, stated, toolkit, versions)
+from .classes import (architecture, autograd, binaries, checkpoint, devices, fallback, launch, messages, names,
+                      network, quantized, sequence, stated, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -178,6 +183,10 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
     Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),
+    Recogniser("extension_abi", _first(binaries.UNDEFINED_SYMBOL), binaries.diagnose_undefined_symbol),
+    Recogniser("invalid_device_ordinal", _first(binaries.INVALID_ORDINAL), binaries.diagnose_invalid_ordinal),
+    Recogniser("missing_field", binaries.find_missing_field, binaries.diagnose_missing_field,
+               signature=(binaries.KEY_ERROR, binaries.FIELD_READ)),
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,
@@ -185,6 +194,9 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("config_message", messages.find_message, messages.diagnose_message, signature=(messages.INSTRUCTION,)),
     Recogniser("op_build", _weak_op, toolkit.diagnose_op_build),
     Recogniser("jit_lock", toolkit.find_stopped_at_op_loading, toolkit.diagnose_jit_lock),
+    Recogniser("stopped_at_init", launch.find_stopped_at_init, launch.diagnose_stopped_at_init,
+               signature=(launch.INIT_LINE,)),
+    Recogniser("library_bug", binaries.find_library_bug, binaries.diagnose_library_bug),
 ]
 
 

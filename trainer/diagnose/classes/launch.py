@@ -123,6 +123,41 @@ def diagnose_rendezvous(f: Found) -> Diagnosis:
     return d
 
 
+# a log that ends inside the process group's start: the ranks never all arrived at the rendezvous
+INIT_LINE = re.compile(r"(init_distributed|Initializing TorchBackend|Added key: store_based_barrier_key|Waiting in store "
+                       r"based barrier|Rendezvous'ing|rendezvous(?:ing)? (?:with|for)|init_process_group|"
+                       r"Distributed environment: |MASTER_ADDR=\S+ MASTER_PORT=)", re.IGNORECASE)
+ERROR_LIKE = re.compile(r"(Error|Exception|Traceback|error:|FAILED|fatal|Killed|exits? with return code [^0])",
+                        re.IGNORECASE)
+
+
+def find_stopped_at_init(log) -> Optional[int]:
+    """The last line, when the log's last lines are the process group's start and nothing in it is an error."""
+    tail = [i for i, line in enumerate(log.lines) if line.strip()][-3:]
+    if not tail or log.has(ERROR_LIKE) or not INIT_LINE.search(log.line(tail[-1])):
+        return None
+    return tail[-1]
+
+
+def diagnose_stopped_at_init(f: Found) -> Diagnosis:
+    """Every rank started the process group and the log stops there: they never met. The usual cause is a rank
+    that was given another rendezvous port or address than the others (a launcher config's port 0 or 'random', a
+    per-process MASTER_PORT), or a port another job already holds."""
+    d = Diagnosis("stopped_at_init", "the log stops while the ranks start the process group: they never met at the "
+                                     "rendezvous", f.line)
+    d.proposal = Proposal(
+        "give every rank one fixed, free rendezvous port and address: deepspeed/torchrun --master_port 29500 "
+        "--master_addr <head>; in an accelerate config, main_process_port: 29500 (not 0, which lets each process pick "
+        "its own)", [],
+        "a rank waits in the store until all WORLD_SIZE ranks arrive; one that was told another port or address never "
+        "arrives, and nothing fails until the timeout (30 min by default). `ss -ltnp 'sport = :29500'` shows another "
+        "job on the port", env=(("NCCL_DEBUG", "INFO"), ("TORCH_DISTRIBUTED_DEBUG", "DETAIL")))
+    d.then.append(Proposal("if the port is right: one node? --master_addr 127.0.0.1; several: the head's address "
+                           "every node reaches", [], "a store bound to an address the other ranks cannot reach "
+                           "waits the same way"))
+    return d
+
+
 # --- ranks started without a launcher ----------------------------------------------------------------------------
 
 NO_LAUNCHER = re.compile(r"(environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected, but "

@@ -20,11 +20,14 @@ pydantic models, the trainer's config schema), so a key is proposed under the pa
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import functools
 import re
 import typing
+from importlib import metadata
+from pathlib import Path
 from typing import Optional
 
 from ... import config as schema
@@ -68,6 +71,12 @@ VALID_VALUES = re.compile(r"valid values? (?:for|of) (?:the )?(?P<phrase>[\w ]{3
                           re.IGNORECASE)
 NAMED_BAD = re.compile(r"(?P<phrase>[A-Za-z][A-Za-z ]{2,40}?)\s*(?:\[[^\]]*\]|\{[^}]*\}|'[^']*'|\"[^\"]*\")\s+(?:(?:is|are|were|was) "
                        r"(?:not found|invalid|not supported|unknown|not recogni[sz]ed)|not found)", re.IGNORECASE)
+# "X only makes sense with ZeRO Stage 3", "can only be used when gradient accumulation steps is 1": the setting
+# and the value the message requires
+REQUIRED = re.compile(r"(?:only (?:makes sense|works|is valid|is possible|is supported|is allowed)|can only be used|is "
+                      r"only available|must be used) (?:with|when|for|if|under|on|in) (?:a |an |the )?(?P<phrase>"
+                      r"[A-Za-z][A-Za-z ]{2,40}?)\s*(?:=|==|:|is|of|set to)?\s*(?P<value>\d+|true|false)\b",
+                      re.IGNORECASE)
 FILLER = {"the", "of", "per", "a", "an", "for", "to", "in", "your"}
 SYNONYMS = {"number": "num", "numbers": "num"}
 PIP_NAMES = {"pytorch": "torch", "flash_attn": "flash-attn", "huggingface_hub": "huggingface-hub",
@@ -103,6 +112,8 @@ def _statement(raised: Raised) -> Optional[str]:
         return "valid_values"
     if (m := NAMED_BAD.search(text)) and named_key(m.group("phrase")):
         return "named_setting"
+    if (m := REQUIRED.search(text)) and setting_named(m.group("phrase")):
+        return "required_value"
     if _refused_feature(text):
         return "refused_feature"
     return None
@@ -113,7 +124,8 @@ def diagnose(f: Found) -> Diagnosis:
     kind = _statement(raised)
     return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
             "expected": _expected, "unsupported": _unsupported, "only": _only, "valid_values": _valid_values,
-            "named_setting": _named_setting, "refused_feature": _unsupported}[kind](f, raised, stated_text(raised))
+            "named_setting": _named_setting, "refused_feature": _unsupported,
+            "required_value": _required}[kind](f, raised, stated_text(raised))
 
 
 # --- the indexes the keys are looked up in -------------------------------------------------------------------
@@ -159,6 +171,39 @@ def named_key(phrase: str) -> Optional[str]:
             if (hit := index.get(tuple(words[start:start + size]))) is not None:
                 return hit
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def deepspeed_paths() -> tuple[str, ...]:
+    """Every DeepSpeed key as block.field (zero_optimization.stage), from the installed DeepSpeed's models."""
+    try:
+        facts = learned.facts()
+    except (UserError, OSError, ImportError):
+        return ()
+    models = facts.get("models", {})
+    return tuple(f"{block}.{name}" for block, model in facts.get("blocks", {}).items()
+                 for name in models.get(model, {}).get("fields", []))
+
+
+def setting_named(phrase: str) -> Optional[str]:
+    """The setting a message's words name: a key spelt out (named_key), else a DeepSpeed key whose section and
+    field the words give in order ("ZeRO stage" -> deepspeed.zero_optimization.stage), ending with its field."""
+    hit = named_key(phrase)
+    if hit:
+        return hit if "." in hit else next((f"deepspeed.{p}" for p in deepspeed_paths() if p.endswith(f".{hit}")), hit)
+    words = [SYNONYMS.get(w, w) for w in re.findall(r"[a-z0-9]+", phrase.lower()) if w not in FILLER]
+    if len(words) < 2:
+        return None
+    for path in deepspeed_paths():
+        parts = re.split(r"[._]", path)
+        if parts[-1] == words[-1] and _in_order(words, parts):
+            return f"deepspeed.{path}"
+    return None
+
+
+def _in_order(words: list[str], parts: list[str]) -> bool:
+    remaining = iter(parts)
+    return all(any(word == part for part in remaining) for word in words)
 
 
 def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
@@ -413,6 +458,22 @@ def _expected(f: Found, raised: Raised, text: str) -> Diagnosis:
     return d
 
 
+def _required(f: Found, raised: Raised, text: str) -> Diagnosis:
+    m = REQUIRED.search(text)
+    path, value = setting_named(m.group("phrase")), m.group("value").lower()
+    d = Diagnosis("config_message", f"the error states the setting it requires: {path}={value}", raised.headline)
+    override = (dsc.set_override(path.removeprefix("deepspeed."), _scalar(value)) if path.startswith("deepspeed.")
+                else f"{path}={value}")
+    if f.resolves([override]) is not None:
+        d.proposal = Proposal(f"set {path.rsplit('.', 1)[-1]} to {value}", [override],
+                              f"the message says {bounded_message(m.group(0))}")
+    else:
+        d.proposal = Proposal(f"set {path} to {value} where the run sets it (its DeepSpeed config file)", [],
+                              f"the message says {bounded_message(m.group(0))}; {override} does not resolve for "
+                              f"preset {f.resolved.config.name}")
+    return d
+
+
 def _scalar(text: str):
     lowered = text.lower()
     if lowered in ("true", "false"):
@@ -500,10 +561,54 @@ def _named_setting(f: Found, raised: Raised, text: str) -> Diagnosis:
     m = NAMED_BAD.search(text)
     path = named_key(m.group("phrase"))
     d = Diagnosis("config_message", f"the error names a setting whose value is refused: {path}", raised.headline)
+    if path == "model.lora.target_modules" and (known := _model_targets(f)):
+        model, targets = known
+        override = f"{path}=[{', '.join(targets)}]"
+        d.proposal = Proposal(f"target the modules {model} models have: {', '.join(targets)}",
+                              [override] if f.resolves([override]) is not None else [],
+                              f"the message says {bounded_message(m.group(0))}; PEFT's own table of default targets "
+                              f"(peft.utils.constants) names {targets} for the '{model}' family the log loads "
+                              f"(`model.named_modules()` lists every name)")
+        return d
     d.proposal = Proposal(f"set {path} to what the model or run really has", [],
                           f"the message says the {m.group('phrase').strip()} it was given are not there: "
                           f"{bounded_message(m.group(0))}; list the names the model has and set {path} to them")
     return d
+
+
+MODEL_NAME = re.compile(r"(?:model_name_or_path|name_or_path|from_pretrained\(\s*)[\s=:\"']*(?P<name>[\w./-]+)")
+
+
+@functools.lru_cache(maxsize=1)
+def peft_default_targets() -> dict:
+    """PEFT's table of LoRA target modules per model type, read from the installed PEFT's source (importing PEFT
+    would import torch)."""
+    try:
+        source = Path(metadata.distribution("peft").locate_file("peft/utils/constants.py")).read_text()
+        tree = ast.parse(source)
+    except (metadata.PackageNotFoundError, OSError, SyntaxError):
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_"
+                                                "MAPPING" for t in node.targets):
+            try:
+                table = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return {k: v for k, v in table.items() if isinstance(v, list)}
+    return {}
+
+
+def _model_targets(f: Found) -> Optional[tuple[str, list[str]]]:
+    """(model type, its default LoRA targets) for the model the log loads, by the longest type its name holds."""
+    names = [m.group("name").rstrip("/").rsplit("/", 1)[-1].lower() for m in f.log.all(MODEL_NAME)]
+    table = peft_default_targets()
+    for name in names:
+        bare = re.sub(r"[-_]", "", name)
+        types = sorted((t for t in table if len(t) >= 3 and re.sub(r"[-_]", "", t.lower()) in bare), key=len)
+        if types:
+            return types[-1], table[types[-1]]
+    return None
 
 
 def bounded_message(text: str, limit: int = 120) -> str:
