@@ -20,24 +20,16 @@ pydantic models, the trainer's config schema), so a key is proposed under the pa
 """
 from __future__ import annotations
 
-import ast
-import dataclasses
 import difflib
-import functools
 import re
-import typing
-from importlib import metadata
-from pathlib import Path
 from typing import Optional
 
-from ... import config as schema
 from ... import ds as dsc
-from ...ds import learned
-from ...errors import UserError
 from ..advice import TRAINER_DEEPSPEED
 from ..findings import Diagnosis, Found, Proposal
 from ..logtext import Log
 from ..raised import Raised, final_exception
+from .settings import deepspeed_fields, feature_names, model_targets, named_key, schema_fields, setting_named, spelt
 
 _NAME = r"(?:--?[\w-]+|`[\w.-]+`|'[\w.-]+'|\"[\w.-]+\"|[A-Za-z_][\w.]*)"
 CONFLICT = re.compile(rf"(?P<key>{_NAME})\s*(?:=\s*\S+\s+)?(?:cannot|can't|can not|must not|should not|may not|is not "
@@ -77,8 +69,6 @@ REQUIRED = re.compile(r"(?:only (?:makes sense|works|is valid|is possible|is sup
                       r"only available|must be used) (?:with|when|for|if|under|on|in) (?:a |an |the )?(?P<phrase>"
                       r"[A-Za-z][A-Za-z ]{2,40}?)\s*(?:=|==|:|is|of|set to)?\s*(?P<value>\d+|true|false)\b",
                       re.IGNORECASE)
-FILLER = {"the", "of", "per", "a", "an", "for", "to", "in", "your"}
-SYNONYMS = {"number": "num", "numbers": "num"}
 PIP_NAMES = {"pytorch": "torch", "flash_attn": "flash-attn", "huggingface_hub": "huggingface-hub",
              "liger_kernel": "liger-kernel"}
 
@@ -128,84 +118,6 @@ def diagnose(f: Found) -> Diagnosis:
             "required_value": _required}[kind](f, raised, stated_text(raised))
 
 
-# --- the indexes the keys are looked up in -------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=1)
-def schema_fields() -> dict[str, tuple]:
-    """Every field of the trainer's config as `section.field` -> its choices (a Literal's values; () for none)."""
-    return {path: tuple(str(v) for v in typing.get_args(hint)) if typing.get_origin(hint) is typing.Literal else ()
-            for path, hint in schema_types().items()}
-
-
-@functools.lru_cache(maxsize=1)
-def deepspeed_fields() -> dict[str, str]:
-    """Every key DeepSpeed's pydantic models know (learned from the installed DeepSpeed) -> the model's name."""
-    try:
-        models = learned.facts()["models"]
-    except (UserError, OSError, ImportError):  # no DeepSpeed to learn from: the index is empty, the rest still works
-        return {}
-    return {name: model["name"] for model in models.values() for name in model.get("fields", {})}
-
-
-@functools.lru_cache(maxsize=1)
-def _phrases() -> dict[tuple, str]:
-    """A key's name as the words a message writes it in (num_generations: ("num", "generations")) -> the path the
-    trainer accepts (the schema's) or DeepSpeed's key; keys of two words or more only."""
-    out: dict[tuple, str] = {}
-    for name in deepspeed_fields():
-        if "_" in name:
-            out.setdefault(tuple(name.lower().split("_")), name)
-    for path in schema_fields():
-        leaf = path.rsplit(".", 1)[-1]
-        if "_" in leaf:
-            out[tuple(leaf.split("_"))] = path
-    return out
-
-
-def named_key(phrase: str) -> Optional[str]:
-    """The key whose name the words of `phrase` spell (the longest run of them), or None."""
-    words = [SYNONYMS.get(w, w) for w in re.findall(r"[a-z0-9]+", phrase.lower()) if w not in FILLER]
-    index = _phrases()
-    for size in range(min(4, len(words)), 1, -1):
-        for start in range(len(words) - size + 1):
-            if (hit := index.get(tuple(words[start:start + size]))) is not None:
-                return hit
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def deepspeed_paths() -> tuple[str, ...]:
-    """Every DeepSpeed key as block.field (zero_optimization.stage), from the installed DeepSpeed's models."""
-    try:
-        facts = learned.facts()
-    except (UserError, OSError, ImportError):
-        return ()
-    models = facts.get("models", {})
-    return tuple(f"{block}.{name}" for block, model in facts.get("blocks", {}).items()
-                 for name in models.get(model, {}).get("fields", []))
-
-
-def setting_named(phrase: str) -> Optional[str]:
-    """The setting a message's words name: a key spelt out (named_key), else a DeepSpeed key whose section and
-    field the words give in order ("ZeRO stage" -> deepspeed.zero_optimization.stage), ending with its field."""
-    hit = named_key(phrase)
-    if hit:
-        return hit if "." in hit else next((f"deepspeed.{p}" for p in deepspeed_paths() if p.endswith(f".{hit}")), hit)
-    words = [SYNONYMS.get(w, w) for w in re.findall(r"[a-z0-9]+", phrase.lower()) if w not in FILLER]
-    if len(words) < 2:
-        return None
-    for path in deepspeed_paths():
-        parts = re.split(r"[._]", path)
-        if parts[-1] == words[-1] and _in_order(words, parts):
-            return f"deepspeed.{path}"
-    return None
-
-
-def _in_order(words: list[str], parts: list[str]) -> bool:
-    remaining = iter(parts)
-    return all(any(word == part for part in remaining) for word in words)
-
-
 def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
     """(schema path, value) for a message saying a value some setting can take is not supported; only choices
     that are not English words (a digit or an underscore in them), so "does not support batch generation" is no
@@ -228,7 +140,7 @@ def _refused_feature(text: str) -> Optional[tuple[str, str]]:
         words = re.findall(r"[A-Za-z0-9]+", m.group("subject"))
         for size in (3, 2, 1):  # the feature is the subject's last words: "the FlashAttention 2 kernel" -> 2-3
             for start in range(max(0, len(words) - size - 1), len(words) - size + 1):
-                hit = feature_names().get(_spelt("".join(words[start:start + size])))
+                hit = feature_names().get(spelt("".join(words[start:start + size])))
                 if hit:
                     return hit
     return None
@@ -241,51 +153,6 @@ FEATURE_REFUSED = re.compile(r"(?P<subject>[A-Za-z][\w-]*(?:\s+[\w-]+){0,3}?)\s+
                              r"capability|sm_?\d|\w+ GPU|\w+ device)|(?:is|are)(?: currently)? not (?:supported|available)"
                              r" (?:on|with|for|in)\b|(?:is|are)(?: currently)? not available\b|(?:is|are) unavailable)",
                              re.IGNORECASE)
-SPELLINGS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
-
-
-def _spelt(name: str) -> str:
-    """A feature's name without case, separators or a plural: FlashAttention, flash_attention, Flash-Attention and
-    flash attention are one; 'Liger kernels' is 'liger'."""
-    bare = re.sub(r"[^a-z0-9]", "", name.lower())
-    bare = SPELLINGS.get(bare, bare)
-    return bare[:-1] if bare.endswith("s") and len(bare) > 4 else bare
-
-
-@functools.lru_cache(maxsize=1)
-def feature_names() -> dict[str, tuple[str, str]]:
-    """How a message may name a setting's value -> (schema path, value): each choice that is no English word
-    (flash_attention_2: also without its version suffix), and each on/off feature of the model section (liger,
-    gradient_checkpointing, tiled_mlp) -> 'true', the value a refusal is about."""
-    out: dict[str, tuple[str, str]] = {}
-    for path, choices in schema_fields().items():
-        for choice in choices:
-            if re.search(r"[\d_]", choice):
-                out.setdefault(_spelt(choice), (path, choice))
-                out.setdefault(_spelt(re.sub(r"_\d+$", "", choice)), (path, choice))
-    for path, kind in schema_types().items():
-        if path.startswith("model.") and kind is bool:
-            out.setdefault(_spelt(path.rsplit(".", 1)[1]), (path, "true"))
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def schema_types() -> dict[str, object]:
-    """Every field of the trainer's config as `section.field` -> its type hint."""
-    out: dict[str, object] = {}
-
-    def walk(cls, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for fld in dataclasses.fields(cls):
-            hint = hints.get(fld.name)
-            if dataclasses.is_dataclass(hint):
-                walk(hint, f"{prefix}{fld.name}.")
-            else:
-                out[f"{prefix}{fld.name}"] = hint
-    walk(schema.Config, "")
-    return out
-
-
 def _only_choices(text: str) -> Optional[tuple[str, list[str]]]:
     """(schema path, the values it names) for a message saying only some values of a setting work ("only support
     fp16 and bf16"): the setting whose choices hold every value named that is not an English word."""
@@ -561,7 +428,7 @@ def _named_setting(f: Found, raised: Raised, text: str) -> Diagnosis:
     m = NAMED_BAD.search(text)
     path = named_key(m.group("phrase"))
     d = Diagnosis("config_message", f"the error names a setting whose value is refused: {path}", raised.headline)
-    if path == "model.lora.target_modules" and (known := _model_targets(f)):
+    if path == "model.lora.target_modules" and (known := model_targets(f)):
         model, targets = known
         override = f"{path}=[{', '.join(targets)}]"
         d.proposal = Proposal(f"target the modules {model} models have: {', '.join(targets)}",
@@ -574,41 +441,6 @@ def _named_setting(f: Found, raised: Raised, text: str) -> Diagnosis:
                           f"the message says the {m.group('phrase').strip()} it was given are not there: "
                           f"{bounded_message(m.group(0))}; list the names the model has and set {path} to them")
     return d
-
-
-MODEL_NAME = re.compile(r"(?:model_name_or_path|name_or_path|from_pretrained\(\s*)[\s=:\"']*(?P<name>[\w./-]+)")
-
-
-@functools.lru_cache(maxsize=1)
-def peft_default_targets() -> dict:
-    """PEFT's table of LoRA target modules per model type, read from the installed PEFT's source (importing PEFT
-    would import torch)."""
-    try:
-        source = Path(metadata.distribution("peft").locate_file("peft/utils/constants.py")).read_text()
-        tree = ast.parse(source)
-    except (metadata.PackageNotFoundError, OSError, SyntaxError):
-        return {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_"
-                                                "MAPPING" for t in node.targets):
-            try:
-                table = ast.literal_eval(node.value)
-            except ValueError:
-                return {}
-            return {k: v for k, v in table.items() if isinstance(v, list)}
-    return {}
-
-
-def _model_targets(f: Found) -> Optional[tuple[str, list[str]]]:
-    """(model type, its default LoRA targets) for the model the log loads, by the longest type its name holds."""
-    names = [m.group("name").rstrip("/").rsplit("/", 1)[-1].lower() for m in f.log.all(MODEL_NAME)]
-    table = peft_default_targets()
-    for name in names:
-        bare = re.sub(r"[-_]", "", name)
-        types = sorted((t for t in table if len(t) >= 3 and re.sub(r"[-_]", "", t.lower()) in bare), key=len)
-        if types:
-            return types[-1], table[types[-1]]
-    return None
 
 
 def bounded_message(text: str, limit: int = 120) -> str:
