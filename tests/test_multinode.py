@@ -16,6 +16,7 @@ import yaml
 
 from conftest import STAGES, TINY
 from distributed import REPO, last_wins, losses, new_port
+from distributed import launch as distributed_launch
 from loopback_ssh import end_sessions, install_if_missing, loopback_sshd
 from processes import leftovers, run_group, stop_tree
 from trainer import jit_env
@@ -102,14 +103,13 @@ def assert_same_trajectory(run, reference, tolerance: float = 0.0) -> float:
 
 @pytest.fixture(scope="module")
 def single_node(tmp_path_factory):
-    """The reference: 2 ranks on one node, `deepspeed --num_gpus 2` started by the launch command. Its ranks get
-    the thread count the loopback "nodes" give theirs: each is alone on its node, so it takes every core
-    (distributed.threads_per_rank); a different intra-op thread count changes float sums in the last bit."""
+    """The reference: 2 ranks on one node (`deepspeed --num_gpus 2`, forked from the worker's preloaded interpreter:
+    the launch command's own path on one node is test_launch.py's). Its ranks get the thread count the loopback
+    "nodes" give theirs: each is alone on its node, so it takes every core (distributed.threads_per_rank); a
+    different intra-op thread count changes float sums in the last bit."""
     out = tmp_path_factory.mktemp("single") / "run"
-    output = launch(["tiny_cpu", "--master-port", str(new_port()), *sets(RUN + STAGES["z2"] +
-                                                                       [f"train.output_dir={out}"])],
-                    env=env_with(OMP_NUM_THREADS=str(len(os.sched_getaffinity(0)))))
-    assert "deepspeed --num_gpus 2 --master_port" in output
+    distributed_launch(["train.py", "--preset", "tiny_cpu", *sets(RUN + STAGES["z2"] + [f"train.output_dir={out}"])],
+                       env={"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))})
     return out
 
 
@@ -198,10 +198,15 @@ def two_by_two(overrides: list[str], out, tmp_path) -> None:
 
 def test_zero_plus_plus_hpz_across_two_nodes_tracks_plain_zero3(tmp_path):
     """hpZ with the secondary partition = the 2 ranks of a node, across 2 nodes x 2 ranks: trains, within
-    HPZ_TOLERANCE of plain ZeRO-3 on the same layout. (zero_quantized_gradients, which acts only across
-    nodes, has no CPU kernel: test_launch_cli checks the launch refuses it on CPU ranks.)"""
+    HPZ_TOLERANCE of plain ZeRO-3 on the same 4 ranks. (zero_quantized_gradients, which acts only across
+    nodes, has no CPU kernel: test_launch_cli checks the launch refuses it on CPU ranks.)
+
+    The plain ZeRO-3 reference runs its 4 ranks on one node, forked from the worker's preloaded interpreter (one
+    job instead of two launchers' and four ranks' start-ups): plain ZeRO-3 does not know nodes, and its ranks get
+    the thread count the loopback nodes give theirs (one core's share each: distributed.threads_per_rank)."""
     plain, hpz = tmp_path / "zero3", tmp_path / "hpz"
-    two_by_two(ZERO3, plain, tmp_path)
+    distributed_launch(["train.py", "--preset", "tiny_cpu",
+                        *sets(RUN + ZERO3 + ["hardware.gpus_per_node=4", f"train.output_dir={plain}"])], ranks=4)
     two_by_two(HPZ, hpz, tmp_path)
     worst = assert_same_trajectory(hpz, plain, HPZ_TOLERANCE)
     print(f"hpZ vs ZeRO-3, 2 nodes x 2 ranks, {STEPS} steps: largest loss difference {worst:.3g}")
