@@ -10,6 +10,12 @@ they are other threads, other packages (flash-attn twice, bitsandbytes) and othe
 The test asserts the score does not get worse - no wrong, no more unrecognised, every unrecognised log a true
 fallback (no proposal) - not that any miss stays a miss. Once these logs are used to build anything, say so here:
 they are then no longer held out.
+
+Used, 2026-12-07, after that measurement: its misses led to four mechanisms, each tested on drawn cases in
+test_doctor_mechanisms41f.py - an import error whose module a paste cut, read from the import line the traceback
+quotes and decided by that module's own file (01), a DeepSpeed key pydantic refuses for its type, given one of the
+type it asks (02), "auto" values that reached DeepSpeed unfilled (07), an NCCL system error under torch 1.x (04).
+Since: 8 right. This set is no longer held out.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 
 def test_the_measured_score_does_not_get_worse():
     got, count = scored(HELD, CASES)
-    assert count["right"] >= 4 and count["right"] + count["partial"] >= 5, got
+    assert count["right"] >= 8, got  # 4 when held out; 8 after the mechanisms it led to (above)
     assert count["wrong"] == 0 and count["silent"] == 0, got
-    assert count["not recognised"] <= 3, got
+    assert count["not recognised"] == 0, got
     assert all(got[n] == "right" for n, c in CASES.items() if c["observed"]["auto_score"] == "right"), got

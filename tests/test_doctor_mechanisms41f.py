@@ -278,3 +278,63 @@ def test_lora_targets_a_model_does_not_have_are_replaced_by_peft_defaults_for_it
             f"{{'v_proj', 'q_proj'}} not found in the base model. Please check the target modules and try again.\n")
     said = first(run(text))
     assert targets in said and "peft.utils.constants" in said, said
+
+
+# --- after heldout41g (used to build what follows: see test_doctor_heldout41g.py) ------------------------------
+
+@pytest.mark.parametrize("cut", [0, 3, 9, 14])
+def test_an_import_error_cut_by_the_paste_is_read_from_the_import_line_it_quotes(cut):
+    """torch renamed elastic's `log` to `logger`: the module the message names is read in the installed torch's
+    own file (not anywhere in torch, where a `log` exists), wherever the paste cut the message."""
+    module = "torch.distributed.elastic.agent.server.api"
+    message = f"ImportError: cannot import name 'log' from '{module}' (/x/api.py)"
+    text = "\n".join(["Traceback (most recent call last):",
+                      '  File "/env/lib/python3.11/site-packages/deepspeed/elasticity/elastic_agent.py", line 9, in <module>',
+                      f"    from {module} import log, _get_socket_with_port",
+                      message[:len(message) - 30 - cut] if cut else message])
+    j = run(text)
+    assert j["class"] in ("missing_name", "version"), j
+    said = first(j).lower()
+    assert "upgrade deepspeed" in said or "deepspeed>=" in said, said
+
+
+@pytest.mark.parametrize("model, field, message, override", [
+    ("DeepSpeedZeroConfig", "stage3_prefetch_bucket_size",
+     "Input should be a valid integer, got a number with a fractional part [type=int_from_float, input_value="
+     "15099494.4, input_type=float]", "deepspeed.zero_optimization.stage3_prefetch_bucket_size=15099494"),
+    ("DeepSpeedZeroConfig", "reduce_bucket_size",
+     "Input should be a valid integer, got a number with a fractional part [type=int_from_float, input_value=500000000.5, "
+     "input_type=float]", "deepspeed.zero_optimization.reduce_bucket_size=500000000"),
+    ("DeepSpeedZeroConfig", "overlap_comm",
+     "Input should be a valid boolean, unable to interpret input [type=bool_parsing, input_value='yes please', "
+     "input_type=str]", None)])
+def test_a_deepspeed_key_given_a_value_of_the_wrong_type_gets_one_of_the_right_type(model, field, message, override):
+    prefix = DRAW.choice(["", "[rank2]: "])
+    text = "\n".join(prefix + line for line in [f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                                                f"{model}", field, f"  {message}",
+                                                "    For further information visit https://errors.pydantic.dev/2.9/v/x"])
+    p = run(text + "\n")["proposal"]
+    assert field in p["step"], p
+    assert (override in p["overrides"]) if override else p["overrides"] == [], p
+
+
+@pytest.mark.parametrize("failure", ["TypeError: '>' not supported between instances of 'str' and 'int'",
+                                     "ValueError: invalid literal for int() with base 10: 'auto'",
+                                     "the 'auto' values are no longer interpolated and DeepSpeed fails"])
+def test_auto_values_that_reached_deepspeed_unfilled_are_replaced_by_numbers(failure):
+    config = '{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 3}}'
+    j = run(f"{config}\n{failure}\n")
+    assert j["class"] == "unfilled_auto" and "replace the \"auto\" values" in first(j), j
+    assert "train_micro_batch_size_per_gpu" in first(j)
+
+
+def test_a_string_comparison_without_auto_in_a_config_is_not_an_unfilled_auto():
+    assert run("TypeError: '>' not supported between instances of 'str' and 'int'\n")["class"] != "unfilled_auto"
+
+
+@pytest.mark.parametrize("version, old", [("1.1.0", True), ("1.13.1", True), ("2.1.0", False)])
+def test_an_nccl_system_error_under_torch_1_upgrades_torch_first(version, old):
+    text = (f"PyTorch version: {version}\ntorchrun --nnodes 2 --nproc_per_node 8 train.py\nRuntimeError: NCCL error in: "
+            f"ProcessGroupNCCL.cpp:272, unhandled system error\n")
+    said = first(run(text))
+    assert said.startswith("upgrade torch") == old, said

@@ -92,7 +92,7 @@ def read_facts(log: Log) -> LogFacts:
         facts.nodes = len(re.findall(r"'[^']+':", first["world_info"].group(1))) or None
     elif len(hosts) > 1:
         facts.nodes = len(hosts)
-    elif len(nccl_hosts := {m.group(1) for m in NCCL_HOST.finditer(text)}) == 1:  # every rank's NCCL lines: one host
+    elif len({m.group(1) for m in NCCL_HOST.finditer(text)}) == 1:  # every rank's NCCL lines: one host
         facts.nodes = 1
     facts.environment = "WSL2" if WSL.search(text) else "container" if CONTAINER.search(text) else None
     for shell in SHELL_SETTINGS.finditer(text):

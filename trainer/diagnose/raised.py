@@ -10,7 +10,7 @@ first cause first; the raising frame is the innermost frame of the final excepti
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from .logtext import EXCEPTION, Frame, Log

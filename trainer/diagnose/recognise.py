@@ -34,6 +34,7 @@
 | extension_abi     | a compiled extension's "undefined symbol" (built for another torch) | rebuild it against this one |
 | invalid_device_ordinal | "invalid device ordinal": more ranks than visible GPUs   | ranks per node = GPUs             |
 | missing_field     | KeyError on a field the code reads from a sample              | preprocess that split like training |
+| unfilled_auto     | a DeepSpeed config's "auto" values compared as strings         | explicit numbers                  |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
@@ -187,6 +188,8 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("invalid_device_ordinal", _first(binaries.INVALID_ORDINAL), binaries.diagnose_invalid_ordinal),
     Recogniser("missing_field", binaries.find_missing_field, binaries.diagnose_missing_field,
                signature=(binaries.KEY_ERROR, binaries.FIELD_READ)),
+    Recogniser("unfilled_auto", stated.find_unfilled_auto, stated.diagnose_unfilled_auto,
+               signature=(stated.AUTO_FAILED,)),
     Recogniser("stated", stated.find, stated.diagnose),  # a message naming keys, values, versions: what it states
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,

@@ -23,7 +23,7 @@ from ..logtext import Log
 from ..raised import final_exception
 
 MISSING_NAME = re.compile(
-    r"cannot import name '(?P<name>[\w.]+)' from '(?P<module>[\w.]+)'"
+    r"cannot import name '(?P<name>[\w.]+)' from '(?P<module>[\w.]+)'?"  # a paste may cut the module's name
     r"|module '(?P<module2>[\w.]+)' has no attribute '(?P<name2>\w+)'"
     r"|No module named '(?P<module3>[A-Za-z_]\w*)\.(?P<name3>[\w.]+)'")
 BUILTIN_ROOTS = {"__main__", "builtins", "os", "sys", "typing", "collections", "numpy.core"}
@@ -75,18 +75,28 @@ def installed_has(module: str, name: str, submodule: bool) -> tuple[str, Optiona
     if submodule:
         path = root.joinpath(*module.split(".")[1:], *name.split("."))
         return dist.version, path.is_dir() or path.with_suffix(".py").is_file()
+    own = root.joinpath(*module.split(".")[1:])
+    own_file = own / "__init__.py" if own.is_dir() else own.with_suffix(".py")
+    if module != package and own_file.is_file():  # the module the message names: its own source decides
+        return dist.version, defines(own_file, name)
+    for path in root.rglob("*.py"):  # the package root (lazy exports, re-exports): anywhere in the package
+        if defines(path, name):
+            return dist.version, True
+    return dist.version, False
+
+
+def defines(path: Path, name: str) -> bool:
+    """Whether a source file defines, assigns, imports or lists (a lazy export's string) `name`."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if name.encode() not in data:  # the plain search first: fast
+        return False
     defined = re.compile(rf"^\s*(?:def|class|async def)\s+{re.escape(name)}\b|^\s*{re.escape(name)}\s*[:=]|"
                          rf"[\"']{re.escape(name)}[\"']|\bimport\s+(?:[\w.]+\s+as\s+)?{re.escape(name)}\b|"
                          rf"\bas\s+{re.escape(name)}\b", re.MULTILINE)
-    needle = name.encode()
-    for path in root.rglob("*.py"):
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        if needle in data and defined.search(data.decode(errors="replace")):  # the plain search first: fast
-            return dist.version, True
-    return dist.version, False
+    return defined.search(data.decode(errors="replace")) is not None
 
 
 def version_key(version: str) -> tuple:
@@ -104,8 +114,21 @@ def importer_of(f: Found, package: str) -> str:
     return ""
 
 
+IMPORT_LINE = r"^\s*from\s+(?P<module>[\w.]+)\s+import\s+\(?[^#\n]*\b{name}\b"
+
+
+def full_module(f: Found, module: str, name: str) -> str:
+    """The module's whole name when a paste cut it ("from 'tor"): the import statement the traceback quotes."""
+    for line in reversed(f.log.lines[max(0, f.index - 8):f.index]):
+        m = re.search(IMPORT_LINE.format(name=re.escape(name)), line)
+        if m and m.group("module").startswith(module):
+            return m.group("module")
+    return module
+
+
 def diagnose(f: Found) -> Diagnosis:
     module, name, submodule = parts(MISSING_NAME.search(f.log.joined(f.index)))
+    module = full_module(f, module, name)
     package = module.split(".")[0]
     importer = importer_of(f, package)
     here, has = installed_has(module, name, submodule)

@@ -34,6 +34,10 @@ def diagnose_network(f: Found) -> Diagnosis:
                               "agree", env=DEBUG_ENV)
         return d
     facts = f.facts
+    torch = f.versions.get("torch", "")
+    if re.match(r"[01]\.", torch) and f.log.has(re.compile(r"unhandled system error|ncclSystemError|ncclInternalError|"
+                                                            r"unhandled cuda error", re.IGNORECASE)):
+        return _old_torch(f, torch)
     ib_off = facts.already_set("NCCL_IB_DISABLE", "1")
     wrong = _wrong_interface(f)
     if wrong:
@@ -63,6 +67,19 @@ def diagnose_network(f: Found) -> Diagnosis:
         d.advice.append("one node in a container: NCCL's intra-node transports need the host's IPC and a large "
                         "/dev/shm - docker run --ipc=host (or --shm-size=16g)")
     d.advice.append("if another rank died first (OOM, kill), that is the cause: look for the first error of every rank")
+    return d
+
+
+def _old_torch(f: Found, torch: str) -> Diagnosis:
+    """torch 1.x bundles an NCCL years older than today's: its system and internal errors are, first, fixed bugs."""
+    d = Diagnosis("nccl_network", f"NCCL failed inside torch {torch}, whose bundled NCCL is years old", f.line)
+    d.proposal = Proposal(f"upgrade torch (the run has {torch}; pip install -U torch brings a current NCCL with it), "
+                          "then rerun with NCCL_DEBUG=INFO if it still fails", [],
+                          "NCCL ships inside the torch wheel; the 'unhandled system/internal error's of the NCCL 2.4-"
+                          "2.10 era (torch 1.x) include many fixed since, and this trainer needs torch 2.x anyway",
+                          env=DEBUG_ENV)
+    d.then.append(Proposal("if it persists: pin the interface the nodes share, NCCL_SOCKET_IFNAME=<iface>", [],
+                           "`ip -br addr` on each node", env=DEBUG_ENV))
     return d
 
 

@@ -39,6 +39,19 @@ def deepspeed_fields() -> dict[str, str]:
     return {name: model["name"] for model in models.values() for name in model.get("fields", {})}
 
 
+def deepspeed_path_of(model: str, field: str) -> Optional[str]:
+    """The DeepSpeed config path of a pydantic model's field (DeepSpeedZeroConfig, stage3_prefetch_bucket_size ->
+    zero_optimization.stage3_prefetch_bucket_size); the field alone for the top-level config's own."""
+    try:
+        blocks = learned.facts().get("blocks", {})
+    except (UserError, OSError, ImportError):
+        return None
+    block = next((b for b, path in blocks.items() if path.rsplit(".", 1)[-1] == model), None)
+    if block:
+        return f"{block}.{field}"
+    return field if deepspeed_fields().get(field) == model else None
+
+
 @functools.lru_cache(maxsize=1)
 def _phrases() -> dict[tuple, str]:
     """A key's name as the words a message writes it in (num_generations: ("num", "generations")) -> the path the

@@ -29,7 +29,7 @@ from ..advice import TRAINER_DEEPSPEED
 from ..findings import Diagnosis, Found, Proposal
 from ..logtext import Log
 from ..raised import Raised, final_exception
-from .settings import deepspeed_fields, feature_names, model_targets, named_key, schema_fields, setting_named, spelt
+from .settings import deepspeed_fields, deepspeed_path_of, feature_names, model_targets, named_key, schema_fields, setting_named, spelt
 
 _NAME = r"(?:--?[\w-]+|`[\w.-]+`|'[\w.-]+'|\"[\w.-]+\"|[A-Za-z_][\w.]*)"
 CONFLICT = re.compile(rf"(?P<key>{_NAME})\s*(?:=\s*\S+\s+)?(?:cannot|can't|can not|must not|should not|may not|is not "
@@ -69,6 +69,10 @@ REQUIRED = re.compile(r"(?:only (?:makes sense|works|is valid|is possible|is sup
                       r"only available|must be used) (?:with|when|for|if|under|on|in) (?:a |an |the )?(?P<phrase>"
                       r"[A-Za-z][A-Za-z ]{2,40}?)\s*(?:=|==|:|is|of|set to)?\s*(?P<value>\d+|true|false)\b",
                       re.IGNORECASE)
+# pydantic's "1 validation error for M / field / Input should be a valid integer, ... [type=int_from_float,
+# input_value=15099494.4, ...]": the key, the type it wants and the value it was given
+FIELD_TYPE = re.compile(r"validation errors? for (?P<model>\w+)\s*\n\s*(?P<field>\w+)\s*\n\s*Input should be "
+                        r"(?P<want>[^\[\n]+?)\s*\[type=(?P<type>\w+),\s*input_value=(?P<value>'[^']*'|[^,\]]+)")
 PIP_NAMES = {"pytorch": "torch", "flash_attn": "flash-attn", "huggingface_hub": "huggingface-hub",
              "liger_kernel": "liger-kernel"}
 
@@ -88,6 +92,8 @@ def _statement(raised: Raised) -> Optional[str]:
     text = stated_text(raised)
     if EXTRA.search(text) or UNEXPECTED.search(text):
         return "unknown_key"
+    if (m := FIELD_TYPE.search(text)) and deepspeed_path_of(m.group("model"), m.group("field")):
+        return "field_type"
     if CONFLICT.search(text):
         return "conflict"
     if _unsupported_choice(text):
@@ -115,7 +121,7 @@ def diagnose(f: Found) -> Diagnosis:
     return {"unknown_key": _unknown_key, "conflict": _conflict, "requirement": _requirement,
             "expected": _expected, "unsupported": _unsupported, "only": _only, "valid_values": _valid_values,
             "named_setting": _named_setting, "refused_feature": _unsupported,
-            "required_value": _required}[kind](f, raised, stated_text(raised))
+            "required_value": _required, "field_type": _field_type}[kind](f, raised, stated_text(raised))
 
 
 def _unsupported_choice(text: str) -> Optional[tuple[str, str]]:
@@ -339,6 +345,80 @@ def _required(f: Found, raised: Raised, text: str) -> Diagnosis:
                               f"the message says {bounded_message(m.group(0))}; {override} does not resolve for "
                               f"preset {f.resolved.config.name}")
     return d
+
+
+# a DeepSpeed config whose "auto" values reached DeepSpeed unfilled: the config in the log, and what comparing the
+# string with a number raised (or the user's own words for it)
+AUTO_VALUE = re.compile(r"\"(?:train_micro_batch_size_per_gpu|gradient_accumulation_steps|train_batch_size|"
+                        r"gradient_clipping|reduce_bucket_size|stage3_\w+|lr|warmup_\w+|total_num_steps)\"\s*:\s*\"auto\"")
+AUTO_FAILED = re.compile(r"(between instances of '(?:str' and '(?:int|float)|(?:int|float)' and 'str)'|str(?:ing)? to "
+                         r"(?:int|float)|input_value='auto'|'auto'[^\n]{0,80}(?:not|no longer) (?:interpolated|filled|"
+                         r"replaced|resolved)|invalid literal for int\(\) with base 10: 'auto')", re.IGNORECASE)
+
+
+def find_unfilled_auto(log: Log) -> Optional[int]:
+    return log.first(AUTO_FAILED) if log.has(AUTO_VALUE) and log.has(AUTO_FAILED) else None
+
+
+def diagnose_unfilled_auto(f: Found) -> Diagnosis:
+    keys = sorted({m.group(0).split('"')[1] for m in f.log.all(AUTO_VALUE)})
+    d = Diagnosis("unfilled_auto", f"the DeepSpeed config's \"auto\" values reached DeepSpeed unfilled "
+                                   f"({', '.join(keys)})", f.line)
+    d.proposal = Proposal(f"replace the \"auto\" values of the DeepSpeed config with explicit numbers: "
+                          f"{', '.join(keys)}", [],
+                          "\"auto\" is filled by transformers' Trainer (and by accelerate's DeepSpeed plugin in the "
+                          "releases that do it for accelerator.prepare); on any other path DeepSpeed compares the "
+                          "string with numbers. This trainer writes every value itself (`python -m trainer show "
+                          "PRESET` prints them)")
+    d.then.append(Proposal("or pin the accelerate/transformers release that filled them for this path", [],
+                           "the release notes of the one upgraded last name the change"))
+    return d
+
+
+def _field_type(f: Found, raised: Raised, text: str) -> Diagnosis:
+    """A DeepSpeed key given a value of the wrong type. "auto" reaching DeepSpeed means the integration that fills
+    "auto" values (transformers' Trainer, accelerate's prepare) did not run or no longer does; a float for an
+    integer is a value computed by such an integration (hidden_size * hidden_size * 0.9) without rounding."""
+    m = FIELD_TYPE.search(text)
+    path, want, given = deepspeed_path_of(m.group("model"), m.group("field")), m.group("want"), m.group("value")
+    d = Diagnosis("config_message", f"DeepSpeed's {path} refuses the value {given}: it should be {want}",
+                  raised.headline)
+    value = _typed(given.strip("'"), m.group("type"))
+    callers = sorted({fr.package for fr in raised.frames if fr.package in ("transformers", "accelerate", "trl")})
+    filled_by = f" ({' and '.join(callers)} filled it)" if callers else ""
+    if given.strip("'") == "auto":
+        d.proposal = Proposal(f"replace the \"auto\" values of the DeepSpeed config with explicit numbers ({path} and "
+                              f"the others)", [],
+                              "only transformers' Trainer (and accelerate's DeepSpeed plugin in the releases that "
+                              "fill them) turns \"auto\" into numbers; a config handed to DeepSpeed by another path "
+                              "reaches its pydantic models as the string")
+        return d
+    override = dsc.set_override(path, value) if value is not None else None
+    d.proposal = Proposal(f"set {path} to {'an integer' if m.group('type').startswith('int') else want}"
+                          + (f": {value}" if value is not None else ""), [override] if override and f.resolves(
+                              [override]) is not None else [],
+                          f"DeepSpeed's pydantic model {m.group('model')} wants {want} and was given {given}"
+                          f"{filled_by}" + ("; a newer release of the library that computed the value casts it "
+                                           "(upgrade it) - or set the key yourself" if callers else ""))
+    if callers:
+        d.then.append(Proposal(f"or upgrade {callers[0]} (pip install -U {callers[0]}), whose computed value DeepSpeed "
+                               "refuses", [], "a DeepSpeed release with stricter pydantic models than the integration "
+                                              "was written for"))
+    return d
+
+
+def _typed(value: str, kind: str):
+    """The value in the type pydantic asked for (int_from_float 15099494.4 -> 15099494); None when it cannot be."""
+    try:
+        if kind.startswith("int"):
+            return int(float(value))
+        if kind.startswith("float"):
+            return float(value)
+        if kind.startswith("bool"):
+            return {"true": True, "false": False, "1": True, "0": False}.get(value.lower())
+    except ValueError:
+        return None
+    return None
 
 
 def _scalar(text: str):

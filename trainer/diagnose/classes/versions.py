@@ -32,6 +32,7 @@ VERSION_SHAPES = [re.compile(p, re.IGNORECASE | re.MULTILINE) for p in (
     rf"\b{_NAME}==\s*{NUMBER}",                                               # deepspeed==0.16.5
     rf"\b{_NAME}\s*(?:info|version)(?:\s*\([^)]*\))?[\s.]*[:=]?\s*(?:version=)?{NUMBER}",  # X version: 1.2 / ds_report
     rf"\bversion of {_NAME}\W{{0,3}}{NUMBER}",                                # Version of accelerate: 0.9.0
+    rf"\b{_NAME}\s+version\s+is\s+`?{NUMBER}",                                # the PyTorch Version is `1.1.0`
     rf"\bName:\s*{_NAME}\s+Version:\s*{NUMBER}",                              # pip show
     rf"^\s*[-*]?\s*{_NAME}\s+{NUMBER}\s*$",                                   # pip list / pip freeze columns
 )]
