@@ -9,6 +9,13 @@ a traceback cut (02, 03), or a log is not a trainer's (05: nccl-tests under mpir
 The test asserts the score does not get worse - no wrong, no more unrecognised, every unrecognised log a true
 fallback (no proposal) - not that any miss stays a miss. Once these logs are used to build anything, say so here:
 they are then no longer held out.
+
+Used, 2026-12-07, after that measurement: its misses led to mechanisms tested on drawn cases in
+test_doctor_mechanisms41f.py - a call whose signature changed between the caller's and the callee's releases (06,
+07: an override a library now calls with more arguments gets them), one interface name exported to nodes that name
+it differently (05), fp16 trainable weights under a loss scaler (04), weights a framework loaded into ZeRO-3's
+placeholders go to stage 2 when the planner fits it (03), the option that loads with its own device_map (02). Since:
+6 right, 2 partial (04: the thread pinned PEFT; 06: the caller is not in the log). No longer held out.
 """
 from __future__ import annotations
 
@@ -28,7 +35,6 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 
 def test_the_measured_score_does_not_get_worse():
     got, count = scored(HELD, CASES)
-    assert count["right"] >= 1 and count["right"] + count["partial"] >= 4, got
+    assert count["right"] >= 6 and count["right"] + count["partial"] == 8, got  # 1 right when held out
     assert count["wrong"] == 0 and count["silent"] == 0, got
-    assert count["not recognised"] <= 4, got
     assert all(got[n] == "right" for n, c in CASES.items() if c["observed"]["auto_score"] == "right"), got

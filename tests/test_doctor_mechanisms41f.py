@@ -338,3 +338,82 @@ def test_an_nccl_system_error_under_torch_1_upgrades_torch_first(version, old):
             f"ProcessGroupNCCL.cpp:272, unhandled system error\n")
     said = first(run(text))
     assert said.startswith("upgrade torch") == old, said
+
+
+# --- after heldout41h (used to build what follows: see test_doctor_heldout41h.py) ------------------------------
+
+@pytest.mark.parametrize("package, method, args", [("transformers", "log", "logs, start_time"),
+                                                   ("transformers", "compute_loss", "model, inputs, return_outputs=False, num_items_in_batch=None"),
+                                                   ("trl", "training_step", "model, inputs, num_items_in_batch")])
+def test_a_library_calling_an_outdated_override_gets_the_override_the_new_arguments(package, method, args):
+    prefix = DRAW.choice(["", "[rank6]: "])
+    lines = ["Traceback (most recent call last):", '  File "/home/u/sft/train.py", line 239, in train',
+             "    trainer.train()", f'  File "/env/lib/python3.10/site-packages/{package}/trainer.py", line 3045, in x',
+             f"    self.{method}({args})",
+             DRAW.choice([f"TypeError: {method}() takes 2 positional arguments but 3 were given",
+                          f"TypeError: CustomTrainer.{method}() takes 3 positional arguments but 4 were given"])]
+    j = run("\n".join(prefix + line for line in lines) + "\n")
+    assert j["class"] == "signature", j
+    said = first(j)
+    assert f"self.{method}({args})" in said and f"pin {package}" in said, said
+
+
+@pytest.mark.parametrize("line, callee", [
+    ("DPOTrainer.get_batch_logps() got an unexpected keyword argument 'average_log_prob'", "trl"),
+    ("TypeError: LoraConfig.__init__() got an unexpected keyword argument 'use_dora_v9'", "peft"),
+    ("TypeError: Trainer.__init__() got an unexpected keyword argument 'tokenizer_v0'", "transformers")])
+def test_a_library_call_its_release_refuses_matches_the_two_versions(line, callee):
+    j = run(line + "\n")
+    assert j["class"] == "signature", j
+    assert f"downgrade {callee}" in first(j) and "upgrade" in first(j), first(j)
+
+
+def test_an_unexpected_deepspeed_key_stays_a_config_statement():
+    assert run("TypeError: DeepSpeedZeroConfig() got an unexpected keyword argument 'stage3_prefetch_bucket_size'\n"
+               )["class"] != "signature"
+
+
+@pytest.mark.parametrize("hosts, named", [(("node-a", "node-b"), "enp6s0"), (("gpu01", "gpu02"), "eth0"),
+                                          (("fengyun", "fengyun416"), "ens1f0")])
+def test_one_interface_name_for_nodes_that_name_it_differently_is_a_comma_list(hosts, named):
+    table = "\n".join(f"#  Rank  {i} Group  0 Pid {1000 + i} on {h} device  0 [0x01] NVIDIA A100"
+                      for i, h in enumerate(hosts))
+    text = (f"mpirun -np 2 -pernode -hostfile hosts -x NCCL_SOCKET_IFNAME={named} ./all_reduce_perf -g 1\n{table}\n"
+            f"{hosts[1]}: Test NCCL failure common.cu:959 'internal error - please report this issue to the NCCL developers'\n")
+    said = first(run(text))
+    assert f"NCCL_SOCKET_IFNAME={named}," in said and "comma list" in said, said
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_fp16_gradients_the_scaler_refuses_keep_the_trainable_weights_in_fp32(lora):
+    text = ("model = get_peft_model(model, LoraConfig(r=8))\n" if lora else "") + \
+        "  File \"/env/site-packages/torch/cuda/amp/grad_scaler.py\", line 212, in _unscale_grads_\n" \
+        "ValueError: Attempting to unscale FP16 gradients.\n"
+    j = run(text)
+    assert j["class"] == "fp16_trainable" and "float32" in first(j), j
+    assert ("PEFT release" in first(j)) == lora
+
+
+@pytest.mark.parametrize("framework", ["axolotl", "llamafactory"])
+def test_weights_loaded_into_zero3_placeholders_by_a_framework_go_to_stage_2_when_it_fits(framework):
+    text = (f'Traceback (most recent call last):\n  File "/workspace/{framework}/src/{framework}/cli/train.py", line 59, '
+            f'in <module>\n    fire.Fire(do_cli)\nValueError: Trying to set a tensor of shape torch.Size([32000, 4096]) '
+            f'in "weight" (which has shape torch.Size([0])), this look incorrect.\n')
+    j = run(text)
+    assert j["class"] == "zero3_load" and j["proposal"]["overrides"] == ["deepspeed.zero_optimization.stage=2"], j
+    assert "planner" in j["proposal"]["reason"]
+
+
+def test_the_same_placeholders_in_the_users_own_script_load_under_zero_init():
+    text = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in <module>\n    model.load_state_dict(sd)\n'
+            'RuntimeError: size mismatch for weight: copying a param with shape torch.Size([32000, 4096]) from checkpoint, '
+            'the shape in current model is torch.Size([0]).\n')
+    assert "zero.Init" in first(run(text))
+
+
+@pytest.mark.parametrize("option", ["--use_unsloth true", "--quantization_bit 4", "load_in_4bit: true"])
+def test_an_option_that_loads_with_its_own_device_map_is_named_under_zero3(option):
+    text = (f"deepspeed --num_gpus 4 src/train.py --deepspeed ds_z3.json {option} --lora_rank 8\n"
+            "ValueError: DeepSpeed Zero-3 is not compatible with `low_cpu_mem_usage=True` or with passing a `device_map`.\n")
+    said = first(run(text))
+    assert said.startswith(f"drop --{option.split()[0].lstrip('-').rstrip(':')}"), said

@@ -207,7 +207,9 @@ def test_200000_distinct_matching_lines_are_diagnosed_in_seconds():
 
 def test_an_argument_the_installed_release_lacks_is_a_version_mismatch_not_a_deepspeed_key():
     d = doctor("training_arguments_renamed.log")
-    assert d.failure == "version" and "evaluation_strategy" in d.title and "TrainingArguments" in d.title
+    assert d.failure == "signature" and "version mismatch" in d.title
+    assert "evaluation_strategy" in d.title and "TrainingArguments" in d.title
+    assert "downgrade transformers" in d.proposal.step
     assert "DeepSpeed" not in d.proposal.step
 
 

@@ -25,6 +25,8 @@ WORLD = re.compile(r"(?:\bworld[_ ]size\b\s*[=:]\s*|\bdist_world_size=|WORLD_SIZ
 NNODES = re.compile(r"(?:--num_nodes[= ]|--nnodes[= ]|NNODES=|num_nodes=|\bnnodes=)(\d+)", re.IGNORECASE)
 WORLD_INFO = re.compile(r"WORLD INFO DICT: (\{.*\})")
 NCCL_HOST = re.compile(r"^\s*(?:\[\d+\]\s*)?([\w.-]+):\d+:\d+ \[\d+\] NCCL ", re.MULTILINE)  # "host:pid:tid [dev] NCCL"
+RANK_ON_HOST = re.compile(r"\bRank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+([\w.-]+)\s+device")  # nccl-tests' table
+MPI_EXPORT = re.compile(r"(?:^|\s)-x\s+([A-Z][A-Z0-9_]*)=(['\"]?)([^\s'\"]*)\2")  # mpirun -x NAME=value
 NODE_PREFIX = re.compile(r"^([\w.-]+): \[(?:20\d\d|rank\d)", re.MULTILINE)  # pdsh's "host: [2024-..." / "host: [rank3]"
 CONTAINER = re.compile(r"(/\.dockerenv|\bdocker (?:run|exec|compose)\b|\bkubectl\b|\bpodman\b|singularity|apptainer|"
                        r"\benroot\b|running (?:inside|in) (?:a )?(?:docker|container)|nvcr\.io/|/workspace/)", re.IGNORECASE)
@@ -85,7 +87,7 @@ def read_facts(log: Log) -> LogFacts:
         pass
     facts.allocated_gb = float(allocated.group(1) or allocated.group(2)) if allocated else None
     facts.world_size = int(first["world"].group(1)) if first["world"] else None
-    hosts = {m.group(1) for m in NODE_PREFIX.finditer(text)}
+    hosts = {m.group(1) for m in NODE_PREFIX.finditer(text)} | {m.group(1) for m in RANK_ON_HOST.finditer(text)}
     if first["nnodes"]:
         facts.nodes = int(first["nnodes"].group(1))
     elif first["world_info"]:  # {'host1': [0, 1], 'host2': [0, 1]}
@@ -95,6 +97,8 @@ def read_facts(log: Log) -> LogFacts:
     elif len({m.group(1) for m in NCCL_HOST.finditer(text)}) == 1:  # every rank's NCCL lines: one host
         facts.nodes = 1
     facts.environment = "WSL2" if WSL.search(text) else "container" if CONTAINER.search(text) else None
+    for m in MPI_EXPORT.finditer(text):
+        facts.exported.setdefault(m.group(1), m.group(3))
     for shell in SHELL_SETTINGS.finditer(text):
         for m in SETTING.finditer(shell.group(1)):
             facts.exported.setdefault(m.group(1), m.group(3))

@@ -29,7 +29,9 @@
 | quantized_placement | an 8-/4-bit model on several devices, another device, offloaded | each rank's copy on its device |
 | unknown_architecture | KeyError: 'qwen2' from the auto config, "does not recognize this architecture" | the transformers that has it |
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
+| fp16_trainable    | "Attempting to unscale FP16 gradients"                        | fp32 trainable weights, or bf16   |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
+| signature         | a call its callee's release refuses (arity, keyword, missing argument) | the release that goes with it / the override's signature |
 | missing_name      | "cannot import name N from P", "module P has no attribute N"  | the release that goes with it     |
 | extension_abi     | a compiled extension's "undefined symbol" (built for another torch) | rebuild it against this one |
 | invalid_device_ordinal | "invalid device ordinal": more ranks than visible GPUs   | ranks per node = GPUs             |
@@ -68,7 +70,7 @@ from .raised import final_exception
 SSH = re.compile(r"(was not reachable via ssh|ssh exited with exit code 255|PasswordAuthentication=no \S+ hostname' "
                  r"returned non-zero exit status 255|ssh: connect to host \S+ port \d+: (Connection refused|No route|"
                  r"Connection timed out)|Host key verification failed|pdsh: command not found)")
-ZERO3_LOAD = re.compile(r"the shape in current model is torch\.Size\(\[0\]\)")
+ZERO3_LOAD = re.compile(r"(the shape in current model is torch\.Size\(\[0\]\)|\(which has shape torch\.Size\(\[0\]\)\))")
 SAVE_SKIPPED = re.compile(r"(Did not save the model .* because `?stage3_gather_16bit_weights_on_model_save`? is False|"
                           r"Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save`|"
                           r"didn't save the model, since stage3_gather_16bit_weights_on_model_save=false)")
@@ -183,7 +185,9 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("unknown_architecture", architecture.find, architecture.diagnose, signature=(architecture.UNKNOWN_ARCH,)),
     Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
+    Recogniser("fp16_trainable", _first(autograd.FP16_TRAINABLE), autograd.diagnose_fp16_trainable),
     Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),
+    Recogniser("signature", names.find_signature, names.diagnose_signature, signature=(names.SIGNATURE,)),
     Recogniser("extension_abi", _first(binaries.UNDEFINED_SYMBOL), binaries.diagnose_undefined_symbol),
     Recogniser("invalid_device_ordinal", _first(binaries.INVALID_ORDINAL), binaries.diagnose_invalid_ordinal),
     Recogniser("missing_field", binaries.find_missing_field, binaries.diagnose_missing_field,

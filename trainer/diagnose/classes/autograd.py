@@ -77,3 +77,23 @@ def diagnose_past_embedding(f: Found) -> Diagnosis:
     d.advice.append("on GPU the failing index is reported asynchronously: CUDA_LAUNCH_BLOCKING=1 (or a CPU run of "
                     "one batch) shows the line that indexes")
     return d
+
+
+# AMP's GradScaler refuses to unscale gradients of fp16 parameters: the trainable weights are fp16 themselves
+FP16_TRAINABLE = re.compile(r"Attempting to unscale FP16 gradients")
+
+
+def diagnose_fp16_trainable(f: Found) -> Diagnosis:
+    d = Diagnosis("fp16_trainable", "the parameters being trained are fp16 themselves, under fp16 mixed precision",
+                  f.line)
+    lora = bool(re.search(r"\b(peft|lora|LoraConfig|get_peft_model)\b", "\n".join(f.log.lines), re.IGNORECASE))
+    d.proposal = Proposal(
+        "keep the trainable parameters in float32 (fp32): load the model in float32, or cast the ones that require "
+        "grad (`for p in model.parameters(): if p.requires_grad: p.data = p.data.float()`)"
+        + ("; with LoRA on an fp16 base, PEFT releases differ in whether they create the adapters in fp32 - use the "
+           "PEFT release the script was written for" if lora else ""), [],
+        "fp16 mixed precision keeps fp32 master weights and scales the loss; a model loaded in fp16 gives the optimizer "
+        "fp16 parameters, whose gradients the GradScaler refuses to unscale")
+    d.then.append(Proposal("or train in bf16 (Ampere or newer): no loss scaler at all", [],
+                           "this trainer: train.precision=bf16"))
+    return d

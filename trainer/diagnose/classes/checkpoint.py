@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 from ... import ds as dsc
-from ..findings import Diagnosis, Found, Proposal
+from ...plan.estimate import gb
+from ..findings import Diagnosis, Found, Proposal, planned
+from ..raised import final_exception
 
 # --- ZeRO-3 weights: saving and loading ----------------------------------------------------------------------
 
@@ -47,6 +49,18 @@ def diagnose_zero3_load(f: Found) -> Diagnosis:
     d = Diagnosis("zero3_load", "a full state dict was loaded into a ZeRO-3 partitioned model (its parameters are "
                                 "torch.Size([0]) placeholders)", f.line)
     own = "" if r.config.model.name_or_path else " (set model.name_or_path to the weights' directory or hub id)"
+    framework = _loading_framework(f)
+    stage_2 = _stage_2_fits(f) if framework else None
+    if stage_2 is not None:  # the loading is the framework's, not the user's to restructure: leave ZeRO-3 if it fits
+        overrides, priced = stage_2
+        d.proposal = Proposal(f"train at ZeRO stage 2 (zero2): {framework} loaded the full weights into ZeRO-3's "
+                              f"partitioned placeholders", overrides,
+                              f"the loading code is {framework}'s, so zero.Init cannot be put around it from the "
+                              f"command line; at stage 2 every rank holds whole parameters - {priced}",
+                              estimate=priced)
+        d.then.append(Proposal(f"to stay at ZeRO-3: a {framework} release (or config) that loads under "
+                               "deepspeed.zero.Init", [], "its ZeRO-3 path builds the model partitioned first"))
+        return d
     d.proposal = Proposal("load the weights while the model is built (from_pretrained under deepspeed.zero.Init)", [],
                           "under ZeRO-3 each rank holds only a partition, so load_state_dict into the engine (or "
                           "into a model created under the stage-3 strategy) sees empty parameters. Let the loader "
@@ -57,6 +71,27 @@ def diagnose_zero3_load(f: Found) -> Diagnosis:
     d.advice.append("to read a trained ZeRO-3 checkpoint outside DeepSpeed, convert it first: `python -m "
                     "deepspeed.utils.zero_to_fp32 CHECKPOINT_DIR OUTPUT_DIR` and load that into an unpartitioned model")
     return d
+
+
+FRAMEWORKS = ("axolotl", "llamafactory", "llmtuner", "trl", "swift", "unsloth")
+
+
+def _loading_framework(f: Found) -> str:
+    """The fine-tuning framework whose code did the loading, from the traceback's frames ('' for the user's own)."""
+    raised = final_exception(f.log)
+    frames = list(raised.frames) if raised else f.log.frames(f.index)
+    paths = " ".join(fr.file.lower() for fr in frames) or "\n".join(f.log.lines[:40]).lower()
+    return next((name for name in FRAMEWORKS if f"/{name}/" in paths or f"{name}/cli" in paths), "")
+
+
+def _stage_2_fits(f: Found):
+    """([the override], its price) when ZeRO-2 resolves for the preset and the planner fits it; None otherwise."""
+    overrides = ["deepspeed.zero_optimization.stage=2"]
+    resolved = f.resolves(overrides)
+    plan = planned(resolved)
+    if plan is None or plan.gpu_total > plan.gpu_budget:
+        return None
+    return overrides, f"{gb(plan.gpu_total)} of {gb(plan.gpu_budget)} GB per GPU at stage 2 (planner)"
 
 
 # --- a checkpoint resumed on another topology -------------------------------------------------------------------
@@ -91,9 +126,25 @@ DEVICE_MAP = re.compile(r"(Zero-?3 is not compatible with .{0,3}low_cpu_mem_usag
                         re.IGNORECASE)
 
 
+# options of fine-tuning tools that load the model with a device_map of their own (the cause the user can change)
+PLACING_OPTIONS = re.compile(r"(?:--|\b)(?P<option>use_unsloth|quantization_bit|load_in_4bit|load_in_8bit|"
+                             r"device_map)(?:[ =:]+(?P<value>true|auto|\d+|[\w\"'{}:]+))?", re.IGNORECASE)
+OFF = {"false", "0", "none", "null"}
+
+
 def diagnose_device_map(f: Found) -> Diagnosis:
     d = Diagnosis("zero3_device_map", "ZeRO-3 with from_pretrained(device_map=... / low_cpu_mem_usage=True): the "
                                       "loader and DeepSpeed both want to place the weights", f.line)
+    options = [m.group("option") for m in f.log.all(PLACING_OPTIONS)
+               if m.group("option").lower() != "device_map" and (m.group("value") or "true").lower() not in OFF]
+    if options:
+        option = options[0]
+        d.proposal = Proposal(f"drop --{option} under ZeRO-3 (or train at ZeRO stage 2 with it)", [],
+                              f"--{option} makes the tool load the model itself with a device_map (unsloth's "
+                              "patched loader, bitsandbytes' quantized load), which ZeRO-3's partitioned loading "
+                              "cannot take; the message names the device_map, the option in the command is its "
+                              "cause")
+        return d
     d.proposal = Proposal("drop device_map and low_cpu_mem_usage from from_pretrained under ZeRO-3", [],
                           "under ZeRO-3 transformers loads the model inside deepspeed.zero.Init, which partitions "
                           "every parameter across the ranks as it is created; device_map (accelerate's placement, "

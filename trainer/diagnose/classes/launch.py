@@ -68,7 +68,7 @@ def diagnose_port(f: Found) -> Diagnosis:
            f"that are still alive (`ss -ltnp 'sport = :{port or DEFAULT_PORT}'` names it; stop it if it is a "
            f"leftover)")
     d = Diagnosis("port_in_use", f"the rendezvous could not bind {where}", f.line)
-    d.proposal = Proposal(f"rerun on a free rendezvous port: --master_port {new_port}", [],
+    d.proposal = Proposal(f"rerun on another, free port: --master_port {new_port}", [],
                           f"{why}. Every job on a machine needs its own --master_port; the rank-0 TCP store binds "
                           f"it on the master node", master_port=new_port)
     return d

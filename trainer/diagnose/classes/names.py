@@ -169,3 +169,81 @@ def diagnose(f: Found) -> Diagnosis:
                     "two versions; the importer's release notes or requirements name the range of "
                     f"{package} it supports")
     return d
+
+
+# --- a call whose signature changed between the caller's and the callee's releases -------------------------------
+
+SIGNATURE = re.compile(r"(?P<func>[\w.]+)\(\) (?:takes (?:from \d+ to )?\d+ positional arguments? but \d+ (?:were|was) "
+                       r"given|got an unexpected keyword argument '(?P<kw>\w+)'|missing \d+ required (?:positional|"
+                       r"keyword-only) arguments?: (?P<names>[^\n]+))")
+SELF_CALL = re.compile(r"\bself\.(?P<method>\w+)\((?P<args>[^)]*)\)")
+LIBRARIES = ("transformers", "trl", "peft", "accelerate", "deepspeed", "datasets", "torch")
+
+
+def find_signature(log: Log) -> Optional[int]:
+    """A call the callee's signature refuses; not a config key (stated.py reads those against DeepSpeed's keys)."""
+    from .settings import deepspeed_fields
+    raised = final_exception(log)
+    index = raised.index if raised is not None and SIGNATURE.search(raised.headline) else log.last(SIGNATURE)
+    if index is None:
+        return None
+    m = SIGNATURE.search(log.joined(index, following=0))
+    return None if m is None or (m.group("kw") and m.group("kw") in deepspeed_fields()) else index
+
+
+@functools.lru_cache(maxsize=16)
+def defining_package(qualname: str) -> str:
+    """The installed library that defines the class of `Class.method` (DPOTrainer.get_batch_logps -> trl), '' when
+    none of them does or the name has no class."""
+    if "." not in qualname:
+        return ""
+    cls = qualname.split(".")[-2]
+    pattern = re.compile(rf"^class\s+{re.escape(cls)}\b", re.MULTILINE)
+    for package in LIBRARIES:
+        dist = distribution_of(package)
+        root = Path(dist.locate_file(package)) if dist else None
+        if root is None or not root.is_dir():
+            continue
+        for path in root.rglob("*.py"):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if f"class {cls}".encode() in data and pattern.search(data.decode(errors="replace")):
+                return package
+    return ""
+
+
+def diagnose_signature(f: Found) -> Diagnosis:
+    m = SIGNATURE.search(f.log.joined(f.index, following=0))
+    func = m.group("func")
+    raised = final_exception(f.log)
+    frames = list(raised.frames) if raised else f.log.frames(f.index)
+    site = frames[-1] if frames else None
+    caller = site.package if site else ""
+    call = SELF_CALL.search(site.code) if site and site.code else None
+    ours = any(not fr.package and not fr.file.startswith("<") for fr in frames)
+    if caller and call and call.group("method") == func.split(".")[-1] and ours:
+        d = Diagnosis("signature", f"{caller} calls self.{call.group('method')}({call.group('args')}) and your "
+                                   f"override of {call.group('method')}() does not take that", f.line)
+        d.proposal = Proposal(
+            f"give your subclass's {call.group('method')}() the arguments {caller} now passes - "
+            f"self.{call.group('method')}({call.group('args')}): add them, e.g. `def {call.group('method')}(self, "
+            f"{', '.join(a.strip() + ('=None' if i else '') for i, a in enumerate(call.group('args').split(',')) if a.strip())})`"
+            f", or pin {caller} to the release your code was written for", [],
+            f"{caller}'s own code ({site.file.split('site-packages/')[-1]}) calls the method with a signature a newer "
+            f"{caller} introduced; the override in your script still has the old one")
+        return d
+    callee = defining_package(func) or (site.package if site and m.group("kw") else "")
+    user = caller if caller and caller != callee else "the package that calls it"
+    refused = f" ('{m.group('kw')}')" if m.group("kw") else ""
+    d = Diagnosis("signature", f"{func}() is called with arguments{refused} its {callee or 'installed'} release does "
+                               f"not take: a version mismatch", f.line)
+    d.proposal = Proposal(
+        f"match the versions: upgrade {user} to a release written for the installed {callee or 'library'}, or "
+        f"downgrade {callee or 'the library'} to the release {user} was written for (its requirements file pins it)",
+        [], f"{func}()'s signature changed between releases"
+        + (f" ('{m.group('kw')}' is not one of its arguments in this one)" if m.group("kw") else "")
+        + ("; the call comes from your own script: match it to the installed release's signature" if not caller
+           and frames else ""))
+    return d

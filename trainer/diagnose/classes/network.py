@@ -11,7 +11,7 @@ import re
 
 from ..findings import Diagnosis, Found, Proposal
 
-NCCL_FAILURE = re.compile(r"(unhandled system error|remote process exited or there was a network error|ncclSystemError|"
+NCCL_FAILURE = re.compile(r"(unhandled system error|internal error - please report this issue to the NCCL|remote process exited or there was a network error|ncclSystemError|"
                           r"ncclInternalError|ncclRemoteError|NCCL WARN (NET|Bootstrap|Socket|Call to ibv|IB)|"
                           r"NET/IB ?:|socketStartConnect|Socket creation failed|no socket interface found|"
                           r"ibv_\w+ failed|NCCL Error \d+:|NCCL error in:.*(system|internal|remote))", re.IGNORECASE)
@@ -124,7 +124,7 @@ def _wrong_interface(f: Found):
     others = [i for i in f.facts.interfaces if i not in IFNAME_IGNORED and not any(i.startswith(w) for w in wanted)]
     none_found = f.log.has(NO_INTERFACE)
     if not others and not none_found:
-        return None
+        return _one_name_for_several_nodes(f, named) if (f.facts.nodes or 0) > 1 and len(wanted) == 1 else None
     d = Diagnosis("nccl_network", f"NCCL_SOCKET_IFNAME={named} names an interface NCCL cannot use here", f.line)
     if f.facts.single_node and not others:  # one node: NCCL's bootstrap needs no more than the loopback
         d.proposal = Proposal("one node: point NCCL_SOCKET_IFNAME at the loopback, NCCL_SOCKET_IFNAME=lo (or unset it)",
@@ -140,6 +140,19 @@ def _wrong_interface(f: Found):
                              "by that name") + "; `ip -br addr` on every node shows the names (they may differ per "
                           "node: a comma list, or a prefix such as NCCL_SOCKET_IFNAME=en)",
                           env=(("NCCL_SOCKET_IFNAME", target),) + DEBUG_ENV if others else DEBUG_ENV)
+    return d
+
+
+def _one_name_for_several_nodes(f: Found, named: str) -> Diagnosis:
+    """One interface name for every node: on hosts whose NICs are named differently (enp6s0 here, enp4s0 there) the
+    nodes without it find no interface - NCCL accepts a comma list, or a prefix."""
+    d = Diagnosis("nccl_network", f"NCCL_SOCKET_IFNAME={named} on {f.facts.nodes} nodes: a node whose interface has "
+                                  f"another name finds none", f.line)
+    d.proposal = Proposal(f"name every node's interface: NCCL_SOCKET_IFNAME={named},<the other nodes' names> (a comma "
+                          f"list), or a prefix they share (NCCL_SOCKET_IFNAME={re.sub(r'[0-9].*$', '', named) or named})",
+                          [], f"the run exported one name, {named}, to every node; `ip -br addr` on each node shows its "
+                          "own name for the interface on the nodes' network, and NCCL_SOCKET_IFNAME takes a comma list "
+                          "(any of them) or a prefix", env=DEBUG_ENV)
     return d
 
 

@@ -36,7 +36,10 @@ def deepspeed_fields() -> dict[str, str]:
         models = learned.facts()["models"]
     except (UserError, OSError, ImportError):  # no DeepSpeed to learn from: the index is empty, the rest still works
         return {}
-    return {name: model["name"] for model in models.values() for name in model.get("fields", {})}
+    fields = {name: model["name"] for model in models.values() for name in model.get("fields", {})}
+    aliases = {info["alias"]: model["name"] for model in models.values()  # stage3_prefetch_bucket_size, as configs say
+               for info in (model.get("fields") or {}).values() if isinstance(info, dict) and info.get("alias")}
+    return {**aliases, **fields}
 
 
 def deepspeed_path_of(model: str, field: str) -> Optional[str]:
