@@ -51,14 +51,23 @@ def find(log: Log) -> Optional[int]:
 
 
 def distribution_of(package: str) -> Optional[metadata.Distribution]:
-    """The installed distribution that provides the top-level package (torch, transformers, bitsandbytes, ...)."""
-    names = metadata.packages_distributions().get(package, [package])
-    for name in names:
+    """The installed distribution that provides the top-level package (torch, transformers, bitsandbytes, ...):
+    the distribution of that name first; else the one whose files hold it (reading every RECORD: ~0.5 s, once)."""
+    try:
+        return metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        pass
+    for name in _providers().get(package, []):
         try:
             return metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _providers() -> dict:
+    return metadata.packages_distributions()
 
 
 @functools.lru_cache(maxsize=16)
