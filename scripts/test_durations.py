@@ -25,8 +25,9 @@ def cases(path: str) -> list[dict]:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = child.tag
         module = case.get("classname", "").split(".")[-1] or "?"
+        cpu = [float(p.get("value")) for p in case.iter("property") if p.get("name") == "cpu_s"]
         found.append({"file": f"{module}.py", "name": case.get("name"), "time": float(case.get("time") or 0),
-                      "outcome": outcome})
+                      "cpu": cpu[0] if cpu else None, "outcome": outcome})
     return found
 
 
@@ -38,34 +39,45 @@ def main() -> int:
     parser.add_argument("--write", metavar="JSON", help="save {module file: seconds} (tests/durations.json)")
     args = parser.parse_args()
     found = cases(args.report)
+    with_cpu = all(case["cpu"] is not None for case in found) and bool(found)
+    cost = "cpu" if with_cpu else "time"  # CPU seconds when recorded (TRAINER_TEST_CPU=1): the suite is CPU-bound
     total = sum(c["time"] for c in found)
-    by_file: dict[str, list[float]] = defaultdict(list)
+    by_file: dict[str, list[dict]] = defaultdict(list)
     for case in found:
-        by_file[case["file"]].append(case["time"])
-    rows = sorted(by_file.items(), key=lambda item: -sum(item[1]))
+        by_file[case["file"]].append(case)
+    rows = sorted(by_file.items(), key=lambda item: -sum(c[cost] for c in item[1]))
     if args.write:
         with open(args.write, "w") as out:
-            json.dump({name: round(sum(times), 1) for name, times in rows}, out, indent=1)
+            json.dump({name: round(sum(c["time"] for c in cases_), 1) for name, cases_ in rows}, out, indent=1)
             out.write("\n")
     bar = "|" if args.markdown else ""
-    print(f"{len(found)} tests, {total / 60:.1f} min in tests (setup + call + teardown)")
+    print(f"{len(found)} tests, {total / 60:.1f} min in tests (setup + call + teardown)"
+          + (f", {sum(c['cpu'] for c in found) / 60:.1f} CPU-min" if with_cpu else ""))
     print()
-    print(f"{bar} file {bar} tests {bar} seconds {bar} share {bar}" if args.markdown else "file  tests  seconds  share")
+    columns = ["file", "tests", "seconds", *(["CPU s"] if with_cpu else []), "share"]
+    print(f"{bar} {f' {bar} '.join(columns)} {bar}" if args.markdown else "  ".join(columns))
     if args.markdown:
-        print("|---|---:|---:|---:|")
-    for name, times in rows:
-        line = [name, str(len(times)), f"{sum(times):.0f}", f"{100 * sum(times) / total:.1f}%"]
+        print("|---|" + "---:|" * (len(columns) - 1))
+    whole = sum(c[cost] for c in found) or 1.0
+    for name, cases_ in rows:
+        line = [name, str(len(cases_)), f"{sum(c['time'] for c in cases_):.0f}",
+                *([f"{sum(c['cpu'] for c in cases_):.0f}"] if with_cpu else []),
+                f"{100 * sum(c[cost] for c in cases_) / whole:.1f}%"]
         print(f"| {' | '.join(line)} |" if args.markdown else "  ".join(line))
     print()
-    slowest = sorted(found, key=lambda c: -c["time"])[:args.top]
-    print(f"{bar} test {bar} seconds {bar}" if args.markdown else "slowest tests")
+    slowest = sorted(found, key=lambda c: -c[cost])[:args.top]
+    print((f"{bar} test {bar} seconds {bar}" + (" CPU s |" if with_cpu and args.markdown else ""))
+          if args.markdown else "slowest tests" + (" (by CPU: seconds, CPU s)" if with_cpu else ""))
     if args.markdown:
-        print("|---|---:|")
+        print("|---|---:|" + ("---:|" if with_cpu else ""))
     for case in slowest:
         name = f"{case['file']}::{case['name']}"
-        print(f"| `{name}` | {case['time']:.1f} |" if args.markdown else f"{case['time']:7.1f}  {name}")
+        cpu = f"{case['cpu']:.1f}" if with_cpu else ""
+        if args.markdown:
+            print(f"| `{name}` | {case['time']:.1f} |" + (f" {cpu} |" if with_cpu else ""))
+        else:
+            print(f"{case['time']:7.1f}  " + (f"{cpu:>7}  " if with_cpu else "") + name)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

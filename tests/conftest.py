@@ -24,6 +24,7 @@ from trainer import jit_env
 # build.ninja would name the other spelling of the same files and every op would be rebuilt (trainer/jit_env.py).
 jit_env.resolve_interpreter()
 
+import cpu_account  # noqa: E402
 import distributed  # noqa: E402
 import ports  # noqa: E402
 import preloaded  # noqa: E402
@@ -298,6 +299,29 @@ def pytest_configure(config):
     processes.progress = _progress_printer(config)
     if os.environ.get("TRAINER_TEST_PROCESS_LOG"):
         _log_processes()
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
+        return  # the controller runs no test: its workers account for themselves
+    config._cpu_group = cpu_account.enter()
+
+
+def pytest_unconfigure(config):
+    cpu_account.leave(getattr(config, "_cpu_group", None))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item._cpu_start = cpu_account.usage_s(getattr(item.config, "_cpu_group", None))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The test's CPU (setup, call, teardown; every process it started) as the JUnit property `cpu_s`: set before
+    the teardown report is made, which is the one JUnit reads properties from."""
+    yield
+    end = cpu_account.usage_s(getattr(item.config, "_cpu_group", None))
+    if end is not None and getattr(item, "_cpu_start", None) is not None:
+        item.user_properties.append(("cpu_s", round(end - item._cpu_start, 2)))
 
 
 def _log_processes() -> None:
