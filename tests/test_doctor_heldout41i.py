@@ -7,8 +7,11 @@ once, at commit 90d0395, scored by the same rule as heldout41b (test_doctor_held
 must know.
 
 The test asserts the score does not get worse - no wrong, no more unrecognised, every unrecognised log a true
-fallback (no proposal) - not that any miss stays a miss. Once these logs are used to build anything, say so here:
-they are then no longer held out.
+fallback (no proposal) - not that any miss stays a miss.
+
+Used since, to build (so no longer held out): 05, a traceback cut at its raising frame, whose line
+`require_version("transformers>=4.36.2", "To fix: ...")` now stands in for the missing message (stated.py; drawn
+cases in tests/test_doctor_mechanisms41j.py). Scored after: 5 right, 0 partial, 0 wrong, 2 not recognised.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 
 def test_the_measured_score_does_not_get_worse():
     got, count = scored(HELD, CASES)
-    assert count["right"] >= 4 and count["right"] + count["partial"] >= 5, got
+    assert count["right"] >= 5, got
     assert count["wrong"] == 0 and count["silent"] == 0, got
     assert count["not recognised"] <= 2, got
     assert all(got[n] == "right" for n, c in CASES.items() if c["observed"]["auto_score"] == "right"), got

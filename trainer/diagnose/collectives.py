@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .findings import Diagnosis, Found, Proposal
 from .logtext import Log
@@ -21,7 +21,13 @@ FINGERPRINT = re.compile(r"\[Rank (\d+)\] Running collective: CollectiveFingerPr
 MISMATCH = re.compile(r"(Detected mismatch between collectives on ranks|Mismatched collective detected|"
                       r"collective mismatch error)")
 NCCL_TIMEOUT = re.compile(r"(Watchdog caught collective operation timeout|NCCL.*[Tt]imeout|DistBackendError.*[Tt]imeout|"
-                          r"timed out in blocking wait)")
+                          r"timed out in blocking wait|" + r"retrieving ncclUniqueId from \[0\].*(?:[Tt]imeout|timed out))")
+# the ranks' first communicator: every other rank asks rank 0's store for its NCCL id, which rank 0 publishes only
+# when it reaches its first collective - a timeout here is a barrier at collective #0, whatever the fabric
+FIRST_COMMUNICATOR = re.compile(r"retrieving ncclUniqueId from \[0\]")
+THIS_TRAINER = re.compile(r"(--preset\b|python -m trainer\b|[\\/]trainer[\\/](?:train|launch)[\\/])")
+HF_TRAINER = re.compile(r"(transformers[\\/]trainer\.py|--per_device_train_batch_size|--ddp_timeout|llamafactory|"
+                        r"llmtuner|TrainingArguments)")
 DATA_PREP = re.compile(r"(Running tokenizer on dataset|Tokeniz|tokeniz|Generating train split|Map( \(num_proc=\d+\))?:|"
                        r"Preparing|prepare-data|Downloading data)")
 BARRIER_SEQ, BARRIER_NUMEL = 10, 1024
@@ -71,6 +77,8 @@ def diagnose_nccl(f: Found) -> Diagnosis:
     if apart or f.log.has(MISMATCH):
         return _config_cause(f, _desync(f, apart))
     timed = [c for c in seen if c.timeout_ms] or seen
+    if not timed and f.log.has(FIRST_COMMUNICATOR):
+        timed = [Collective(0, 0, "the first communicator's setup (rank 0's NCCL id)", 0)]
     if timed and min(c.seq for c in timed) <= BARRIER_SEQ and max(c.numel for c in timed) <= BARRIER_NUMEL:
         return _barrier(f, timed)
     return _config_cause(f, _fabric(f, timed[0] if timed else None))
@@ -113,15 +121,26 @@ def _barrier(f: Found, timed: list[Collective]) -> Diagnosis:
     preparing = next(iter(f.log.all(DATA_PREP)), None)
     while_doing = f" - the log shows it preparing data ('{preparing.group(0)}')" if preparing else ""
     preset = f.resolved.config.name
-    d.proposal = Proposal(f"prepare the data first: python -m trainer prepare-data --preset {preset}", [],
-                          f"run it once (with the same --set overrides), then train: a small first collective that never completes is a barrier the other ranks "
-                          f"reached while rank 0 was still busy alone{while_doing}. The trainer prepares a small "
-                          f"local source on rank 0 inside a barrier (data.auto_prepare_max_gb); prepared shards are "
-                          f"read at once")
+    prepare = Proposal(f"prepare the data first: python -m trainer prepare-data --preset {preset}", [],
+                       f"run it once (with the same --set overrides), then train: a small first collective that never completes is a barrier the other ranks "
+                       f"reached while rank 0 was still busy alone{while_doing}. The trainer prepares a small "
+                       f"local source on rank 0 inside a barrier (data.auto_prepare_max_gb); prepared shards are "
+                       f"read at once")
     longer = max(2 * seconds, 2 * f.resolved.config.train.dist_timeout_s, 3600)
-    d.then.append(Proposal("or raise the process-group timeout", [f"train.dist_timeout_s={longer}"],
-                           f"every collective waits {longer} s instead of {seconds} s, long enough for rank 0 to "
-                           f"finish preparing; a real hang then takes that long to surface"))
+    timeout = Proposal("or raise the process-group timeout", [f"train.dist_timeout_s={longer}"],
+                       f"every collective waits {longer} s instead of {seconds} s, long enough for rank 0 to "
+                       f"finish preparing; a real hang then takes that long to surface")
+    if f.log.has(THIS_TRAINER) or not (preparing or f.log.has(HF_TRAINER)):
+        d.proposal, d.then = prepare, [timeout]
+        return d
+    # another framework's run, preparing on rank 0 while the others wait: its own timeout knob is the fix it has
+    knob = ("--ddp_timeout (TrainingArguments.ddp_timeout, seconds)" if f.log.has(HF_TRAINER) else
+            "timeout=datetime.timedelta(...) in init_process_group / deepspeed.init_distributed")
+    d.proposal = replace(timeout, step=f"raise the process-group timeout above the preparation's time: {knob} "
+                                       f"(train.dist_timeout_s={longer} with this trainer); or tokenize once before "
+                                       f"the launch and load the saved result (this trainer: python -m trainer "
+                                       f"prepare-data --preset {preset})")
+    d.then = [prepare]
     return d
 
 

@@ -37,6 +37,19 @@ SHELL_SETTINGS = re.compile(r"^[ \t]*(?:[$+#>][ \t]*)?(?:export[ \t]+)?((?:[A-Z]
 SETTING = re.compile(r"([A-Z][A-Z0-9_]*)=(['\"]?)([^\s'\";]*)\2")
 NCCL_SET_BY_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (\S+)")
 NCCL_INTERFACE = re.compile(r"NET/(?:Socket|IB) : Using \[\d\]([\w.-]+)(?::|/)")
+# a line of a config the log shows, JSON (`"stage": 3,`) or YAML (`  zero_stage: 3`): a key and one scalar value
+CONFIG_LINE = re.compile(r"^[ \t]*[\"']?([A-Za-z_][\w.-]*)[\"']?[ \t]*:[ \t]*(\"[^\"\n]*\"|'[^'\n]*'|[\w.+/-]+)[ \t]*,?[ \t]*$",
+                         re.MULTILINE)
+# how the log's run sharded its model states: FSDP's strategy (HF's --fsdp, accelerate's fsdp_sharding_strategy) or
+# DeepSpeed's ZeRO stage (a JSON "stage", accelerate's zero_stage, --zero_stage) and whether it offloaded
+FSDP = re.compile(r"(?:--fsdp[= ]+[\"']?|fsdp_sharding_strategy:\s*|\bfsdp:\s*[\"']?)(?P<how>[\w ]*?"
+                  r"(?:full_shard|shard_grad_op|hybrid_shard|no_shard|FULL_SHARD|SHARD_GRAD_OP|HYBRID_SHARD|NO_SHARD|"
+                  r"\b[1-4]\b)[\w ]*)", re.IGNORECASE)
+FSDP_STAGE = {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2, "no_shard": 0, "1": 3, "2": 2, "3": 0, "4": 3}
+ZERO_STAGE = re.compile(r"(?:\"stage\"\s*:\s*|\bzero_stage\s*[:=]\s*|--zero_stage[= ]+|ZeRO[- ]?(?:stage[- ]?)?)(?P<stage>[0-3])"
+                        r"\b", re.IGNORECASE)
+OFFLOADED = re.compile(r"(?P<what>offload_optimizer|offload_param)(?:_device)?[\"']?\s*[:=]\s*(?:\{\s*[\"']?device"
+                       r"[\"']?\s*:\s*)?[\"']?(?P<device>cpu|nvme|none)\b", re.IGNORECASE)
 IFACE_ADDR = re.compile(r"^\d+: ([\w.@-]+?)(?:@\w+)?: <[A-Z,_]*UP", re.MULTILINE)  # `ip addr`'s interface lines
 
 
@@ -52,6 +65,8 @@ class LogFacts:
     interfaces: list = field(default_factory=list)  # network interfaces the log shows in use or up
     cuda_toolkit: Optional[str] = None      # nvcc's release (ds_report, `nvcc --version`)
     torch_cuda: Optional[str] = None        # the CUDA torch was built with (ds_report, a +cuXYZ wheel)
+    config_values: dict = field(default_factory=dict)  # key -> value of a config the log shows (JSON or YAML)
+    sharding: Optional[dict] = None  # {"stage", "offload_optimizer", "offload_param", "how"}: what the log's run used
 
     @property
     def single_node(self) -> bool:
@@ -60,6 +75,11 @@ class LogFacts:
 
     def already_set(self, name: str, value: Optional[str] = None) -> bool:
         return name in self.exported and (value is None or self.exported[name] == value)
+
+    def configured(self, key: str) -> Optional[str]:
+        """The value the log's own config gives `key` (lower case, unquoted), or None when it shows none."""
+        value = self.config_values.get(key)
+        return value.strip("'\"").lower() if value is not None else None
 
     def as_json(self) -> dict:
         return {key: value for key, value in vars(self).items() if value not in (None, {}, [])}
@@ -94,8 +114,10 @@ def read_facts(log: Log) -> LogFacts:
         facts.nodes = len(re.findall(r"'[^']+':", first["world_info"].group(1))) or None
     elif len(hosts) > 1:
         facts.nodes = len(hosts)
-    elif len({m.group(1) for m in NCCL_HOST.finditer(text)}) == 1:  # every rank's NCCL lines: one host
-        facts.nodes = 1
+    elif len({m.group(1) for m in NCCL_HOST.finditer(text)}) == 1:
+        # every rank's NCCL lines: one host - unless NCCL counts more ranks than the devices it shows (one node's
+        # paste of a larger world: as many nodes as it takes at that many devices each)
+        facts.nodes = _nodes_beyond_the_host(text) or 1
     facts.environment = "WSL2" if WSL.search(text) else "container" if CONTAINER.search(text) else None
     for m in MPI_EXPORT.finditer(text):
         facts.exported.setdefault(m.group(1), m.group(3))
@@ -104,8 +126,46 @@ def read_facts(log: Log) -> LogFacts:
             facts.exported.setdefault(m.group(1), m.group(3))
     for m in NCCL_SET_BY_ENV.finditer(text):
         facts.exported.setdefault(m.group(1), m.group(2).rstrip("."))
+    facts.sharding = _sharding(text)
+    for m in CONFIG_LINE.finditer(text):
+        facts.config_values[m.group(1)] = m.group(2)
     for pattern in (NCCL_INTERFACE, IFACE_ADDR):
         for m in pattern.finditer(text):
             if m.group(1) not in facts.interfaces:
                 facts.interfaces.append(m.group(1))
     return facts
+
+
+NCCL_DEVICE = re.compile(r"^\s*(?:\[\d+\]\s*)?[\w.-]+:\d+:\d+ \[(\d+)\] NCCL ", re.MULTILINE)
+NRANKS = re.compile(r"\bnranks (\d+)")
+
+
+def _nodes_beyond_the_host(text: str) -> Optional[int]:
+    """Nodes when NCCL says the world has more ranks than the devices one host's lines show (a paste of one node's
+    log): the world over the devices per node, which the highest device index bounds from below."""
+    counts = [int(m.group(1)) for m in NRANKS.finditer(text)]
+    devices = {int(m.group(1)) for m in NCCL_DEVICE.finditer(text)}
+    if not counts or not devices:
+        return None
+    per_node = max(len(devices), max(devices) + 1)
+    return -(-max(counts) // per_node) if max(counts) > per_node else None
+
+
+def _sharding(text: str) -> Optional[dict]:
+    """How the log's run held its model states, when the log shows it: FSDP's strategy as the ZeRO stage it equals
+    (full_shard = 3, shard_grad_op = 2; an `offload` word offloads both) or DeepSpeed's stage and offload devices."""
+    fsdp = FSDP.search(text)
+    if fsdp:
+        how = fsdp.group("how").strip()
+        word = next((w for w in re.findall(r"[A-Za-z_]+|\d", how.lower()) if w in FSDP_STAGE), None)
+        if word is not None:
+            offload = "cpu" if "offload" in how.lower() else "none"
+            return {"stage": FSDP_STAGE[word], "offload_optimizer": offload, "offload_param": offload,
+                    "how": f"FSDP {how}"}
+    stage = ZERO_STAGE.search(text)
+    if not stage:
+        return None
+    devices = {m.group("what").lower(): m.group("device").lower() for m in OFFLOADED.finditer(text)}
+    return {"stage": int(stage.group("stage")), "offload_optimizer": devices.get("offload_optimizer", "none"),
+            "offload_param": devices.get("offload_param", "none"), "how": f"ZeRO stage {stage.group('stage')}"
+            + "".join(f" + {k} to {v}" for k, v in devices.items() if v != "none")}

@@ -79,6 +79,7 @@ def diagnose_gpu_oom(f: Found) -> Diagnosis:
     where = "" if phase == "unknown" else f" {phases.WORDS[phase]}"
     d = Diagnosis(failure, f"CUDA out of memory{where}{_oom_details(numbers, f.log.joined(f.index))}", f.line)
     d.advice += PHASE_ADVICE.get(phase, [])
+    f = _as_the_log_ran(f, d)
     pricer = ladder.pricer_for(f, numbers)
     on_other_gpu = ladder.same_gpu(numbers, f.resolved) is False
     if on_other_gpu:
@@ -95,6 +96,28 @@ def diagnose_gpu_oom(f: Found) -> Diagnosis:
         d.advice.append(_nothing_fits(result))
     _fragmentation_advice(d, numbers)
     return d
+
+
+def _as_the_log_ran(f: Found, d: Diagnosis) -> Found:
+    """The preset as the log's run held its model states, when the log shows a stage or offload other than the
+    preset's (an FSDP full_shard run judged against a preset that offloads): the log's allocation calibrates the
+    estimate of what ran, and the ladder climbs from there - not from a config the run never had."""
+    ran, r = f.facts.sharding, f.resolved
+    if not ran or f.reresolve is None or r.config.hardware.gpu == "cpu":
+        return f
+    preset = (dsc.zero_stage(r.ds), dsc.offload_optimizer_device(r.ds), dsc.offload_param_device(r.ds))
+    wanted = (ran["stage"], ran["offload_optimizer"], ran["offload_param"])
+    if wanted == preset:
+        return f
+    overrides = dsc.zero_overrides(r.ds, dsc.base_config(*wanted))
+    resolved = f.resolves(overrides)
+    if resolved is None:
+        return f
+    d.advice.append(f"the log's run used {ran['how']}, not preset {r.config.name}'s ZeRO stage {preset[0]} "
+                    f"(optimizer offload {preset[1]}, parameter offload {preset[2]}): the estimates start from what "
+                    f"it ran")
+    base = f.reresolve
+    return replace(f, resolved=resolved, reresolve=lambda extra: base([*overrides, *extra]))
 
 
 PHASE_ADVICE = {

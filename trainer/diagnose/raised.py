@@ -95,7 +95,7 @@ def final_exception(log: Log) -> Optional[Raised]:
     report that a rank failed (torchrun's ChildFailedError) gives way to the rank's own exception before it."""
     index = log.last(PREFIXED_EXCEPTION)
     if index is None:
-        return _frames_only(log)
+        return _frames_only(log) or _told_in_prose(log)
     if LAUNCHER_WRAPPERS.search(log.lines[index]):
         index = next((i for i in range(index - 1, max(-1, index - SEARCH_BACK), -1)
                       if PREFIXED_EXCEPTION.match(log.lines[i]) and not LAUNCHER_WRAPPERS.search(log.lines[i])),
@@ -145,6 +145,25 @@ def _frames_only(log: Log) -> Optional[Raised]:
     raised = RAISE.search(code)
     return Raised(raised.group(1) if raised else "", "", len(log.lines) - 1, Site(file, func, line, code),
                   tuple(Frame(f, fn, c) for f, fn, _, c in frames))
+
+
+# an exception retold in a sentence, not printed by Python: "I got value error: Target modules ... not found",
+# "遇到了 runtime error：CUDA ..." (the type in words, any case, a colon of either width)
+TOLD = re.compile(r"\b(?P<words>(?:[A-Za-z]+[ _]?)?(?:error|exception))\s*[:：]\s*(?P<message>\S.*)", re.IGNORECASE)
+
+
+def _told_in_prose(log: Log) -> Optional[Raised]:
+    """A log with no exception line and no frames, where the user retold the exception in a sentence: its type
+    spelt as Python spells it ("value error" -> ValueError) and the message after the colon. The last such line of
+    the log's last lines (a description is short)."""
+    lines = log.lines[-FRAME_RUN_LINES:]
+    for offset in range(len(lines) - 1, -1, -1):
+        m = TOLD.search(lines[offset])
+        if m:
+            words = re.findall(r"[A-Za-z]+", m.group("words"))
+            kind = "".join(w[:1].upper() + w[1:].lower() for w in words)
+            return Raised(kind, m.group("message").strip(), len(log.lines) - len(lines) + offset)
+    return None
 
 
 def _traceback_start(lines: list[str]) -> Optional[int]:

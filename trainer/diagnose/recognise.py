@@ -18,6 +18,7 @@
 | nvme_aio          | "buffer nbytes != file bytes", an aio assertion               | check the NVMe path, CPU offload  |
 | load/cuda/init_oom | CUDA OOM, by the phase of its traceback (phases.py)          | the cheapest change that fits     |
 | shm               | /dev/shm exhausted: bus error, exit -7, NCCL's shm segment    | a larger /dev/shm                 |
+| no_room           | ENOSPC / EDQUOT: which writer, from the path or the frames   | that writer on a larger disk      |
 | host_oom          | signal 9 as each launcher says it, a bare "Killed"            | sharded load, offload, swap       |
 | fp16_loss_scale   | "Current loss scale already at minimum", overflow at 1 or 0   | bf16, or fp32 without bf16        |
 | op_build          | a JIT op build failing (cpu_adam, ...), no ninja on PATH      | the toolchain fix, then fallback  |
@@ -29,6 +30,7 @@
 | quantized_placement | an 8-/4-bit model on several devices, another device, offloaded | each rank's copy on its device |
 | unknown_architecture | KeyError: 'qwen2' from the auto config, "does not recognize this architecture" | the transformers that has it |
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
+| checkpoint_recompute | non-reentrant checkpoint's "Recomputed values ... different metadata" | reentrant / ZeRO-2 under ZeRO-3 |
 | fp16_trainable    | "Attempting to unscale FP16 gradients"                        | fp32 trainable weights, or bf16   |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | signature         | a call its callee's release refuses (arity, keyword, missing argument) | the release that goes with it / the override's signature |
@@ -58,10 +60,10 @@ from typing import Callable, Optional
 
 from ..errors import UserError
 from ..resolve import Resolved
-from . import advice, collectives, memory
+from . import advice, collectives, memory, oserror
 from . import phases
 from .classes import (architecture, autograd, binaries, checkpoint, devices, fallback, launch, messages, names,
-                      network, quantized, sequence, stated, toolkit, versions)
+                      network, quantized, sequence, stated, storage, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -173,6 +175,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("load_oom", _gpu_oom(loading=True), memory.diagnose_load_oom, signature=(memory.GPU_OOM,)),
     Recogniser("cuda_oom", _gpu_oom(loading=False), memory.diagnose_gpu_oom, signature=(memory.GPU_OOM,)),
     Recogniser("shm", _first(launch.SHM), launch.diagnose_shm),
+    Recogniser("no_room", storage.find, storage.diagnose, signature=(oserror.WORDS,)),
     Recogniser("host_oom", _first(memory.HOST_KILL), memory.diagnose_host_oom),
     Recogniser("fp16_loss_scale", _first(LOSS_SCALE), advice.diagnose_loss_scale),
     Recogniser("op_build", _op_build, toolkit.diagnose_op_build, signature=(OP_BUILD, BUILD_STOPPED)),
@@ -183,7 +186,8 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("two_devices", _first(devices.TWO_DEVICES), devices.diagnose),
     Recogniser("quantized_placement", _first(quantized.PLACEMENT), quantized.diagnose),
     Recogniser("unknown_architecture", architecture.find, architecture.diagnose, signature=(architecture.UNKNOWN_ARCH,)),
-    Recogniser("no_gradient_graph", _first(autograd.NO_GRAPH), autograd.diagnose_no_graph),
+    Recogniser("no_gradient_graph", autograd.find_no_graph, autograd.diagnose_no_graph),
+    Recogniser("checkpoint_recompute", _first(autograd.RECOMPUTED), autograd.diagnose_recomputed),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
     Recogniser("fp16_trainable", _first(autograd.FP16_TRAINABLE), autograd.diagnose_fp16_trainable),
     Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),

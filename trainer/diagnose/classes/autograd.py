@@ -14,11 +14,17 @@ say about the run:
 from __future__ import annotations
 
 import re
+from typing import Optional
 
+from ... import ds as dsc
 from ..findings import Diagnosis, Found, Proposal
+from ..logtext import Log
 from ..raised import final_exception
 
 NO_GRAPH = re.compile(r"element \d+ of tensors does not require grad and does not have a grad_fn")
+# torch's reentrant checkpoint warns when no input of a checkpointed block requires grad: nothing inside that block
+# gets a gradient, and a loss that depends only on such blocks has no graph - the error's cause, printed before it
+NO_INPUT_GRAD = re.compile(r"None of the inputs have requires_grad=True\. Gradients will be None")
 CHECKPOINTED = re.compile(r"(torch[\\/]utils[\\/]checkpoint\.py|gradient_checkpointing|use_reentrant|"
                           r"CheckpointFunction|activation_checkpointing)", re.IGNORECASE)
 FROZEN_BASE = re.compile(r"(peft|lora|prepare_model_for_kbit_training|trainable params)", re.IGNORECASE)
@@ -26,6 +32,20 @@ FROZEN_BASE = re.compile(r"(peft|lora|prepare_model_for_kbit_training|trainable 
 PAST_EMBEDDING = re.compile(r"(srcIndex < srcSelectDimSize|index out of range in self|indexSelect(?:Large|Small)Index)")
 EMBEDDING_FRAME = re.compile(r"(F\.embedding|torch[\\/]nn[\\/]functional\.py\S* in embedding|modules[\\/]sparse\.py|"
                              r"embed_tokens|wte|embed_positions|position_embeddings)")
+
+
+def find_no_graph(log: Log) -> Optional[int]:
+    """The error itself, else the checkpoint's warning when the log ends in a traceback after it (a paste cut
+    before the error's line)."""
+    index = log.first(NO_GRAPH)
+    if index is not None:
+        return index
+    warned = log.first(NO_INPUT_GRAD)
+    raised = final_exception(log) if warned is not None else None
+    return warned if raised is not None and raised.index > warned else None
+
+
+find_no_graph.signature = (NO_GRAPH, NO_INPUT_GRAD)
 
 
 def diagnose_no_graph(f: Found) -> Diagnosis:
@@ -53,6 +73,41 @@ def diagnose_no_graph(f: Found) -> Diagnosis:
     if frozen:
         d.then.append(Proposal("with gradient checkpointing on a frozen base: make its inputs require grad", [],
                                "`model.enable_input_require_grads()` or `use_reentrant=False`"))
+    return d
+
+
+# --- a recomputation that differs from the forward (torch's non-reentrant checkpoint) ---------------------------
+
+RECOMPUTED = re.compile(r"Recomputed values for the following tensors have different metadata than during the "
+                        r"forward pass")
+
+
+def diagnose_recomputed(f: Found) -> Diagnosis:
+    """Non-reentrant checkpointing checks that the recomputed forward saves tensors of the same shape and dtype as
+    the first one. Under ZeRO-3 the first forward ran with each layer's parameters gathered and the recomputation can
+    see them partitioned (shape [0]) - the gather happens in module hooks the recomputation does not go through in
+    the same way - so the check fails on a parameter; reentrant checkpointing reruns the module, hooks included."""
+    sharding = f.facts.sharding
+    stage3 = (sharding or {}).get("stage") == 3 or (sharding is None and dsc.zero_stage(f.resolved.ds) == 3)
+    d = Diagnosis("checkpoint_recompute", "the recomputed forward of a checkpointed block saved tensors of other "
+                                          "shapes than the first forward", f.line)
+    if stage3:
+        d.proposal = Proposal("use reentrant activation checkpointing under ZeRO-3: gradient_checkpointing_kwargs="
+                              "{\"use_reentrant\": True} (or train at ZeRO stage 2)", [],
+                              "torch's non-reentrant checkpoint compares the recomputed tensors' metadata with the "
+                              "forward's; under ZeRO-3 a layer's parameters are gathered by module hooks in the "
+                              "forward and may be seen partitioned (torch.Size([0])) in the recomputation, so the "
+                              "comparison fails. Reentrant checkpointing reruns the modules with their hooks")
+        stage2 = dsc.zero_overrides(f.resolved.ds, dsc.base_config(2, dsc.offload_optimizer_device(f.resolved.ds), "none"))
+        d.then.append(Proposal("or ZeRO stage 2, where parameters are not partitioned",
+                               stage2 if f.resolves(stage2) is not None else [],
+                               "stage 2 keeps whole parameters on every rank: the recomputation sees what the forward "
+                               "saw (more GPU memory for the parameters)"))
+        return d
+    d.proposal = Proposal("make the checkpointed forward deterministic in shape, or use reentrant checkpointing "
+                          "(use_reentrant=True)", [],
+                          "the recomputation ran under another autocast or dtype, or a shape depends on something "
+                          "that changed between the two passes (a random choice, a cache, a global flag)")
     return d
 
 

@@ -132,6 +132,19 @@ PLACING_OPTIONS = re.compile(r"(?:--|\b)(?P<option>use_unsloth|quantization_bit|
 OFF = {"false", "0", "none", "null"}
 
 
+def _from_pretrained_caller(f: Found) -> str:
+    """The frame outside transformers that called from_pretrained (the user's script or a framework's loader), as
+    `file:function`: the place the two arguments are passed."""
+    from ..raised import final_exception
+    raised = final_exception(f.log)
+    frames = list(raised.frames) if raised else []
+    for frame in reversed(frames):
+        if "from_pretrained" in frame.code and frame.package != "transformers":
+            name = re.split(r"[\\/]", frame.file)[-1]
+            return f"{name} ({frame.func})"
+    return ""
+
+
 def diagnose_device_map(f: Found) -> Diagnosis:
     d = Diagnosis("zero3_device_map", "ZeRO-3 with from_pretrained(device_map=... / low_cpu_mem_usage=True): the "
                                       "loader and DeepSpeed both want to place the weights", f.line)
@@ -145,7 +158,10 @@ def diagnose_device_map(f: Found) -> Diagnosis:
                               "cannot take; the message names the device_map, the option in the command is its "
                               "cause")
         return d
-    d.proposal = Proposal("drop device_map and low_cpu_mem_usage from from_pretrained under ZeRO-3", [],
+    caller = _from_pretrained_caller(f)
+    where = f" where {caller} calls it" if caller else ""
+    d.proposal = Proposal(f"load with low_cpu_mem_usage=False and device_map=None under ZeRO-3 (from_pretrained{where})",
+                          [],
                           "under ZeRO-3 transformers loads the model inside deepspeed.zero.Init, which partitions "
                           "every parameter across the ranks as it is created; device_map (accelerate's placement, "
                           "which sets low_cpu_mem_usage) and 8/4-bit loading place whole tensors on devices themselves. "

@@ -188,14 +188,16 @@ def _overrides(f: Found, settings: list[tuple[str, object]]) -> tuple[list[str],
 
 # --- ZeRO-Offload with a client optimizer ---------------------------------------------------------------------
 
-CLIENT_OPTIMIZER = re.compile(r"ZeRO-Offload with a client provided optimizer \(<class '([\w.]+)")
+CLIENT_OPTIMIZER = re.compile(r"ZeRO-Offload with a client provided optimizer(?: \(<class '([\w.]+))?")
 GPU_ONLY = re.compile(r"(apex|bitsandbytes|bnb|fused|8bit|Fused)", re.IGNORECASE)
 
 
 def diagnose_client_optimizer(f: Found) -> Diagnosis:
     match = next(iter(f.log.all(CLIENT_OPTIMIZER)), None)
-    name = match.group(1) if match else "a client optimizer"
+    name = match.group(1) if match and match.group(1) else "a client optimizer"
     d = Diagnosis("offload_optimizer", f"ZeRO-Offload with an optimizer DeepSpeed did not build ({name})", f.line)
+    if f.facts.configured("zero_force_ds_cpu_optimizer") in ("false", "0", "no"):
+        return _opt_out_not_read(f, d)
     d.proposal = Proposal("let DeepSpeed run the optimizer on the CPU: DeepSpeedCPUAdam (the config's optimizer block)",
                           [], "with the optimizer offloaded, the step runs on the CPU: DeepSpeed's DeepSpeedCPUAdam "
                           "(built from an `optimizer` block in the DeepSpeed config, or passed as "
@@ -210,6 +212,23 @@ def diagnose_client_optimizer(f: Found) -> Diagnosis:
                                [dsc.client_optimizer_on_cpu_override()],
                                "zero_force_ds_cpu_optimizer=false lets ZeRO-Offload step a torch optimizer on the CPU "
                                "(DeepSpeed >= 0.8.3 refuses it by default for its speed)"))
+    return d
+
+
+def _opt_out_not_read(f: Found, d: Diagnosis) -> Diagnosis:
+    """The log's config already says zero_force_ds_cpu_optimizer: false and DeepSpeed still refused: the setting
+    never reached DeepSpeed's config (a launcher's own config section that forwards only the keys it knows, as
+    accelerate's `deepspeed_config:` does), so proposing it again is proposing what was tried."""
+    d.proposal = Proposal("pin deepspeed==0.8.2, the last release before this check, or give DeepSpeed the opt-out "
+                          "in its own config file", [],
+                          "the log's config already sets zero_force_ds_cpu_optimizer: false, yet DeepSpeed refused "
+                          "the client optimizer: the key did not reach DeepSpeed's config. A launcher's own section "
+                          "(accelerate's `deepspeed_config:`) forwards only the keys it knows; put the key in a "
+                          "DeepSpeed JSON that the launcher passes whole (accelerate: deepspeed_config_file), or "
+                          "use DeepSpeed 0.8.2, which predates the check (added in 0.8.3)")
+    d.then.append(Proposal("or let DeepSpeed build the optimizer: DeepSpeedCPUAdam from an `optimizer` block", [],
+                           "with the optimizer offloaded, DeepSpeedCPUAdam steps the CPU-resident states 5-7x faster "
+                           "than torch's optimizer, and no opt-out is needed"))
     return d
 
 

@@ -18,7 +18,7 @@ NCCL_FAILURE = re.compile(r"(unhandled system error|internal error - please repo
 IB = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|NCCL_IB_\w+|\bGID\b)")
 NO_INTERFACE = re.compile(r"no socket interface found|No interface found|Bootstrap : no socket", re.IGNORECASE)
 SOCKET = re.compile(r"(no socket interface found|Socket creation failed|socketStartConnect|Connection (refused|reset|"
-                    r"timed out)|remote process exited or there was a network error|Bootstrap ?:|NET/Socket|"
+                    r"timed out)|remote process exited or there was a network error|Bootstrap ?:|NET/Socket|Using internal Network Socket|"
                     r"NCCL_SOCKET_IFNAME|Address family not supported)", re.IGNORECASE)
 NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 DEBUG_ENV = (("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"))
@@ -110,8 +110,16 @@ IB_SIGNS = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|\bGID\b)"
 SETTING = re.compile(r"(NCCL_IB_\w+\s*=|NCCL_IB_\w+ set by environment)")
 
 
+# NCCL chose TCP sockets: an IB line beside it is NCCL's sideband interface (IPoIB) or a failed probe, not IB in use
+SOCKETS_CHOSEN = re.compile(r"(Using internal Network Socket|NET/Socket : Using \[|NET/IB : No device found)")
+IB_NOT_USED = re.compile(r"(for sideband communication|NET/IB : No device found)")
+
+
 def _ib_beyond_exports(f: Found) -> bool:
-    """IB shows in the log beyond the user's own NCCL_IB_* settings: an export names IB, it does not show it used."""
+    """IB shows in the log beyond the user's own NCCL_IB_* settings: an export names IB, it does not show it used;
+    nor does an IB line of a run whose NCCL says it chose sockets."""
+    if f.log.has(SOCKETS_CHOSEN):
+        return any(IB_SIGNS.search(line) and not IB_NOT_USED.search(line) for line in f.log.lines)
     return f.log.has(IB_SIGNS) or any(not SETTING.search(line) for line in f.log.lines if "NCCL_IB_" in line)
 
 

@@ -61,8 +61,11 @@ ONLY = re.compile(r"only (?:supports?|works? with|accepts?|allows?|handles?) (?P
                   r"\s*[\w.-]+)*)", re.IGNORECASE)
 VALID_VALUES = re.compile(r"valid values? (?:for|of) (?:the )?(?P<phrase>[\w ]{3,60}?) (?:are|is)[: ]+\[(?P<values>[^\]]*)\]",
                           re.IGNORECASE)
-NAMED_BAD = re.compile(r"(?P<phrase>[A-Za-z][A-Za-z ]{2,40}?)\s*(?:\[[^\]]*\]|\{[^}]*\}|'[^']*'|\"[^\"]*\")\s+(?:(?:is|are|were|was) "
-                       r"(?:not found|invalid|not supported|unknown|not recogni[sz]ed)|not found)", re.IGNORECASE)
+NAMED_BAD = re.compile(r"(?P<phrase>[A-Za-z][A-Za-z ]{2,40}?)\s*(?P<value>\(?\s*(?:\[(?:[^\[\]]|\[[^\]]*\])*\]|\{[^}]*\}|'[^']*'|\"[^\"]*\")"
+                       r"\s*,?\s*\)?)\s*(?:(?:is|are|were|was) (?:not found|invalid|not supported|unknown|"
+                       r"not recogni[sz]ed)|not found)", re.IGNORECASE)
+# a printed value that is a container inside a container: `(['q_proj', 'v_proj'],)`, `[['q_proj']]`, `(['q_proj'])`
+NESTED = re.compile(r"^\(\s*[\[{]|^\[\s*[\[{(]|,\s*\)$")
 # "X only makes sense with ZeRO Stage 3", "can only be used when gradient accumulation steps is 1": the setting
 # and the value the message requires
 REQUIRED = re.compile(r"(?:only (?:makes sense|works|is valid|is possible|is supported|is allowed)|can only be used|is "
@@ -84,8 +87,29 @@ def find(log: Log) -> Optional[int]:
 
 def stated_text(raised: Raised) -> str:
     """The final exception's message, then the messages of the exceptions it was raised from (a wrapper's
-    "Failed to import X because of the following error" carries the statement in its cause)."""
-    return "\n".join([f"{raised.type}: {raised.message}"] + [f"{kind}: {message}" for kind, message in raised.chain])
+    "Failed to import X because of the following error" carries the statement in its cause). A log cut before
+    its exception line (it ends in frames) has no message: the raising line's own words stand in for it - its
+    string literals, which hold what it would have said (`require_version("transformers>=4.36.2", "To fix: pip
+    install transformers>=4.36.2")`, `raise ValueError("... cannot be ... when ...")`) - never its code."""
+    message = raised.message or _raising_line_words(raised)
+    return "\n".join([f"{raised.type}: {message}"] + [f"{kind}: {message}" for kind, message in raised.chain])
+
+
+LITERAL = re.compile(r"""[rbuf]{0,2}(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
+
+
+CALLEE = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def _raising_line_words(raised: Raised) -> str:
+    """The line's string literals, the names it calls in words (`require_version` -> "require version") and its
+    comment."""
+    code = (raised.site.code if raised.site else "") or ""
+    literals = [a or b for a, b in LITERAL.findall(code) if (a or b).strip()]
+    rest = LITERAL.sub(" ", code)
+    comment = rest.split("#", 1)[1].strip() if "#" in rest else ""
+    callees = [name.replace("_", " ") for name in CALLEE.findall(rest.split("#", 1)[0])]
+    return " ".join([*literals, *callees, comment]).strip()
 
 
 def _statement(raised: Raised) -> Optional[str]:
@@ -508,6 +532,17 @@ def _named_setting(f: Found, raised: Raised, text: str) -> Diagnosis:
     m = NAMED_BAD.search(text)
     path = named_key(m.group("phrase"))
     d = Diagnosis("config_message", f"the error names a setting whose value is refused: {path}", raised.headline)
+    value = m.group("value").strip()
+    if NESTED.search(value):  # the names may be right: what was passed is not a flat list of them
+        leaf = path.rsplit(".", 1)[-1]
+        d.proposal = Proposal(f"make {leaf} a flat list of names: the value printed is a container inside a "
+                              f"container, {bounded_message(value, 60)} (a trailing comma after the list makes a "
+                              f"tuple holding it)", [],
+                              f"the message prints {bounded_message(value, 80)}: one element that is itself a list, "
+                              f"which equals no module's name, whatever names it holds. A trailing comma "
+                              f"(`targets=[...],`) or a list wrapped in another is the usual cause; pass "
+                              f"{leaf}=['q_proj', 'v_proj'] as a plain list (or one string)")
+        return d
     if path == "model.lora.target_modules" and (known := model_targets(f)):
         model, targets = known
         override = f"{path}=[{', '.join(targets)}]"
