@@ -5,8 +5,11 @@ doctor ran on them once, at c45c762, scored by the same rule as heldout41b (test
 0 partial, 0 wrong, 1 not recognised. One sidecar's preset did not resolve at the stage the log ran (7b_2xv100 offloads
 parameters, which needs stage 3): `offload_param.device=none` was added before the run, as its scoring_note says.
 
-The test asserts the score does not get worse, not that the miss stays a miss. Once these logs are used to build
-anything, say so here: they are then no longer held out.
+The test asserts the score does not get worse, not that the miss stays a miss.
+
+Used since, to build (so no longer held out): 02, a checkpoint write that failed with EIO (`write(): fd 29 failed
+with Input/output error`) on a full disk - an I/O error on a write is now read for its writer and checked with
+`df -h` first (classes/storage.py; drawn cases in tests/test_doctor_mechanisms41j.py). Scored after: 3 right of 3.
 """
 from __future__ import annotations
 
@@ -26,6 +29,5 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 
 def test_the_measured_score_does_not_get_worse():
     got, count = scored(HELD, CASES)
-    assert count["right"] >= 2 and count["wrong"] == 0 and count["silent"] == 0, got
-    assert count["not recognised"] <= 1, got
+    assert count["right"] == 3 and count["wrong"] == 0 and count["silent"] == 0, got
     assert all(got[n] == "right" for n, c in CASES.items() if c["observed"]["auto_score"] == "right"), got

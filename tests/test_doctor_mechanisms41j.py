@@ -333,3 +333,23 @@ def test_zero3_with_a_device_map_names_the_call_that_passes_it(caller):
     j = run_on("7b_8xa100", ["deepspeed.zero_optimization.stage=3"], text)
     first = said(j["proposal"])
     assert "low_cpu_mem_usage=False" in first and caller.rsplit("/", 1)[-1] in first, first
+
+
+# --- after heldout41m: EIO on a write, read as the disk it writes to (storage._failed_write) ----------------------
+
+@pytest.mark.parametrize("writer", ["checkpoint", "datasets", "tmp"])
+@pytest.mark.parametrize("error", ["RuntimeError: write(): fd 29 failed with Input/output error",
+                                   "OSError: [Errno 5] Input/output error while writing the file"])
+def test_an_input_output_error_on_a_write_checks_the_disk_it_writes_to(writer, error):
+    _, frame, remedy = WRITERS[writer]
+    text = "\n".join(["Traceback (most recent call last):", '  File "train.py", line 250, in <module>',
+                      "    save()", frame, "    f.write(data)", error])
+    j = run(text)
+    first = said(j["proposal"])
+    assert j["class"] == "no_room" and "df -h" in first and remedy in first, first
+
+
+def test_an_input_output_error_on_a_read_is_not_a_full_disk():
+    j = run("Traceback (most recent call last):\n  File \"/x/site-packages/datasets/load.py\", line 10, in load\n"
+            "OSError: [Errno 5] Input/output error: '/mnt/nfs/data/train.jsonl'")
+    assert j["class"] != "no_room", j

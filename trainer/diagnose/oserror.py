@@ -23,6 +23,7 @@ KINDS = {
     errno.EROFS: "read_only",
     errno.EMFILE: "open_files", errno.ENFILE: "open_files",
     errno.ENOMEM: "memory",
+    errno.EIO: "io_error",
 }
 # longest first: "Too many open files in system" (ENFILE) before "Too many open files" (EMFILE)
 WORDS = re.compile("|".join(sorted((re.escape(os.strerror(code)) for code in KINDS), key=len, reverse=True)),

@@ -19,6 +19,9 @@ from ..logtext import Log
 from ..raised import FRAME_LINE
 
 NO_ROOM_KINDS = {"no_space"}
+# EIO on a write: the device failed it - on network and overlay file systems most often because it is full, else a
+# failing disk; read as a write only when the line says so (a read's EIO is another story)
+WRITE = re.compile(r"\bwrite\b|\bwriting\b|\bsave|\bflush", re.IGNORECASE)
 PATH = re.compile(r"""['"](/[^'"\s]+)['"]|(?:\bto|\bin|\bat|\bfile|\bpath|:)\s+(/[\w./~+-]+)""")
 NEAR = 40  # lines around the error searched for the writer's frames
 
@@ -89,7 +92,8 @@ def find(log: Log) -> Optional[int]:
         line = log.lines[index]
         if oserror.WORDS.search(line) or oserror.NUMBER.search(line):
             refused = oserror.stated(log, index, before=0, after=0)
-            if refused is not None and refused.kind in NO_ROOM_KINDS:
+            if refused is not None and (refused.kind in NO_ROOM_KINDS or refused.kind == "io_error" and
+                                        WRITE.search(line)):
                 return index
     return None
 
@@ -122,6 +126,8 @@ def diagnose(f: Found) -> Diagnosis:
     quota = refused is not None and "quota" in refused.words.lower()
     room = "the user's disk quota" if quota else "room on the file system"
     writer, told = writer_of(f.log, f.index)
+    if refused is not None and refused.kind == "io_error":
+        return _failed_write(f, writer, told)
     if writer is None:
         d = Diagnosis("no_room", f"a write found no {room} (the log does not show which writer)", f.line)
         d.proposal = Proposal("find the full file system and give that writer a larger disk: `df -h` on the run "
@@ -137,4 +143,20 @@ def diagnose(f: Found) -> Diagnosis:
     if quota:
         d.advice.append("a quota is per user: `quota -s` (or the cluster's own command) shows it; a shared "
                         "scratch file system usually has a larger one")
+    return d
+
+
+def _failed_write(f: Found, writer: Optional[Writer], told: str) -> Diagnosis:
+    """EIO on a write: the check that tells a full disk from a failing one first, then the writer's own remedy."""
+    what = writer.name if writer else "a write"
+    d = Diagnosis("no_room", f"{what} failed at the device (Input/output error)" + (f": told by {told}" if told else ""),
+                  f.line)
+    then = f"; if it is full: {writer.step}" if writer else ("; if it is full, free space or move the writer to a "
+                                                             "larger disk (train.output_dir, data.cache_dir, HF_HOME, "
+                                                             "TMPDIR)")
+    d.proposal = Proposal(f"check the disk it writes to: `df -h` (full?) and `dmesg | tail` (a failing or network "
+                          f"disk){then}", [],
+                          "the kernel answered the write with EIO: on network (NFS, Lustre) and overlay file systems "
+                          "a full disk is reported this way, otherwise the device or the mount failed; `df -h` on "
+                          "the directory tells the two apart")
     return d
