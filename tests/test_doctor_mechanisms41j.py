@@ -183,6 +183,18 @@ def test_an_exception_retold_in_a_sentence_is_read_as_its_message(sentence, expe
     assert j["recognised"] and expected in said(j["proposal"]), j["proposal"]
 
 
+@pytest.mark.parametrize("line", [
+    "ERROR: Could not find a version that satisfies the requirement torch==2.13.0 (from versions: 2.1.0, 2.2.0)",
+    "error: requires deepspeed>=0.16 for this feature",
+    "CUDA error: this build requires torch>=2.4",
+    "[E ProcessGroupNCCL.cpp:475] Some error: requires NCCL>=2.18",
+])
+def test_a_log_level_or_a_librarys_own_error_word_is_not_a_retold_python_exception(line):
+    """pip's ERROR line names the version it could not install, not one the run lacks: "pin" it would be wrong."""
+    j = run(line)
+    assert not said(j["proposal"]).startswith("pin "), j["proposal"]
+
+
 # --- a container inside a container where a list of names was wanted (stated.NESTED) ------------------------------
 
 @pytest.mark.parametrize("value, nested", [

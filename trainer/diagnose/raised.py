@@ -9,6 +9,7 @@ first cause first; the raising frame is the innermost frame of the final excepti
 """
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -149,19 +150,23 @@ def _frames_only(log: Log) -> Optional[Raised]:
 
 # an exception retold in a sentence, not printed by Python: "I got value error: Target modules ... not found",
 # "遇到了 runtime error：CUDA ..." (the type in words, any case, a colon of either width)
-TOLD = re.compile(r"\b(?P<words>(?:[A-Za-z]+[ _]?)?(?:error|exception))\s*[:：]\s*(?P<message>\S.*)", re.IGNORECASE)
+TOLD = re.compile(r"(?<![A-Za-z])(?P<words>[A-Za-z]+[ _]?(?:error|exception))\s*[:：]\s*(?P<message>\S.*)", re.IGNORECASE)
 
 
 def _told_in_prose(log: Log) -> Optional[Raised]:
     """A log with no exception line and no frames, where the user retold the exception in a sentence: its type
     spelt as Python spells it ("value error" -> ValueError) and the message after the colon. The last such line of
-    the log's last lines (a description is short)."""
+    the log's last lines (a description is short). Only Python's own exception types count: a bare "ERROR:" is a
+    log level (pip's "ERROR: Could not find a version that satisfies the requirement torch==X" states no
+    requirement of the run), "CUDA error:" a library's own report."""
     lines = log.lines[-FRAME_RUN_LINES:]
     for offset in range(len(lines) - 1, -1, -1):
         m = TOLD.search(lines[offset])
-        if m:
-            words = re.findall(r"[A-Za-z]+", m.group("words"))
-            kind = "".join(w[:1].upper() + w[1:].lower() for w in words)
+        if not m:
+            continue
+        words = re.findall(r"[A-Za-z]+", m.group("words"))
+        kind = "".join(w[:1].upper() + w[1:].lower() for w in words)
+        if isinstance(getattr(builtins, kind, None), type) and issubclass(getattr(builtins, kind), BaseException):
             return Raised(kind, m.group("message").strip(), len(log.lines) - len(lines) + offset)
     return None
 
