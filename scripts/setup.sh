@@ -33,6 +33,11 @@ if ! .venv/bin/python -c "import sysconfig, os, sys; sys.exit(not os.path.exists
        "(Debian: sudo apt-get install python3-dev)" >&2
 fi
 
+# Bytecode for the trainer's own modules, written here once: where PYTHONDONTWRITEBYTECODE is set (this machine
+# and CI set it) no process writes it, so every command, rank and test worker compiled the ~180 modules it
+# imports anew (a light command ~0.55 -> ~0.4 s of CPU). An edited module is compiled in memory until the next run.
+.venv/bin/python -m compileall -q -j 0 trainer scripts train.py >/dev/null
+
 if [ $# -gt 0 ]; then
   .venv/bin/python scripts/build_ops.py "$@"
 else

@@ -89,7 +89,10 @@ def _follow(proc, lines: queue.Queue, collected, deadline: float, stop_on) -> bo
             tail = next((line.strip() for part in collected for line in reversed(part) if line.strip()), "")
             say(f"{current_test()}: still running ({(now - started) / 60:.0f} min); last line: {tail[-120:]}")
             last_said = now
-        time.sleep(0.2)
+        try:
+            proc.wait(timeout=0.2)  # back as soon as it exits: a short command is not held to the next 0.2 s
+        except subprocess.TimeoutExpired:
+            pass
     return _drain(lines, collected, stop_on)[0]
 
 

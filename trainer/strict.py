@@ -3,6 +3,7 @@ every problem collected, none raised half-way. Presets and the planner's scenari
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from typing import Any
@@ -24,8 +25,7 @@ def build(cls, data: Any, path: str, problems: list[str]):
     if not isinstance(data, dict):
         problems.append(f"{path or 'top level'}: expected a mapping, got {type(data).__name__} {short(data)}")
         return cls()
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names = _fields(cls)
     renamed = getattr(cls, "RENAMED", {})
     for key in data:
         if key not in names:
@@ -41,6 +41,14 @@ def build(cls, data: Any, path: str, problems: list[str]):
     except TypeError as err:  # only reachable if a conversion above let a bad value through
         problems.append(f"{path}: {err}")
         return cls()
+
+
+@functools.cache
+def _fields(cls) -> tuple[dict, list[str]]:
+    """A dataclass's field types and names. Cached: get_type_hints evaluates every string annotation anew at each
+    call (this module's dataclasses use `from __future__ import annotations`), and every preset, template, run
+    config and `--set` loads through here (~16,000 builds in a quick test run)."""
+    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
 
 
 # Names other tools use for our keys (HF Trainer, DeepSpeed): too far apart for a spelling match.
