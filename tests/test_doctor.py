@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -187,10 +188,16 @@ def test_fp16_loss_scale_on_a100_switches_to_bf16():
     assert dsc.precision(r.ds) == "bf16"
 
 
-def test_an_fp16_log_against_a_bf16_preset_says_it_came_from_another_config():
+def test_an_fp16_log_against_a_bf16_preset_proposes_the_presets_own_bf16():
+    """Only fp16 scales its loss, so the log's run was fp16 whatever the preset says: the preset's bf16 is the fix,
+    and its rerun is the preset unchanged; staying in fp16 is left to a diagnosis with the log's precision."""
     d = run_doctor("7b_8xa100", "fp16_loss_scale.log")
-    assert d.failure == "fp16_loss_scale" and d.proposal is None
-    assert any("did not come from preset 7b_8xa100" in a for a in d.advice)
+    assert d.failure == "fp16_loss_scale" and d.proposal.overrides == [] and "train in bf16" in d.proposal.step
+    stay = next(a for a in d.advice if "--set train.precision=fp16" in a)
+    as_it_ran = shlex.split(stay.split(": ", 1)[1])  # what a user pastes into a shell
+    assert as_it_ran[::2] == ["--set"] * (len(as_it_ran) // 2)
+    in_fp16 = run_doctor("7b_8xa100", "fp16_loss_scale.log", as_it_ran[1::2])
+    assert in_fp16.proposal.overrides[0] == "train.precision=bf16"
 
 
 def test_stage3_save_without_gathering():

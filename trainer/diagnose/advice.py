@@ -7,7 +7,7 @@ import re
 from typing import Optional
 
 from .. import ds as dsc
-from .. import hardware
+from .. import hardware, shell
 from .findings import Diagnosis, Found, Proposal, planned
 
 TRAINER_DEEPSPEED = "0.19.8"  # the version this trainer pins (pyproject.toml) and is tested on
@@ -20,11 +20,15 @@ def diagnose_loss_scale(f: Found) -> Diagnosis:
     r = f.resolved
     d = Diagnosis("fp16_loss_scale", "fp16 dynamic loss scale collapsed to its minimum", f.line)
     gpu = hardware.gpu(r.config.hardware.gpu)
-    if dsc.precision(r.ds) != "fp16":
-        d.advice.append(f"this log did not come from preset {r.config.name} as configured: dynamic loss scaling "
-                        f"exists only in fp16, and {r.config.name} trains in {dsc.precision(r.ds)} - diagnose the "
-                        f"log with the config that wrote it (e.g. --set train.precision=fp16), or simply run the "
-                        f"preset as it is")
+    precision = dsc.precision(r.ds)
+    if precision != "fp16":  # the log's run was fp16 (only fp16 scales its loss): the preset's precision is the fix
+        d.proposal = Proposal(f"train in {precision}, as {r.config.name} does (the log's run was fp16)", [],
+                              f"dynamic loss scaling exists only in fp16; {precision} keeps fp32's exponent range, so "
+                              f"it has no scale to collapse" + (" (seed step 7.2)" if precision == "bf16" else ""))
+        as_the_log_ran = shell.join(word for item in ["train.precision=fp16"] + dsc.precision_overrides(r.ds, "fp16")
+                                    for word in ("--set", item))
+        d.advice.append(f"{r.config.name} trains in {precision}; to stay in fp16, diagnose the log as it ran for "
+                        f"fp16's own steps: {as_the_log_ran}")
         return d
     if gpu.bf16:
         d.proposal = Proposal("switch to bf16", ["train.precision=bf16"] + dsc.precision_overrides(r.ds, "bf16"),

@@ -14,7 +14,7 @@ from .logtext import Log
 
 GPU_NAME = re.compile(r"\b(NVIDIA (?=[\w -]{0,30}\d)[A-Z][\w-]*(?: [A-Z0-9][\w-]*){0,3}|Tesla [A-Z]\d+[\w-]*|"
                       r"(?:GeForce )?RTX \w+ ?\d{3,4}\w*(?: Ti)?|A100[\w-]*|H100[\w-]*|H200|V100[\w-]*|A10G|L40S?|"
-                      r"MI\d{3}X?)\b")
+                      r"MI\d{3}X?)\b(?![\w-]*:\d+:\d+)")  # not a host named after its GPUs: NCCL's "H100-2:19989:20082" prefix
 CAPACITY = re.compile(r"(?:total capacity of ([\d.]+) GiB|([\d.]+) GiB total capacity)")  # torch 2.x / 1.x OOM
 NVCC = re.compile(r"(?:nvcc version\s*\.*\s*|Cuda compilation tools, release )(\d+\.\d+)")
 TORCH_CUDA = re.compile(r"(?:torch cuda version\s*\.*\s*|torch(?:==|\s+version\s*\.*\s*:?\s*)\d[\w.]*\+cu)(\d+(?:\.\d+)?)")
@@ -145,7 +145,7 @@ def _nodes_beyond_the_host(text: str) -> Optional[int]:
     log): the world over the devices per node, which the highest device index bounds from below."""
     counts = [int(m.group(1)) for m in NRANKS.finditer(text)]
     devices = {int(m.group(1)) for m in NCCL_DEVICE.finditer(text)}
-    if not counts or not devices:
+    if not counts or len(devices) < 2:  # one device's lines are one rank's: they say nothing of a node's size
         return None
     per_node = max(len(devices), max(devices) + 1)
     return -(-max(counts) // per_node) if max(counts) > per_node else None

@@ -42,6 +42,7 @@
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
 | nccl_network      | NCCL transport errors (socket interface, IB, system error)    | the layer's setting, NCCL_DEBUG   |
 | nccl_*timeout/desync | NCCL watchdog, collective fingerprints                     | by pattern (collectives.py)       |
+| nccl_network      | an error right after a communicator's setup, nothing stated   | that node count's transport test  |
 | config_message    | an exception whose message says what to change (names keys)   | that change (overrides if it can) |
 | jit_lock (weak)   | a log that stops while loading a JIT op                       | remove the stale lock             |
 | stopped_at_init   | a log that ends in the process group's start, no error        | one fixed rendezvous port/address |
@@ -202,6 +203,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("nccl_network", _first(network.NCCL_FAILURE), network.diagnose_network),
     Recogniser("nccl", collectives.find_nccl, collectives.diagnose_nccl,
                signature=(collectives.NCCL_TIMEOUT, collectives.MISMATCH)),
+    Recogniser("nccl_network", network.find_at_communicator, network.diagnose_at_communicator),
     Recogniser("config_message", messages.find_message, messages.diagnose_message, signature=(messages.INSTRUCTION,)),
     Recogniser("op_build", _weak_op, toolkit.diagnose_op_build),
     Recogniser("jit_lock", toolkit.find_stopped_at_op_loading, toolkit.diagnose_jit_lock),

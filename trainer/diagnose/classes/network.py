@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import re
 
+from typing import Optional
+
+from ... import hardware
 from ..findings import Diagnosis, Found, Proposal
+from ..raised import final_exception
 
 NCCL_FAILURE = re.compile(r"(unhandled system error|internal error - please report this issue to the NCCL|remote process exited or there was a network error|ncclSystemError|"
                           r"ncclInternalError|ncclRemoteError|NCCL WARN (NET|Bootstrap|Socket|Call to ibv|IB)|"
@@ -95,6 +99,14 @@ def _one_node(f: Found) -> Diagnosis:
                               "(or --shm-size=16g)", [],
                               "on one node NCCL moves data through /dev/shm and CUDA IPC; a container's default 64 MB "
                               "/dev/shm and private IPC namespace break both", env=DEBUG_ENV)
+    elif _pcie_gpus(f):
+        gpu = hardware.gpu(f.resolved.config.hardware.gpu)
+        d.proposal = Proposal("test with NCCL_P2P_DISABLE=1: these GPUs reach each other over PCIe, where peer-to-peer "
+                              "often does not work (`nvidia-smi topo -m` shows the path)", [],
+                              f"{gpu.description} has no NVLink: NCCL's P2P transport goes through the PCIe switch or "
+                              f"the CPU, which ACS, the IOMMU or a virtual machine breaks; if the run passes with P2P "
+                              f"off (through host memory, slower), keep NCCL_P2P_DISABLE=1 or disable ACS/IOMMU",
+                              env=(("NCCL_P2P_DISABLE", "1"),) + DEBUG_ENV)
     else:
         d.proposal = Proposal("rerun with NCCL_DEBUG=INFO; test with NCCL_P2P_DISABLE=1 (P2P between the GPUs)", [],
                               "on one node the transports are P2P (NVLink/PCIe) and shared memory; the INFO log names "
@@ -104,6 +116,12 @@ def _one_node(f: Found) -> Diagnosis:
                            env=(("NCCL_SHM_DISABLE", "1"),)))
     d.advice.append("if another rank died first (OOM, kill), that is the cause: look for the first error of every rank")
     return d
+
+
+def _pcie_gpus(f: Found) -> bool:
+    """The GPUs of the log (else of the preset) reach each other over PCIe, not NVLink."""
+    named = hardware.gpu_of_device(f.facts.gpu)
+    return (named or hardware.gpu(f.resolved.config.hardware.gpu)).interconnect == "pcie"
 
 
 IB_SIGNS = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|\bGID\b)")
@@ -164,17 +182,85 @@ def _one_name_for_several_nodes(f: Found, named: str) -> Diagnosis:
     return d
 
 
+# NCCL prints the work completion's status as libibverbs numbers it (enum ibv_wc_status, verbs.h): the number says
+# which layer refused the transfer, and so which test comes first.
+IB_COMPLETION = re.compile(r"Got completion (?:from peer \S+ )?with error (\d+)(?:, opcode \d+, len \d+, vendor err (\d+))?")
+WC_STATUS = {1: "LOC_LEN_ERR", 2: "LOC_QP_OP_ERR", 4: "LOC_PROT_ERR", 5: "WR_FLUSH_ERR", 6: "MW_BIND_ERR",
+             7: "BAD_RESP_ERR", 8: "LOC_ACCESS_ERR", 9: "REM_INV_REQ_ERR", 10: "REM_ACCESS_ERR", 11: "REM_OP_ERR",
+             12: "RETRY_EXC_ERR", 13: "RNR_RETRY_EXC_ERR", 19: "FATAL_ERR", 20: "RESP_TIMEOUT_ERR", 21: "GENERAL_ERR"}
+MEMORY_ACCESS = {4, 8, 10}  # the HCA could not read or write a registered buffer: with GPUs, GPUDirect RDMA
+NO_ANSWER = {12, 13, 20}    # the packets were sent and never acknowledged: the path between the ports
+FLUSHED = 5                 # the queue pair was already in error: an earlier failure, not this one
+
+
 def _infiniband(f: Found) -> Diagnosis:
-    d = Diagnosis("nccl_network", "NCCL's InfiniBand/RoCE transport failed", f.line)
+    codes = [int(m.group(1)) for m in f.log.all(IB_COMPLETION)]
+    cause = next((c for c in codes if c != FLUSHED), codes[0] if codes else None)
+    if cause in MEMORY_ACCESS:
+        return _gpudirect(f, cause)
+    if cause in NO_ANSWER:
+        return _no_answer(f, cause)
+    d = Diagnosis("nccl_network", "NCCL's InfiniBand/RoCE transport failed" +
+                  (f" (work completion {_status(cause)})" if cause is not None else ""), f.line)
     d.proposal = Proposal("check the IB transport: NCCL_DEBUG=INFO, then NCCL_IB_DISABLE=1 as a test", [],
                           "the INFO log names the HCA and port NCCL used (NET/IB : Using [0]mlx5_0:1/RoCE); if the run "
                           "passes with NCCL_IB_DISABLE=1 (TCP sockets, slower) the fabric setup is at fault: pick the "
                           "right HCAs (NCCL_IB_HCA=mlx5_0,mlx5_1), the RoCE GID (NCCL_IB_GID_INDEX=3), unlimited locked "
                           "memory (`ulimit -l unlimited` in the launcher's environment) and ports that `ibstat` shows "
                           "Active", env=DEBUG_ENV)
-    d.advice.append("completion errors such as 'error 12' (transport retry exceeded) mean the link or the switch "
-                    "dropped the connection: check the cables and `ibstat` on both ends")
+    if cause == FLUSHED:
+        d.advice.append("'error 5' (WR_FLUSH_ERR) is a transfer cancelled because its queue pair had already failed: "
+                        "the first completion error of another rank, or a rank that died, is the cause")
     return d
+
+
+def _status(code: int) -> str:
+    return f"error {code}, IBV_WC_{WC_STATUS.get(code, 'status ' + str(code))}"
+
+
+def _gpudirect(f: Found, code: int) -> Diagnosis:
+    """A protection or access error on the HCA's side: the NIC could not reach the buffer it was given. With GPU
+    buffers that is GPUDirect RDMA - PCIe ACS on the switches between the NIC and the GPU redirects the peer-to-peer
+    reads through the root complex (or an IOMMU translates them), and the NIC gets nothing."""
+    d = Diagnosis("nccl_network", f"the InfiniBand/RoCE adapter could not access the buffer of a transfer "
+                                  f"(work completion {_status(code)}): GPUDirect RDMA, most often", f.line)
+    d.proposal = Proposal(
+        "disable PCIe ACS on the nodes (BIOS, or setpci on the PCIe switches) and run the IOMMU in passthrough "
+        "(iommu=pt); NCCL_NET_GDR_LEVEL=LOC first confirms it", [],
+        "with GPUDirect RDMA the NIC reads and writes GPU memory across the PCIe switch; ACS sends that traffic up to "
+        "the root complex, where it is refused, and the HCA reports a protection error. If the run passes with "
+        "NCCL_NET_GDR_LEVEL=LOC (GPUDirect RDMA off: slower, through host memory), that is the cause - NVIDIA's "
+        "NCCL troubleshooting guide gives the setpci commands. Also check that nvidia-peermem is loaded "
+        "(`lsmod | grep peermem`)", env=(("NCCL_NET_GDR_LEVEL", "LOC"),) + DEBUG_ENV)
+    return d
+
+
+def _no_answer(f: Found, code: int) -> Diagnosis:
+    """The transfer's packets were never acknowledged: the two ports cannot reach each other the way NCCL
+    addressed them. On RoCE the first suspect is the GID (RoCE v1 vs v2, the address family); then the timeout
+    on a large fabric, then the links."""
+    d = Diagnosis("nccl_network", f"InfiniBand/RoCE transfers to a peer were never acknowledged (work completion "
+                                  f"{_status(code)})", f.line)
+    if not f.facts.already_set("NCCL_IB_GID_INDEX"):
+        d.proposal = Proposal(
+            "on RoCE, pick the RoCE v2 GID: NCCL_IB_GID_INDEX=3 (`show_gids` lists the index of each port's RoCE v2 "
+            "IPv4 address)", [],
+            "retry-exceeded means the packets left and no acknowledgement came back; on RoCE the default GID may be "
+            "RoCE v1 or a link-local address the other node's port does not route", env=(("NCCL_IB_GID_INDEX", "3"),)
+            + DEBUG_ENV)
+        d.then.append(_links_and_timeout())
+    else:
+        d.proposal = _links_and_timeout()
+        d.advice.append(f"the run already set NCCL_IB_GID_INDEX={f.facts.exported['NCCL_IB_GID_INDEX']}: check with "
+                        "`show_gids` that it is the RoCE v2 entry on every node")
+    return d
+
+
+def _links_and_timeout() -> Proposal:
+    return Proposal("check the links and give the fabric more time: `ibstat` (ports Active, the same rate), "
+                    "`ibv_rc_pingpong` between the two hosts, NCCL_IB_TIMEOUT=22", [],
+                    "a flapping link, a switch port or congestion without PFC drop the packets; NCCL_IB_TIMEOUT raises "
+                    "the ack timeout (4.096 us x 2^timeout) for large fabrics", env=(("NCCL_IB_TIMEOUT", "22"),))
 
 
 def _sockets(f: Found, title: str = "NCCL's socket transport found no usable interface or lost its peer") -> Diagnosis:
@@ -189,3 +275,41 @@ def _sockets(f: Found, title: str = "NCCL's socket transport found no usable int
         d.advice.append("without InfiniBand add NCCL_IB_DISABLE=1 so NCCL does not probe for it")
     d.advice.append("if another rank died first (OOM, kill), that is the cause: look for the first error of every rank")
     return d
+
+
+# --- a log that stops while a communicator is set up ---------------------------------------------------------
+
+# Lines NCCL (or the framework around it) prints while it builds a communicator: its transports are chosen and
+# connected there, so an error right after one, with no exception that says more, is the transport failing.
+COMMUNICATOR_SETUP = re.compile(r"(Initializ\w* \w*Nccl\w*Communicator|PyNcclCommunicator|ncclCommInit\w*|"
+                                r"NCCL INFO (comm 0x\w+ rank|Channel \d+/\d+|Connected all|Using network|"
+                                r"Bootstrap)|Found nccl from library|is using nccl==|NCCL version \d|"
+                                r"init_process_group|ProcessGroupNCCL)", re.IGNORECASE)
+FAILED = re.compile(r"(\bERROR\b|Traceback \(most recent call last\)|\bfailed\b|\bError\b)")
+SETUP_WINDOW = 8  # non-empty lines after the last setup line within which the error must come
+
+
+def find_at_communicator(log) -> Optional[int]:
+    """The first error within a few lines after the log's last communicator-setup line, when the log's final
+    exception (if any) states nothing more (a cut log, a bare 'Traceback')."""
+    raised = final_exception(log)
+    if raised is not None and raised.message.strip():
+        return None
+    setup = log.last(COMMUNICATOR_SETUP)
+    if setup is None:
+        return None
+    after = [i for i in range(setup + 1, len(log.lines)) if log.lines[i].strip()][:SETUP_WINDOW]
+    return next((i for i in after if FAILED.search(log.lines[i])), None)
+
+
+def diagnose_at_communicator(f: Found) -> Diagnosis:
+    """The transports of one node (P2P, shared memory) or of several (sockets, IB), as the nodes say: the log's
+    node count, else the preset's."""
+    nodes = f.facts.nodes or f.resolved.config.hardware.nodes
+    d = _one_node(f) if nodes == 1 else diagnose_network(f)
+    d.title = f"an error right after NCCL began setting up a communicator, where it connects its transports: {d.title}"
+    if f.facts.nodes is None:
+        d.advice.insert(0, f"the log does not say how many nodes ran; this reads it as {nodes} node(s), as "
+                           f"{f.resolved.config.name} is - pass --set hardware.nodes=N when it was another count")
+    return d
+

@@ -1,0 +1,143 @@
+"""Issue 41's mechanisms after heldout41o (built from its misses once it was measured; see
+test_doctor_heldout41o.py), each checked on cases drawn beyond those logs:
+
+- an InfiniBand completion error is read by its number, libibverbs' work-completion status: a protection or access
+  error is the adapter failing to reach the buffer (GPUDirect RDMA across PCIe ACS/IOMMU), a retry-exceeded one is
+  the path between the ports (the RoCE GID, then links and the timeout); a flushed request is the consequence of
+  an earlier error, never the cause;
+- an error right after NCCL began building a communicator, with no exception that says more, is its transports
+  failing: on one node P2P (turned off for the test where the GPUs only have PCIe), across nodes the network;
+- an fp16 loss-scale collapse against a preset that trains in bf16 or fp32 proposes the preset's own precision (the
+  log's run was fp16, whatever the preset says);
+- a host named after its GPUs ("H100-2:19989:20082", NCCL's host:pid:tid prefix) is not read as the GPU.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trainer.diagnose.doctor import diagnose, diagnosis_json
+from trainer.diagnose.logfacts import read_facts
+from trainer.diagnose.logtext import Log
+from trainer.presets import load_preset, with_overrides
+from trainer.resolve import resolve
+
+pytestmark = pytest.mark.quick
+
+DRAW = random.Random(41_015)
+
+
+def run(text: str, preset: str = "7b_8xa100", overrides: tuple = ()) -> dict:
+    given = list(overrides)
+    d = diagnose(resolve(load_preset(preset, given)), text,
+                 lambda extra: resolve(load_preset(preset, with_overrides(given, extra))))
+    return diagnosis_json(d, None, None)
+
+
+def env_of(proposal: dict) -> dict:
+    return dict(proposal.get("env") or [])
+
+
+def completion(code: int, host: str = "node-1") -> str:
+    peer = DRAW.choice(["", f"from peer fe80::{DRAW.randrange(1 << 16):x}%ib0<{DRAW.randrange(1, 65535)}> "])
+    return (f"{host}:{DRAW.randrange(100, 99999)}:{DRAW.randrange(100, 99999)} [{DRAW.randrange(8)}] "
+            f"transport/net_ib.cc:{DRAW.randrange(800, 1400)} NCCL WARN NET/IB : Got completion {peer}with error "
+            f"{code}, opcode {DRAW.randrange(1, 40000)}, len {DRAW.randrange(40000)}, vendor err {DRAW.randrange(256)}")
+
+
+def ib_log(codes: list[int], exports: str = "") -> str:
+    lines = [f"mpirun -np 16 {exports} ./train.sh".replace("  ", " ")] if exports else []
+    for code in codes:
+        lines += [completion(code), "NCCL INFO transport/net.cc:1008 -> 6", "NCCL INFO proxy.cc:679 -> 6"]
+    return "\n".join(lines + ["RuntimeError: NCCL communicator was aborted on rank 3."])
+
+
+@pytest.mark.parametrize("code", [4, 8, 10])
+def test_an_access_error_of_the_adapter_is_gpudirect_rdma_across_acs(code):
+    j = run(ib_log([code] * DRAW.randint(1, 4)), overrides=("hardware.nodes=2",))
+    assert j["class"] == "nccl_network" and f"error {code}" in j["title"]
+    assert "disable PCIe ACS" in j["proposal"]["step"] and env_of(j["proposal"])["NCCL_NET_GDR_LEVEL"] == "LOC"
+
+
+@pytest.mark.parametrize("code", [12, 13, 20])
+def test_a_transfer_never_acknowledged_is_the_path_the_roce_gid_first(code):
+    j = run(ib_log([code]), overrides=("hardware.nodes=2",))
+    assert env_of(j["proposal"])["NCCL_IB_GID_INDEX"] == "3"
+    assert j["then"] and env_of(j["then"][0])["NCCL_IB_TIMEOUT"] == "22"
+
+
+def test_a_gid_index_the_run_already_exported_is_not_proposed_again():
+    j = run(ib_log([12], exports="-x NCCL_IB_GID_INDEX=5 -x NCCL_DEBUG=INFO"), overrides=("hardware.nodes=2",))
+    assert "NCCL_IB_GID_INDEX" not in env_of(j["proposal"]) and "ibstat" in j["proposal"]["step"]
+    assert any("already set NCCL_IB_GID_INDEX=5" in a for a in j["advice"])
+
+
+def test_a_flushed_request_is_read_past_to_the_error_that_caused_it():
+    for _ in range(10):
+        cause = DRAW.choice([4, 12])
+        codes = [5] * DRAW.randint(1, 5)
+        codes.insert(DRAW.randrange(len(codes) + 1), cause)
+        j = run(ib_log(codes), overrides=("hardware.nodes=2",))
+        assert f"error {cause}" in j["title"], codes
+    only_flushed = run(ib_log([5, 5]), overrides=("hardware.nodes=2",))
+    assert any("WR_FLUSH_ERR" in a for a in only_flushed["advice"])
+
+
+SETUP_LINES = ["INFO 08-14 12:08:39 [pynccl.py:70] vLLM is using nccl==2.26.2",
+               "verifiers.inference.vllm_client - INFO - Initializing PyNcclCommunicator on device 0, rank 1",
+               "node1:2211:2211 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+               "node1:2211:2290 [0] NCCL INFO comm 0x55d0c2a0 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 1000 - Init START",
+               "[rank0]: torch.distributed.init_process_group(backend='nccl')"]
+ERRORS = ["ERROR 08-14 12:08:39 [core.py:654] Invocation of collective_rpc method failed",
+          "ERROR 08-14 12:08:39 [core.py:654] Traceback (most recent call last):",
+          "[rank1] worker failed"]
+
+
+HOSTLESS = [line for line in SETUP_LINES if "node1:" not in line]  # lines that do not show the host they ran on
+
+
+def setup_log(noise: int = 0, setup: list = SETUP_LINES) -> str:
+    lines = [f"step {i}: waiting" for i in range(DRAW.randint(0, 3))]
+    lines += DRAW.sample(setup, DRAW.randint(1, 3)) + [f"INFO note {i}" for i in range(noise)]
+    return "\n".join(lines + DRAW.sample(ERRORS, DRAW.randint(1, 2)) + ["Traceback (most recent call last):"])
+
+
+def test_an_error_right_after_a_communicators_setup_on_pcie_gpus_turns_p2p_off_for_the_test():
+    for _ in range(8):
+        j = run(setup_log(DRAW.randint(0, 5)), "7b_grpo_8xh100", ("hardware.gpu=l4", "hardware.gpus_per_node=4"))
+        assert j["class"] == "nccl_network" and "communicator" in j["title"]
+        assert env_of(j["proposal"])["NCCL_P2P_DISABLE"] == "1"
+    hostless = run(setup_log(setup=HOSTLESS), "7b_grpo_8xh100", ("hardware.gpu=l4", "hardware.gpus_per_node=4"))
+    assert any("does not say how many nodes" in a for a in hostless["advice"])  # one node: the preset's count
+
+
+def test_on_nvlink_gpus_the_same_log_asks_for_the_transport_first_and_across_nodes_the_network():
+    nvlink = run(setup_log())
+    assert "NCCL_P2P_DISABLE" not in env_of(nvlink["proposal"]) and "NCCL_DEBUG" in env_of(nvlink["proposal"])
+    assert "NCCL_P2P_DISABLE=1" in nvlink["proposal"]["step"]
+    nodes = run(setup_log(setup=HOSTLESS), overrides=("hardware.nodes=2",))
+    assert nodes["class"] == "nccl_network" and "P2P" not in nodes["proposal"]["step"]
+    one_host = run("\n".join(SETUP_LINES[2:4] + ERRORS[:1]), overrides=("hardware.nodes=2",))
+    assert "P2P" in one_host["proposal"]["step"]  # the log's one NCCL host outweighs the preset's two nodes
+
+
+def test_a_communicator_line_is_not_the_cause_when_the_exception_says_more_or_the_error_comes_later():
+    stated = setup_log() + "\nValueError: Unrecognized configuration class <class 'Foo'> for this kind of AutoModel"
+    assert run(stated)["class"] != "nccl_network"
+    late = "\n".join([SETUP_LINES[0]] + [f"{{'loss': 2.{i}, 'step': {i}}}" for i in range(12)] + [ERRORS[0]])
+    assert run(late)["class"] != "nccl_network"
+
+
+def test_an_fp16_collapse_against_an_fp32_preset_proposes_fp32_as_the_preset_trains():
+    j = run("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+            "7b_8xa100", ("train.precision=fp32", "deepspeed.bf16=null"))
+    assert j["class"] == "fp16_loss_scale" and j["proposal"]["step"].startswith("train in fp32")
+    assert j["proposal"]["overrides"] == []
+
+
+@pytest.mark.parametrize("host", ["H100-2", "a100-node3", "V100x-07", "node-h200"])
+def test_a_host_named_after_its_gpus_is_not_the_gpu(host):
+    facts = read_facts(Log.of(completion(4, host)))
+    assert facts.gpu is None
+    assert read_facts(Log.of(f"{completion(4, host)}\nGPU 0: NVIDIA A100-SXM4-80GB")).gpu == "NVIDIA A100-SXM4-80GB"
