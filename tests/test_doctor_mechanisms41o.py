@@ -141,3 +141,40 @@ def test_a_host_named_after_its_gpus_is_not_the_gpu(host):
     facts = read_facts(Log.of(completion(4, host)))
     assert facts.gpu is None
     assert read_facts(Log.of(f"{completion(4, host)}\nGPU 0: NVIDIA A100-SXM4-80GB")).gpu == "NVIDIA A100-SXM4-80GB"
+
+
+# --- built from heldout41k/02 (a used set): the compiler's error read for the file it was compiling ----------
+
+TORCH_HEADERS = ["c10/util/string_view.h", "ATen/core/TensorBase.h", "torch/csrc/api/include/torch/nn.h",
+                 "c10/cuda/CUDAStream.h", "pybind11/cast.h"]
+
+
+def compiler_error(header: str, nvcc: bool) -> str:
+    site = f"/home/u/env/lib/python3.10/site-packages/torch/include/{header}"
+    at = f"{site}({DRAW.randrange(10, 900)}): error" if nvcc else f"{site}:{DRAW.randrange(10, 900)}:{DRAW.randrange(1, 80)}: error"
+    return "\n".join(["  Building wheel for deepspeed (setup.py) ... error" if DRAW.random() < 0.5 else
+                      "Emitting ninja build file /root/.cache/torch_extensions/py310_cu121/cpu_adam/build.ninja...",
+                      f"      {at}: 'std_string_type' was not declared in this scope",
+                      "      error: command '/usr/bin/gcc' failed with exit code 1"])
+
+
+@pytest.mark.parametrize("header", TORCH_HEADERS)
+def test_a_compiler_error_inside_torchs_headers_is_the_toolchain_not_the_op(header):
+    j = run(compiler_error(header, DRAW.random() < 0.5))
+    assert j["class"] == "op_build" and "inside torch's own headers" in j["title"]
+    assert "nvcc --version" in j["proposal"]["step"] and "torch.version.cuda" in j["proposal"]["step"]
+
+
+def test_with_both_cuda_versions_in_the_log_the_toolkit_torch_was_built_with_is_named():
+    text = "nvcc version ..................... 12.1\ntorch cuda version ............... 11.8\n" + compiler_error(
+        TORCH_HEADERS[0], nvcc=False)
+    j = run(text)
+    assert "use the CUDA 11.8 toolkit" in j["proposal"]["step"] and "nvcc 12.1" in j["proposal"]["step"]
+
+
+def test_an_error_in_the_ops_own_source_or_a_missing_header_is_not_read_as_torchs():
+    own = compiler_error(TORCH_HEADERS[0], False).replace("/site-packages/torch/include/c10/util/string_view.h",
+                                                           "/site-packages/deepspeed/ops/csrc/adam/cpu_adam.cpp")
+    assert "torch's own headers" not in run(own)["title"]
+    missing = compiler_error(TORCH_HEADERS[0], False) + "\nfatal error: Python.h: No such file or directory"
+    assert "Python.h" in run(missing)["title"]

@@ -40,6 +40,8 @@ NCCL_INTERFACE = re.compile(r"NET/(?:Socket|IB) : Using \[\d\]([\w.-]+)(?::|/)")
 # a line of a config the log shows, JSON (`"stage": 3,`) or YAML (`  zero_stage: 3`): a key and one scalar value
 CONFIG_LINE = re.compile(r"^[ \t]*[\"']?([A-Za-z_][\w.-]*)[\"']?[ \t]*:[ \t]*(\"[^\"\n]*\"|'[^'\n]*'|[\w.+/-]+)[ \t]*,?[ \t]*$",
                          re.MULTILINE)
+# a tool's own "error: legacy-install-failure" (pip) or "note: ..." has the shape of a config line, not its meaning
+NOT_CONFIG_KEYS = {"error", "warning", "note", "hint", "info", "debug", "fatal", "critical", "exception", "traceback"}
 # how the log's run sharded its model states: FSDP's strategy (HF's --fsdp, accelerate's fsdp_sharding_strategy) or
 # DeepSpeed's ZeRO stage (a JSON "stage", accelerate's zero_stage, --zero_stage) and whether it offloaded
 FSDP = re.compile(r"(?:--fsdp[= ]+[\"']?|fsdp_sharding_strategy:\s*|\bfsdp:\s*[\"']?)(?P<how>[\w ]*?"
@@ -128,7 +130,8 @@ def read_facts(log: Log) -> LogFacts:
         facts.exported.setdefault(m.group(1), m.group(2).rstrip("."))
     facts.sharding = _sharding(text)
     for m in CONFIG_LINE.finditer(text):
-        facts.config_values[m.group(1)] = m.group(2)
+        if m.group(1).lower() not in NOT_CONFIG_KEYS:
+            facts.config_values[m.group(1)] = m.group(2)
     for pattern in (NCCL_INTERFACE, IFACE_ADDR):
         for m in pattern.finditer(text):
             if m.group(1) not in facts.interfaces:

@@ -131,7 +131,9 @@ def _triad(log: Log) -> Optional[int]:
 def _op_build(log: Log) -> Optional[int]:
     """An op build failing: the line naming the cause (the linker, nvcc, a missing compiler) is the evidence,
     else the build's FAILED line, else the error raised after it."""
-    if not (log.has(OP_BUILD) or log.has(BUILDING) and log.has(BUILD_STOPPED)):
+    in_torch = next((i for i in [log.first(toolkit.COMPILER_ERROR)] if i is not None and
+                     toolkit.TORCH_SOURCES.search(log.line(i))), None)
+    if not (log.has(OP_BUILD) or log.has(BUILDING) and log.has(BUILD_STOPPED) or in_torch is not None):
         return None
     found = {c.cause: i for c in toolkit.BUILD_CAUSES for i in [log.first(c.pattern)] if i is not None}
     header = log.first(toolkit.MISSING_HEADER)
@@ -139,6 +141,8 @@ def _op_build(log: Log) -> Optional[int]:
         found["a missing header"] = header
     # ds_report's libaio warning is printed in healthy runs too: it is the cause only when nothing else is
     causes = [i for cause, i in found.items() if "libaio" not in cause] or list(found.values())
+    if in_torch is not None and not causes:  # a compiler error inside torch's headers: the toolchain
+        return in_torch
     return min(causes) if causes else log.first(BUILD_STOPPED) if log.has(BUILD_STOPPED) else log.first(OP_BUILD)
 
 

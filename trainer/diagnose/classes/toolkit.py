@@ -139,6 +139,10 @@ def diagnose_op_build(f: Found) -> Diagnosis:
         d.proposal = Proposal(f"install what provides {name}: {package.split(':')[0]}", [],
                               f"`fatal error: {name}: No such file or directory` is the compiler's: install {package}; "
                               f"then rerun (the op compiles once into the extensions directory)")
+    elif cause is None and (site := compile_error_site(f.log)) and TORCH_SOURCES.search(site):
+        d.title = (f"the {op + ' op' if op else 'C/C++/CUDA extension'} build fails inside torch's own headers "
+                   f"({site.split('/include/')[-1]}): the compiler or CUDA toolkit does not match this torch")
+        d.proposal = _toolchain_for_torch(f)
     elif cause is not None:
         d.proposal = Proposal(f"fix the build: {cause.fix}", [], f"{cause.cause}; rerun (it compiles once into "
                                                                   f"the environment's extensions directory), or "
@@ -151,6 +155,36 @@ def diagnose_op_build(f: Found) -> Diagnosis:
     if fallback is not None:
         d.then.append(fallback)
     return d
+
+
+# The compiler's own error line names the file it was compiling: where that file lives says whose code did not
+# compile. torch's headers compile with the toolchain torch was built and tested with, so an error inside them is
+# the toolchain (nvcc's CUDA release, the gcc it drives), not the op's code.
+COMPILER_ERROR = re.compile(r"(?P<file>/\S+?\.(?:h|hpp|hxx|cuh|c|cc|cpp|cxx|cu))(?:\(\d+\)|(?::\d+){1,2}):? (?:fatal )?error\b")
+TORCH_SOURCES = re.compile(r"/torch/(include|csrc)/")
+
+
+def compile_error_site(log) -> Optional[str]:
+    """The file of the first compiler error in the log, when it shows one."""
+    match = next(iter(log.all(COMPILER_ERROR)), None)
+    return match.group("file") if match else None
+
+
+def _toolchain_for_torch(f: Found) -> Proposal:
+    toolkit, torch_cuda = f.facts.cuda_toolkit, f.facts.torch_cuda
+    if toolkit and torch_cuda and toolkit.split(".")[0] != torch_cuda.split(".")[0]:
+        return Proposal(f"use the CUDA {torch_cuda} toolkit torch was built with (the log shows nvcc {toolkit}): "
+                        f"export CUDA_HOME=/usr/local/cuda-{torch_cuda}", [],
+                        f"torch's headers are compiled by the nvcc under CUDA_HOME with the gcc it supports; a toolkit of "
+                        f"another major release ({toolkit} against torch's {torch_cuda}) does not compile them. Or "
+                        f"install the torch wheel for CUDA {toolkit}")
+    shown = f" (the log shows nvcc {toolkit})" if toolkit else f" (torch's CUDA is {torch_cuda})" if torch_cuda else ""
+    return Proposal(f"build with the CUDA toolkit version torch was built with{shown}: compare `nvcc --version` with "
+                    f"`python -c \"import torch; print(torch.version.cuda)\"` and downgrade (or upgrade) the toolkit to "
+                    f"match - CUDA_HOME points the build at it", [],
+                    "torch's headers compile with the toolkit and compiler torch was built and tested with; an error "
+                    "inside them means the nvcc (or the gcc it drives) is another release - a newer CUDA than torch's "
+                    "is the usual one. Check also that gcc is within that toolkit's supported range (`gcc --version`)")
 
 
 def _without_op(f: Found, op: Optional[str]) -> Optional[Proposal]:
