@@ -178,3 +178,38 @@ def test_an_error_in_the_ops_own_source_or_a_missing_header_is_not_read_as_torch
     assert "torch's own headers" not in run(own)["title"]
     missing = compiler_error(TORCH_HEADERS[0], False) + "\nfatal error: Python.h: No such file or directory"
     assert "Python.h" in run(missing)["title"]
+
+
+# --- built from heldout41r (after it was measured; see test_doctor_heldout41r.py) ----------------------------
+
+@pytest.mark.parametrize("library, module, name", [
+    ("deepspeed", "torch.distributed.elastic.agent.server.api", "log"),
+    ("peft", "transformers.utils", "is_torch_tpu_available"),
+    ("trl", "transformers.integrations", "is_deepspeed_zero3_enabled"),
+])
+def test_a_missing_name_retold_without_its_module_is_read_from_the_import_statement_the_log_quotes(library, module,
+                                                                                                    name):
+    text = "\n".join([f"The `ImportError: cannot import name '{name}'` error originates from the {library} library.",
+                      f"The import statement `from {module} import {name}, other` is failing because {name} cannot "
+                      f"be found in the specified module.", "", "Traceback (most recent call last):",
+                      '  File "/usr/lib/python3.10/importlib/__init__.py", line 126, in import_module',
+                      "    return _bootstrap._gcd_import(name[level:], package, level)"])
+    j = run(text)
+    assert j["class"] == "missing_name" and f"which {library} imports" in j["title"], j["title"]
+    assert module.split(".")[0] in j["proposal"]["step"] and module.split(".")[0] in j["title"]
+
+
+def test_without_an_import_statement_a_bare_missing_name_is_not_guessed():
+    assert run("ImportError: cannot import name 'log'")["class"] != "missing_name"
+
+
+@pytest.mark.parametrize("ask, command", [
+    ("Please run the following command to get more information:", "python -m bitsandbytes"),
+    ("Please run this to see what is missing:", "ds_report"),
+    ("You can run the following for more details:", "python -m torch.utils.collect_env"),
+])
+def test_an_instruction_that_only_shows_more_is_a_look_with_its_command_not_a_remedy(ask, command):
+    text = f"RuntimeError: \n        Setup failed despite GPU being available. {ask}\n\n        {command}\n\n        Inspect it."
+    j = run(text)
+    assert j["proposal"]["step"].startswith("first run what the message asks, to see the cause")
+    assert j["proposal"]["step"].endswith(command) and j["proposal"]["overrides"] == []

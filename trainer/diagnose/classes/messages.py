@@ -24,6 +24,10 @@ INSTRUCTION = re.compile(r"((?:please|you (?:can|should|must|need to|may)(?!'t|â
 BOILERPLATE = re.compile(r"(report (this|a|the) bug|file an issue|open an issue|CUDA_LAUNCH_BLOCKING|TORCH_USE_CUDA_DSA|"
                          r"NCCL_DEBUG=INFO for details|look up to see its traceback|max_split_size_mb|"
                          r"expandable_segments|documentation for Memory Management)", re.IGNORECASE)
+RUN_WORDS = re.compile(r"\b(run|command|execute|type)\b", re.IGNORECASE)
+# an instruction that only shows more ("to get more information") asks for a look, not for a change
+INFORMATION = re.compile(r"(to get more (?:information|info|details)|for more (?:information|details|info)|to (?:debug|"
+                         r"diagnose|investigate)\b|to see (?:the|what|why|which)\b)", re.IGNORECASE)
 MISMATCH_LINE = re.compile(r"^\s*-\s*ds (\S+)=(\S+) vs hf (.+?)=(\S+)\s*$")
 QUOTED_SETTING = re.compile(r"<?\"([\w.]+)\":\s*(\"[^\"]*\"|[\w.+-]+)>?")
 SET_TO = re.compile(r"\bset (?:`|')?([\w.]+)(?:`|')? (?:to|=) ['\"`]?([\w.+-]+)", re.IGNORECASE)
@@ -48,6 +52,8 @@ def message_at(log: Log, index: int) -> str:
     """The exception message starting at `index`, with the lines that continue it (wrapped text, a list)."""
     lines = [log.line(index)]
     for line in log.lines[index + 1:index + MESSAGE_LINES]:
+        if not line.strip() and lines[-1].rstrip().endswith(":"):
+            continue  # "run the following command:", a blank line, the command: the message goes on
         if not line.strip() or EXCEPTION.search(line) or line.lstrip().startswith(("File ", "Traceback", "[20")):
             break
         lines.append(line.strip())
@@ -57,9 +63,18 @@ def message_at(log: Log, index: int) -> str:
 def instructions(message: str) -> list[str]:
     """The message's instructions, the most concrete first (one that names a value, a key or a command), in
     order otherwise: "set these values to 'auto'" before "please correct the following"."""
-    found = [EXCEPTION_PREFIX.sub("", m.group(0).strip()) for m in INSTRUCTION.finditer(message)
+    found = [EXCEPTION_PREFIX.sub("", m.group(0).strip()) + _introduced(message, m) for m in INSTRUCTION.finditer(message)
              if not BOILERPLATE.search(m.group(0))]
     return sorted(found, key=lambda text: not CONCRETE.search(text))
+
+
+def _introduced(message: str, m: re.Match) -> str:
+    """The command an instruction introduces with a colon ("run the following command:" then `python -m x` on the
+    next line): the instruction means nothing without it."""
+    if not m.group(0).rstrip().endswith(":") or not RUN_WORDS.search(m.group(0)):
+        return ""  # "correct the following values:" introduces a list, read by named_settings
+    following = next((line.strip() for line in message[m.end():].split("\n")[1:] if line.strip()), "")
+    return f" {following}" if following else ""
 
 
 def find_message(log: Log) -> Optional[int]:
@@ -158,6 +173,12 @@ def diagnose_message(f: Found) -> Diagnosis:
             where = f"the message states the remedy as code: `{code.group(1).strip()}` in the script, before the call that raised"
         elif INSTALLS.search(asked[0]):
             where = "the message states the command to run, in the environment that runs the ranks"
+        elif INFORMATION.search(asked[0]):
+            d.title = f"the error asks for a look before any change: {asked[0]}"
+            d.proposal = Proposal(f"first run what the message asks, to see the cause: {asked[0]}{what}", [],
+                                  "the message states no remedy, only how to see the cause: run it in the "
+                                  "environment that runs the ranks and read what it reports")
+            return d
         else:
             where = "the message states this one remedy"
         d.proposal = Proposal(f"do what the message asks: {asked[0]}{what}", [], where)

@@ -23,7 +23,7 @@ from ..logtext import Log
 from ..raised import final_exception
 
 MISSING_NAME = re.compile(
-    r"cannot import name '(?P<name>[\w.]+)' from '(?P<module>[\w.]+)'?"  # a paste may cut the module's name
+    r"cannot import name '(?P<name>[\w.]+)'(?: from '(?P<module>[\w.]+)'?)?"  # a paste may cut (or retell without) it
     r"|module '(?P<module2>[\w.]+)' has no attribute '(?P<name2>\w+)'"
     r"|No module named '(?P<module3>[A-Za-z_]\w*)\.(?P<name3>[\w.]+)'")
 BUILTIN_ROOTS = {"__main__", "builtins", "os", "sys", "typing", "collections", "numpy.core"}
@@ -32,22 +32,37 @@ BUILTIN_ROOTS = {"__main__", "builtins", "os", "sys", "typing", "collections", "
 def parts(match: re.Match) -> tuple[str, str, bool]:
     """(module, name, whether the name is a submodule): 'P.sub' and 'N' as the message states them."""
     if match.group("name"):
-        return match.group("module"), match.group("name"), False
+        return match.group("module") or "", match.group("name"), False
     if match.group("name2"):
         return match.group("module2"), match.group("name2"), False
     return match.group("module3"), match.group("name3"), True
 
 
 def find(log: Log) -> Optional[int]:
-    """The final exception, when it is such a message about a module of an installed-style package."""
+    """The final exception, when it is such a message about a module of an installed-style package (named by the
+    message, else by the import statement the log quotes)."""
     raised = final_exception(log)
-    if raised is not None:
+    if raised is not None and raised.headline:
         found = MISSING_NAME.search(raised.headline)
-        return raised.index if found and parts(found)[0].split(".")[0] not in BUILTIN_ROOTS else None
+        return raised.index if found and _package_named(log, found) else None
     index = log.first(MISSING_NAME)
     if index is None:
         return None
-    return index if parts(MISSING_NAME.search(log.line(index)))[0].split(".")[0] not in BUILTIN_ROOTS else None
+    return index if _package_named(log, MISSING_NAME.search(log.line(index))) else None
+
+
+def _package_named(log: Log, match: re.Match) -> bool:
+    module, name, _ = parts(match)
+    module = module or (_quoted_import(log, name) or ("", None))[0]
+    return bool(module) and module.split(".")[0] not in BUILTIN_ROOTS
+
+
+def _quoted_import(log: Log, name: str) -> Optional[tuple[str, int]]:
+    """(module, line) of the import statement the log quotes for `name` (`from M import a, name`), if any."""
+    index = log.first(re.compile(IMPORT_STATEMENT.format(name=re.escape(name))))
+    if index is None:
+        return None
+    return re.search(IMPORT_STATEMENT.format(name=re.escape(name)), log.line(index)).group("module"), index
 
 
 def distribution_of(package: str) -> Optional[metadata.Distribution]:
@@ -124,6 +139,7 @@ def importer_of(f: Found, package: str) -> str:
 
 
 IMPORT_LINE = r"^\s*from\s+(?P<module>[\w.]+)\s+import\s+\(?[^#\n]*\b{name}\b"
+IMPORT_STATEMENT = r"\bfrom\s+(?P<module>[A-Za-z_][\w.]*)\s+import\s+\(?[^#\n`]*?\b{name}\b"  # also inside prose
 
 
 def full_module(f: Found, module: str, name: str) -> str:
@@ -137,9 +153,11 @@ def full_module(f: Found, module: str, name: str) -> str:
 
 def diagnose(f: Found) -> Diagnosis:
     module, name, submodule = parts(MISSING_NAME.search(f.log.joined(f.index)))
-    module = full_module(f, module, name)
+    quoted = None if module else _quoted_import(f.log, name)
+    module = quoted[0] if quoted else full_module(f, module, name)
     package = module.split(".")[0]
-    importer = importer_of(f, package)
+    # a message without its module was retold: the library named beside the import statement it quotes made it
+    importer = (_library_beside(f.log, quoted[1], package) if quoted else "") or importer_of(f, package)
     here, has = installed_has(module, name, submodule)
     here = here.split("+")[0]  # 2.13.0+cpu: the local build tag names this machine's wheel, not a release
     theirs = f.versions.get(package)
@@ -178,6 +196,14 @@ def diagnose(f: Found) -> Diagnosis:
                     "two versions; the importer's release notes or requirements name the range of "
                     f"{package} it supports")
     return d
+
+
+def _library_beside(log: Log, index: int, package: str) -> str:
+    """A known library other than `package` named on the lines around `index` ("... originates from the deepspeed
+    library"), '' when none or several are."""
+    near = " ".join(log.lines[max(0, index - 2):index + 3]).lower()
+    named = [library for library in LIBRARIES if library != package and re.search(rf"\b{library}\b", near)]
+    return named[0] if len(named) == 1 else ""
 
 
 # --- a call whose signature changed between the caller's and the callee's releases -------------------------------
