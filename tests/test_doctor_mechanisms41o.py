@@ -213,3 +213,59 @@ def test_an_instruction_that_only_shows_more_is_a_look_with_its_command_not_a_re
     j = run(text)
     assert j["proposal"]["step"].startswith("first run what the message asks, to see the cause")
     assert j["proposal"]["step"].endswith(command) and j["proposal"]["overrides"] == []
+
+
+# --- built from heldout41q (after it was measured; see test_doctor_heldout41q.py) ----------------------------
+
+from trainer.diagnose.classes import engine_api  # noqa: E402
+
+
+def test_a_deepspeed_engine_method_on_an_unwrapped_model_is_a_run_that_took_deepspeeds_path_without_it():
+    methods = sorted(engine_api.engine_methods())
+    assert {"save_checkpoint", "load_checkpoint", "backward"} <= set(methods)  # read from DeepSpeed's own source
+    assert not {"forward", "train", "eval", "state_dict", "parameters"} & set(methods)  # a plain Module has those
+    for attr in DRAW.sample(methods, 6):
+        obj = DRAW.choice(["PeftModelForCausalLM", "LlamaForCausalLM", "DistributedDataParallel", "Qwen2Model"])
+        j = run(f"Traceback (most recent call last):\n  File \"/x/trainer.py\", line 9, in save\n    "
+                f"model.{attr}(d)\nAttributeError: '{obj}' object has no attribute '{attr}'")
+        assert j["class"] == "engine_api" and "ACCELERATE_USE_DEEPSPEED" in j["proposal"]["step"], (attr, j["class"])
+    exported = run("export ACCELERATE_USE_DEEPSPEED=true\nAttributeError: 'LlamaForCausalLM' object has no attribute "
+                   "'save_checkpoint'")
+    assert exported["proposal"]["step"].startswith("unset ACCELERATE_USE_DEEPSPEED (the log exports")
+
+
+@pytest.mark.parametrize("attr", ["forward", "state_dict", "generate", "no_such_thing"])
+def test_a_missing_attribute_that_is_not_the_engines_is_not_this_class(attr):
+    assert run(f"AttributeError: 'LlamaForCausalLM' object has no attribute '{attr}'")["class"] != "engine_api"
+    assert run("AttributeError: 'DeepSpeedEngine' object has no attribute 'save_checkpoint'")["class"] != "engine_api"
+
+
+def test_an_oom_in_fsdps_full_state_dict_is_a_save_gathered_on_the_gpu():
+    warning = ("/env/site-packages/torch/distributed/fsdp/fully_sharded_data_parallel.py:2224: UserWarning: Failed to "
+               "clone() tensor with name lm_head.weight. This may mean that this state_dict entry could point to "
+               "invalid memory regions after returning from state_dict() call. Error: CUDA out of memory. Tried to "
+               "allocate 502.00 MiB (GPU 1; 39.59 GiB total capacity; 35.54 GiB already allocated)")
+    j = run(warning, overrides=("hardware.gpu=a100-40g",))
+    assert j["phase"] == "save" and "offload_to_cpu=True" in j["proposal"]["step"]
+    plain = run("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total "
+                "capacity; 77.00 GiB already allocated)")
+    assert "offload_to_cpu" not in (plain["proposal"] or {}).get("step", "")
+
+
+def test_safetensors_refusing_tied_weights_is_a_save_without_it():
+    pair = DRAW.choice([("model.embed_tokens.weight", "lm_head.weight"), ("transformer.wte.weight", "lm_head.weight")])
+    j = run(f"Some tensors share memory, this will lead to duplicate memory on disk and potential differences when "
+            f"loading them again: [{{'{pair[0]}', '{pair[1]}'}}].\nA potential way to correctly save your model is to "
+            f"use `save_model`.", "7b_grpo_8xh100")
+    assert j["class"] == "shared_tensors" and "safe_serialization=False" in j["proposal"]["step"]
+    assert pair[0] in j["title"] and pair[1] in j["title"]
+
+
+def test_a_collective_timeout_on_one_node_of_pcie_gpus_tests_p2p_first():
+    timeout = ("[E ProcessGroupNCCL.cpp:828] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum="
+               f"{DRAW.randrange(40, 9000)}, OpType=BROADCAST, Timeout(ms)=1800000) ran for 1809852 milliseconds before "
+               "timing out.")
+    pcie = run(timeout, "7b_lora_1x4090", ("hardware.gpus_per_node=2",))
+    assert env_of(pcie["proposal"])["NCCL_P2P_DISABLE"] == "1"
+    nvlink = run(timeout)  # 8 x A100 on NVLink: the advice (find the rank that stopped) stands alone
+    assert nvlink["proposal"] is None or "NCCL_P2P_DISABLE" not in env_of(nvlink["proposal"])

@@ -157,6 +157,9 @@ def _fabric(f: Found, c) -> Diagnosis:
         "through the PCIe switch/IOMMU (ACS) is broken: disable ACS/IOMMU in the BIOS or keep P2P off",
         "do not just raise the timeout: a hang stays a hang",
     ]
+    from .classes import network
+    if network.one_node(f) and network.pcie_gpus(f):  # one node's PCIe GPUs: the transport that hangs most often
+        d.proposal = network.p2p_test(f)
     from .. import ds as dsc
     r = f.resolved
     if r.config.hardware.nodes > 1 and dsc.zero_stage(r.ds) == 3 and dsc.hpz_partition_size(r.ds) <= 1:

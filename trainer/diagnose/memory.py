@@ -155,9 +155,22 @@ def _fragmentation_advice(d: Diagnosis, numbers: OomNumbers) -> None:
                         f"also try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
 
 
+FSDP_IN_LOG = re.compile(r"(torch/distributed/fsdp/|FullyShardedDataParallel|\bFSDP\b|fsdp_sharding_strategy|--fsdp\b)")
+
+
 def _save_gather(f: Found, d: Diagnosis) -> bool:
-    """An OOM while saving at ZeRO-3 with the 16-bit gather on: the whole model is assembled on one GPU."""
+    """An OOM while saving where the whole model is assembled on one GPU: FSDP's full state dict without CPU
+    offload (the log's run was FSDP), or ZeRO-3 with the 16-bit gather on."""
     r = f.resolved
+    if f.log.has(FSDP_IN_LOG):
+        d.proposal = Proposal(
+            "gather the full state dict on the CPU, on rank 0 only: FullStateDictConfig(offload_to_cpu=True, "
+            "rank0_only=True) under FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, ...) in the save "
+            "(accelerate: fsdp_state_dict_type: SHARDED_STATE_DICT, and merge the shards after)", [],
+            "the log's run is FSDP: a full state dict assembled without offload_to_cpu puts every parameter, "
+            "unsharded, on each GPU at once at the save - after training fitted. Offloaded, the copy is built in host "
+            "memory on rank 0; a sharded save writes each rank's shard and needs no gather at all")
+        return True
     if dsc.zero_stage(r.ds) != 3 or not dsc.gather_16bit_on_save(r.ds):
         return False
     d.proposal = Proposal("save ZeRO-3 shards only, convert offline", [dsc.set_override(

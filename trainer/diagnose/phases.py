@@ -76,7 +76,10 @@ LINE_PHASES = [
                         r"DeepSpeedZeroOptimizer|initializing optimizer states|creating fp(16|32) partitions|"
                         r"DeepSpeedZeRoOffload initialize)")),
     ("save", re.compile(r"(Saving model checkpoint|saving checkpoint|save_checkpoint|"
-                        r"zero_pp_rank_\d+_mp_rank_\d+_optim)")),
+                        r"zero_pp_rank_\d+_mp_rank_\d+_optim|"
+                        # FSDP assembling a full state dict for a save: its hooks' own warnings
+                        r"returning from state_dict\(\) call|Failed to clone\(\) tensor with name|"
+                        r"_full_post_state_dict_hook|FULL_STATE_DICT)")),
     ("eval", re.compile(r"(Running Evaluation|\*+ Running evaluation|eval_loss|Evaluating)")),
     ("training", re.compile(r"(step=\d+|'loss':|\bloss[=:]\s*\d|Epoch \d|global_step|Running training)")),
 ]

@@ -13,6 +13,7 @@
 | zero3_load        | a full state dict loaded into torch.Size([0]) placeholders    | load under zero.Init              |
 | stage3_save       | 16-bit weights not gathered at save time                      | gather on save / zero_to_fp32     |
 | ckpt_topology     | a ZeRO checkpoint loaded on another data-parallel size        | the elastic (universal) resume    |
+| shared_tensors    | safetensors refusing tensors that share storage (tied weights) | save without it / save_pretrained |
 | offload_optimizer | ZeRO-Offload with a client optimizer                          | DeepSpeedCPUAdam                  |
 | sequence_parallel | a traceback from a Ulysses precondition's site (classes/sequence.py) | that precondition's fix  |
 | nvme_aio          | "buffer nbytes != file bytes", an aio assertion               | check the NVMe path, CPU offload  |
@@ -34,6 +35,7 @@
 | fp16_trainable    | "Attempting to unscale FP16 gradients"                        | fp32 trainable weights, or bf16   |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | signature         | a call its callee's release refuses (arity, keyword, missing argument) | the release that goes with it / the override's signature |
+| engine_api        | a DeepSpeedEngine method (from its source) on an unwrapped model | launch under DeepSpeed, or unset its switch |
 | missing_name      | "cannot import name N from P", "module P has no attribute N"  | the release that goes with it     |
 | extension_abi     | a compiled extension's "undefined symbol" (built for another torch) | rebuild it against this one |
 | invalid_device_ordinal | "invalid device ordinal": more ranks than visible GPUs   | ranks per node = GPUs             |
@@ -63,8 +65,8 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory, oserror
 from . import phases
-from .classes import (architecture, autograd, binaries, checkpoint, devices, fallback, launch, messages, names,
-                      network, quantized, sequence, stated, storage, toolkit, versions)
+from .classes import (architecture, autograd, binaries, checkpoint, devices, engine_api, fallback, launch, messages,
+                      names, network, quantized, sequence, stated, storage, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -174,6 +176,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("zero3_load", _first(ZERO3_LOAD), checkpoint.diagnose_zero3_load),
     Recogniser("stage3_save", _save, checkpoint.diagnose_save, signature=(SAVE_SKIPPED, EMPTY_WEIGHTS)),
     Recogniser("ckpt_topology", _first(checkpoint.TOPOLOGY), checkpoint.diagnose_topology),
+    Recogniser("shared_tensors", _first(checkpoint.SHARED_TENSORS), checkpoint.diagnose_shared_tensors),
     Recogniser("offload_optimizer", _first(messages.CLIENT_OPTIMIZER), messages.diagnose_client_optimizer),
     Recogniser("sequence_parallel", sequence.find, sequence.diagnose),
     Recogniser("nvme_aio", _first(NVME), advice.diagnose_nvme),
@@ -195,6 +198,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("checkpoint_recompute", _first(autograd.RECOMPUTED), autograd.diagnose_recomputed),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
     Recogniser("fp16_trainable", _first(autograd.FP16_TRAINABLE), autograd.diagnose_fp16_trainable),
+    Recogniser("engine_api", engine_api.find, engine_api.diagnose),
     Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),
     Recogniser("signature", names.find_signature, names.diagnose_signature, signature=(names.SIGNATURE,)),
     Recogniser("extension_abi", _first(binaries.UNDEFINED_SYMBOL), binaries.diagnose_undefined_symbol),

@@ -170,3 +170,25 @@ def diagnose_device_map(f: Found) -> Diagnosis:
     d.advice.append("to keep device_map (one process spreading a model over GPUs), run without ZeRO-3: that is model "
                     "parallelism for inference, not data-parallel training")
     return d
+
+
+# --- tied weights refused by safetensors -----------------------------------------------------------------------
+
+# safetensors' save_file writes each tensor's storage once per name and refuses two names over one storage: tied
+# weights (an input embedding and lm_head) saved through a path that does not drop the duplicate first
+SHARED_TENSORS = re.compile(r"Some tensors share memory, this will lead to duplicate memory on disk")
+SHARED_NAMES = re.compile(r"\[\{([^}]*)\}")
+
+
+def diagnose_shared_tensors(f: Found) -> Diagnosis:
+    names = SHARED_NAMES.search(f.log.joined(f.index, following=2))
+    tied = f" ({names.group(1)})" if names else ""
+    d = Diagnosis("shared_tensors", f"the save refused tensors that share storage{tied}: tied weights, written with "
+                                    f"safetensors", f.line)
+    d.proposal = Proposal(
+        "save that checkpoint without safetensors: safe_serialization=False (accelerate's save_state / "
+        "save_pretrained; the HF Trainer's save_safetensors=False) - torch.save keeps the shared storage", [],
+        f"safetensors stores one tensor per name and refuses two names over one storage{tied}; the save that raised "
+        "passes the raw state dict. Where you control the call, save_pretrained / safetensors' save_model drop the "
+        "duplicate instead and keep safetensors")
+    return d

@@ -99,14 +99,8 @@ def _one_node(f: Found) -> Diagnosis:
                               "(or --shm-size=16g)", [],
                               "on one node NCCL moves data through /dev/shm and CUDA IPC; a container's default 64 MB "
                               "/dev/shm and private IPC namespace break both", env=DEBUG_ENV)
-    elif _pcie_gpus(f):
-        gpu = hardware.gpu(f.resolved.config.hardware.gpu)
-        d.proposal = Proposal("test with NCCL_P2P_DISABLE=1: these GPUs reach each other over PCIe, where peer-to-peer "
-                              "often does not work (`nvidia-smi topo -m` shows the path)", [],
-                              f"{gpu.description} has no NVLink: NCCL's P2P transport goes through the PCIe switch or "
-                              f"the CPU, which ACS, the IOMMU or a virtual machine breaks; if the run passes with P2P "
-                              f"off (through host memory, slower), keep NCCL_P2P_DISABLE=1 or disable ACS/IOMMU",
-                              env=(("NCCL_P2P_DISABLE", "1"),) + DEBUG_ENV)
+    elif pcie_gpus(f):
+        d.proposal = p2p_test(f)
     else:
         d.proposal = Proposal("rerun with NCCL_DEBUG=INFO; test with NCCL_P2P_DISABLE=1 (P2P between the GPUs)", [],
                               "on one node the transports are P2P (NVLink/PCIe) and shared memory; the INFO log names "
@@ -118,10 +112,28 @@ def _one_node(f: Found) -> Diagnosis:
     return d
 
 
-def _pcie_gpus(f: Found) -> bool:
+def pcie_gpus(f: Found) -> bool:
     """The GPUs of the log (else of the preset) reach each other over PCIe, not NVLink."""
-    named = hardware.gpu_of_device(f.facts.gpu)
-    return (named or hardware.gpu(f.resolved.config.hardware.gpu)).interconnect == "pcie"
+    return _gpu(f).interconnect == "pcie"
+
+
+def _gpu(f: Found) -> hardware.Gpu:
+    return hardware.gpu_of_device(f.facts.gpu) or hardware.gpu(f.resolved.config.hardware.gpu)
+
+
+def one_node(f: Found) -> bool:
+    """One node, by the log's node count, else by the preset's."""
+    return (f.facts.nodes or f.resolved.config.hardware.nodes) == 1
+
+
+def p2p_test(f: Found) -> Proposal:
+    """PCIe GPUs of one node: P2P off as the test (consumer cards often have no working P2P at all)."""
+    return Proposal("test with NCCL_P2P_DISABLE=1: these GPUs reach each other over PCIe, where peer-to-peer often "
+                    "does not work (`nvidia-smi topo -m` shows the path)", [],
+                    f"{_gpu(f).description} has no NVLink: NCCL's P2P transport goes through the PCIe switch or the "
+                    f"CPU, which ACS, the IOMMU, a virtual machine or a consumer card's driver breaks; if the run "
+                    f"passes with P2P off (through host memory, slower), keep NCCL_P2P_DISABLE=1 or disable ACS/IOMMU",
+                    env=(("NCCL_P2P_DISABLE", "1"),) + DEBUG_ENV)
 
 
 IB_SIGNS = re.compile(r"(NET/IB|ibv_\w+|\bmlx\d_\d|\bRoCE\b|InfiniBand|\bGID\b)")
@@ -306,7 +318,7 @@ def diagnose_at_communicator(f: Found) -> Diagnosis:
     """The transports of one node (P2P, shared memory) or of several (sockets, IB), as the nodes say: the log's
     node count, else the preset's."""
     nodes = f.facts.nodes or f.resolved.config.hardware.nodes
-    d = _one_node(f) if nodes == 1 else diagnose_network(f)
+    d = _one_node(f) if one_node(f) else diagnose_network(f)
     d.title = f"an error right after NCCL began setting up a communicator, where it connects its transports: {d.title}"
     if f.facts.nodes is None:
         d.advice.insert(0, f"the log does not say how many nodes ran; this reads it as {nodes} node(s), as "
