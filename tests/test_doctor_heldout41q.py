@@ -7,8 +7,9 @@ rule as heldout41b (test_doctor_heldout41b.verdict): 1 right, 1 partial, 0 wrong
 
 Then used (test_doctor_mechanisms41o.py): a DeepSpeed engine method (read from DeepSpeed's source) on an unwrapped
 model; an OOM in FSDP's full state dict at a save; safetensors refusing tied weights; a collective timeout on one
-node of PCIe GPUs tests P2P first. Scored after: 4 right, 1 partial, 2 not recognised (a merge after a ZeRO-3 launch
-left 0-size weights with one line of log; a paged optimizer's state refused by bitsandbytes' C code at resume).
+node of PCIe GPUs tests P2P first; an operand of size 0 is a ZeRO-3 placeholder used outside a gather (by phase).
+Scored after: 5 right, 1 partial, 1 not recognised (a paged optimizer's state refused by bitsandbytes' C code at a
+resume, with nothing in the log that says resume or paged).
 """
 from __future__ import annotations
 
@@ -28,4 +29,4 @@ def test_the_threads_were_not_in_an_earlier_corpus():
 
 def test_the_score_since_it_was_used_does_not_get_worse():
     got, count = scored(HELD, CASES)
-    assert count["right"] >= 4 and count["wrong"] == 0 and count["silent"] == 0 and count["not recognised"] <= 2, got
+    assert count["right"] >= 5 and count["wrong"] == 0 and count["silent"] == 0 and count["not recognised"] <= 1, got

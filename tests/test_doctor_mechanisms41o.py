@@ -269,3 +269,27 @@ def test_a_collective_timeout_on_one_node_of_pcie_gpus_tests_p2p_first():
     assert env_of(pcie["proposal"])["NCCL_P2P_DISABLE"] == "1"
     nvlink = run(timeout)  # 8 x A100 on NVLink: the advice (find the rank that stopped) stands alone
     assert nvlink["proposal"] is None or "NCCL_P2P_DISABLE" not in env_of(nvlink["proposal"])
+
+
+def empty_operand() -> str:
+    width = DRAW.choice([2048, 4096, 5120, 8192])
+    return DRAW.choice([f"RuntimeError: The size of tensor a (0) must match the size of tensor b ({width}) at "
+                        f"non-singleton dimension 1",
+                        f"RuntimeError: The size of tensor a ({width}) must match the size of tensor b (0) at "
+                        f"non-singleton dimension 0",
+                        f"RuntimeError: mat1 and mat2 shapes cannot be multiplied (512x{width} and 0x{width})"])
+
+
+def test_an_empty_operand_outside_training_is_a_zero3_placeholder_used_outside_deepspeed():
+    for _ in range(6):
+        j = run(empty_operand(), "7b_dpo_lora_1x4090")
+        assert j["class"] == "zero3_placeholder" and "multi-GPU (DDP) config" in j["proposal"]["step"]
+
+
+def test_an_empty_operand_in_a_forward_is_a_parameter_read_by_another_module():
+    frames = ["Traceback (most recent call last):", '  File "/env/site-packages/transformers/models/llama/modeling_llama.py"'
+              ', line 900, in forward', "    logits = self.lm_head(hidden_states)",
+              '  File "/env/site-packages/torch/nn/modules/linear.py", line 114, in forward',
+              "    return F.linear(input, self.weight, self.bias)"]
+    j = run("\n".join(frames + [empty_operand()]))
+    assert j["phase"] == "forward" and "register_external_parameter" in j["proposal"]["step"]

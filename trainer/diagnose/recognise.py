@@ -11,6 +11,7 @@
 | cuda_toolkit      | nvcc too old for the GPU, toolkit vs torch, no kernel image   | the matching toolkit / wheel      |
 | zero3_device_map  | ZeRO-3 with device_map / low_cpu_mem_usage in from_pretrained | load without them (zero.Init)     |
 | zero3_load        | a full state dict loaded into torch.Size([0]) placeholders    | load under zero.Init              |
+| zero3_placeholder | an operand of size 0 against the model's width                | by phase: register/leaf, or no ZeRO-3 for that step |
 | stage3_save       | 16-bit weights not gathered at save time                      | gather on save / zero_to_fp32     |
 | ckpt_topology     | a ZeRO checkpoint loaded on another data-parallel size        | the elastic (universal) resume    |
 | shared_tensors    | safetensors refusing tensors that share storage (tied weights) | save without it / save_pretrained |
@@ -174,6 +175,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("cuda_toolkit", _first(toolkit.CUDA_TOOLKIT), toolkit.diagnose_cuda_toolkit),
     Recogniser("zero3_device_map", _first(checkpoint.DEVICE_MAP), checkpoint.diagnose_device_map),
     Recogniser("zero3_load", _first(ZERO3_LOAD), checkpoint.diagnose_zero3_load),
+    Recogniser("zero3_placeholder", _first(checkpoint.EMPTY_OPERAND), checkpoint.diagnose_empty_operand),
     Recogniser("stage3_save", _save, checkpoint.diagnose_save, signature=(SAVE_SKIPPED, EMPTY_WEIGHTS)),
     Recogniser("ckpt_topology", _first(checkpoint.TOPOLOGY), checkpoint.diagnose_topology),
     Recogniser("shared_tensors", _first(checkpoint.SHARED_TENSORS), checkpoint.diagnose_shared_tensors),

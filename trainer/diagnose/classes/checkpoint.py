@@ -192,3 +192,40 @@ def diagnose_shared_tensors(f: Found) -> Diagnosis:
         "passes the raw state dict. Where you control the call, save_pretrained / safetensors' save_model drop the "
         "duplicate instead and keep safetensors")
     return d
+
+
+# --- a partitioned placeholder used outside a gather -----------------------------------------------------------
+
+# an operand of size 0 where the other has the model's width: under ZeRO-3 (or FSDP, outside its forward) a parameter
+# is an empty placeholder until the engine gathers it for its own module's forward
+EMPTY_OPERAND = re.compile(r"(The size of tensor [ab] \(0\) must match the size of tensor [ab] \(\d+\)|The size of tensor "
+                           r"[ab] \(\d+\) must match the size of tensor [ab] \(0\)|shapes cannot be multiplied \(\d+x\d+ "
+                           r"and 0x\d+\)|shapes cannot be multiplied \(\d+x0 and)")
+IN_TRAINING = ("forward", "backward", "gather", "training", "step")
+
+
+# (what happened, the change, why) by where the placeholder was read: inside training, or by code outside the engine
+PLACEHOLDER_READ = {
+    True: ("a ZeRO-3 parameter was used by a module other than the one that owns it: outside its gather it is an "
+           "empty (size 0) placeholder",
+           "register the parameter with the module that uses it: deepspeed.zero.register_external_parameter(module, "
+           "param), or make that block one ZeRO-3 leaf (deepspeed.utils.set_z3_leaf_modules; here "
+           "model.zero3_leaf_modules)",
+           "ZeRO-3 gathers a parameter just before its own module's forward; code that reads it from another module "
+           "(a tied weight, a shared projection, an expert router) sees the placeholder"),
+    False: ("code that ran outside DeepSpeed's gathers used a ZeRO-3 placeholder (a size-0 parameter): merging, "
+            "generating or exporting after a ZeRO-3 launch",
+            "run that step without ZeRO-3: launch it with a plain multi-GPU (DDP) config instead of the DeepSpeed "
+            "ZeRO-3 one, or on one process - or wrap it in deepspeed.zero.GatheredParameters(model.parameters())",
+            "a model created under a ZeRO-3 launch is partitioned as it is built (zero.Init): merge_and_unload, "
+            "generate or a state-dict copy outside the engine see empty parameters. A LoRA merge needs no DeepSpeed "
+            "at all; a ZeRO-3 checkpoint is read outside DeepSpeed after `python -m deepspeed.utils.zero_to_fp32`"),
+}
+
+
+def diagnose_empty_operand(f: Found) -> Diagnosis:
+    from ..phases import phase
+    title, step, why = PLACEHOLDER_READ[phase(f.log, f.index) in IN_TRAINING]
+    d = Diagnosis("zero3_placeholder", title, f.line)
+    d.proposal = Proposal(step, [], why)
+    return d
