@@ -293,3 +293,48 @@ def test_an_empty_operand_in_a_forward_is_a_parameter_read_by_another_module():
               "    return F.linear(input, self.weight, self.bias)"]
     j = run("\n".join(frames + [empty_operand()]))
     assert j["phase"] == "forward" and "register_external_parameter" in j["proposal"]["step"]
+
+
+# --- built from heldout41s (after it was measured; see test_doctor_heldout41s.py) ----------------------------
+
+def store_traceback(site: list[str], message: str) -> str:
+    return "\n".join(["Traceback (most recent call last):", '  File "/env/site-packages/torch/distributed/run.py", '
+                      'line 710, in run', "    elastic_launch(", *site, message])
+
+
+C10D = ['  File "/env/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 155, in '
+        '_create_tcp_store', "    store = TCPStore("]
+ENV_STORE = ['  File "/env/site-packages/torch/distributed/rendezvous.py", line 174, in _create_c10d_store',
+             "    return TCPStore("]
+
+
+@pytest.mark.parametrize("message", ["RuntimeError: connect() timed out. Original timeout was 60000 ms.",
+                                     "RuntimeError: Connection refused", "OSError: [Errno 113] No route to host"])
+def test_a_connection_error_raised_where_a_store_is_created_is_the_rendezvous(message):
+    c10d = run(store_traceback(C10D, message), overrides=("hardware.nodes=2",))
+    assert c10d["class"] == "rendezvous" and "--rdzv_endpoint" in c10d["proposal"]["step"]
+    env = run(store_traceback(ENV_STORE, message), overrides=("hardware.nodes=2",))
+    assert env["class"] == "rendezvous" and "--master_addr" in env["proposal"]["step"]
+
+
+def test_the_same_error_elsewhere_is_not_the_rendezvous():
+    other = ['  File "/env/site-packages/requests/adapters.py", line 519, in send', "    raise ConnectionError(e)"]
+    assert run(store_traceback(other, "requests.exceptions.ConnectionError: Connection refused"))["class"] != \
+        "rendezvous"
+
+
+def test_a_traceback_cut_in_a_gloo_groups_creation_pins_gloos_interface():
+    cut = ["Traceback (most recent call last):", '  File "/env/site-packages/torchdata/dataloader2/reading_service.py",'
+           ' line 446, in initialize', '    self._pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=1800))']
+    j = run("\n".join(cut))
+    assert j["class"] == "rendezvous" and "GLOO_SOCKET_IFNAME" in j["proposal"]["step"]
+    whole = "\n".join(cut + ['  File "/env/site-packages/torch/distributed/distributed_c10d.py", line 3505, in new_group',
+                             "    pg = _new_process_group_helper(", "RuntimeError: Connection refused"])
+    assert "GLOO_SOCKET_IFNAME" in run(whole)["proposal"]["step"]
+
+
+def test_any_network_address_wording_of_the_client_socket_is_read_with_its_host():
+    j = run("torch.distributed.DistNetworkError: The client socket has failed to connect to any network address of "
+            "(10.1.2.3, 29500). The client socket has failed to connect to 10.1.2.3:29500 (errno: 113 - No route to "
+            "host).", overrides=("hardware.nodes=2",))
+    assert j["class"] == "rendezvous" and "10.1.2.3" in j["title"]

@@ -26,7 +26,7 @@
 | op_build          | a JIT op build failing (cpu_adam, ...), no ninja on PATH      | the toolchain fix, then fallback  |
 | not_distributed   | no launcher variables; a triad at world size 1                | launch the ranks                  |
 | batch_triad       | the batch triad at another world size                         | accumulation for that world       |
-| rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout)  | 127.0.0.1 on one node, else head  |
+| rendezvous        | ranks cannot connect to the rank-0 store (errno 99, timeout), a connection error where a store or group is created | 127.0.0.1 on one node, gloo's interface, the endpoint, else head |
 | pad_token         | a tokenizer without a padding token (asked to pad a batch)    | pad_token = eos_token             |
 | two_devices       | tensors of one operation on two devices (which two, whose code) | one GPU per process / the pin / device= |
 | quantized_placement | an 8-/4-bit model on several devices, another device, offloaded | each rank's copy on its device |
@@ -191,7 +191,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("op_build", _op_build, toolkit.diagnose_op_build, signature=(OP_BUILD, BUILD_STOPPED)),
     Recogniser("not_distributed", _first(launch.NO_LAUNCHER), launch.diagnose_no_launcher),
     Recogniser("batch_triad", _triad, launch.diagnose_triad, TRIAD),
-    Recogniser("rendezvous", _first(launch.RENDEZVOUS), launch.diagnose_rendezvous),  # after any failure it follows
+    Recogniser("rendezvous", launch.find_rendezvous, launch.diagnose_rendezvous),  # after any failure it follows
     Recogniser("pad_token", _first(messages.NO_PAD_TOKEN), messages.diagnose_pad_token),
     Recogniser("two_devices", _first(devices.TWO_DEVICES), devices.diagnose),
     Recogniser("quantized_placement", _first(quantized.PLACEMENT), quantized.diagnose),

@@ -97,9 +97,35 @@ def diagnose_devices_ignored(f: Found) -> Diagnosis:
 
 
 RENDEZVOUS = re.compile(r"(?:client socket has (?:failed to connect|timed out[^\n]*?while trying to connect) to "
-                        r"(?:\[(?P<host>[^\]]+)\]|\((?P<host2>[^,\s]+),))|(?:c10d|TCPStore)[^\n]*Cannot assign requested "
-                        r"address")
+                        r"(?:any network address of )?(?:\[(?P<host>[^\]]+)\]|\((?P<host2>[^,\s]+),))|(?:c10d|TCPStore)"
+                        r"[^\n]*Cannot assign requested address")
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+# the store's own structure, whatever the message's wording: a connection that failed, raised where a TCP store or a
+# process group is created (torchrun's c10d rendezvous, the env:// handler, a gloo group of a data loader)
+CONNECT_FAILED = re.compile(r"(connect\(\) timed out|Connection refused|No route to host|Connection timed out|failed to "
+                            r"connect|Connection reset|Network is unreachable)", re.IGNORECASE)
+STORE_SITE = re.compile(r"(TCPStore|_create_tcp_store|_create_c10d_store|rendezvous|new_group|init_process_group|"
+                        r"ProcessGroupGloo)")
+GROUP_CALL = re.compile(r"\b(new_group|init_process_group)\(")
+GLOO = re.compile(r"(backend\s*=\s*['\"]gloo['\"]|ProcessGroupGloo|\bGloo\b|gloo/transport)", re.IGNORECASE)
+RDZV_ENDPOINT = re.compile(r"(rdzv_endpoint|c10d_rendezvous_backend|_create_tcp_store)")
+
+
+def find_rendezvous(log) -> Optional[int]:
+    """The store's connection failing: the message says so (RENDEZVOUS), or a connection error is raised at a
+    store's or a group's creation, or a traceback cut with no message ends in a process group's creation."""
+    from ..raised import final_exception
+    index = log.first(RENDEZVOUS)
+    if index is not None:
+        return index
+    raised = final_exception(log)
+    if raised is None or not raised.frames:
+        return None
+    at_store = any(STORE_SITE.search(f"{frame.func} {frame.code or ''}") for frame in raised.frames[-3:])
+    if raised.message.strip():
+        return raised.index if at_store and CONNECT_FAILED.search(raised.message) else None
+    last = raised.frames[-1]
+    return raised.index if GROUP_CALL.search(last.code or "") else None  # cut while a group was being created
 
 
 def diagnose_rendezvous(f: Found) -> Diagnosis:
@@ -109,6 +135,21 @@ def diagnose_rendezvous(f: Found) -> Diagnosis:
     m = next(iter(f.log.all(RENDEZVOUS)), None)
     host = (m.group("host") or m.group("host2")) if m else None
     d = Diagnosis("rendezvous", f"the ranks could not reach the rendezvous store{' at ' + host if host else ''}", f.line)
+    if f.log.has(GLOO):
+        d.title = "a gloo process group could not connect its ranks"
+        d.proposal = Proposal("set GLOO_SOCKET_IFNAME to the network interface the nodes share (e.g. "
+                              "GLOO_SOCKET_IFNAME=eth0; `ip -br addr` names it)", [],
+                              "gloo connects the ranks over the address its host name resolves to - on many images "
+                              "127.0.1.1 from /etc/hosts, which no other node reaches; the interface pins it (NCCL's "
+                              "NCCL_SOCKET_IFNAME does not apply to gloo groups)")
+        return d
+    if f.log.has(RDZV_ENDPOINT) and not (f.facts.single_node or host in LOOPBACK):
+        d.proposal = Proposal("give torchrun's --rdzv_endpoint as the head's hostname that resolves on every node "
+                              "(/etc/hosts), or its IP on the shared network, with the port open", [],
+                              "the c10d rendezvous backend creates its TCP store on the endpoint's host; an agent that "
+                              "cannot connect to it in 60 s fails like this. Check from a worker: `getent hosts HEAD`, "
+                              "`nc -zv HEAD PORT`; a firewall or a container without --network=host blocks it")
+        return d
     if f.facts.single_node or (host in LOOPBACK and not (f.facts.nodes or 0) > 1):
         d.proposal = Proposal("one node: rendezvous on the IPv4 loopback, --master_addr 127.0.0.1 (MASTER_ADDR=127.0.0.1)",
                               [], f"{host or 'the master address'} did not give the ranks an address they can "
