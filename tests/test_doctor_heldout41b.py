@@ -20,6 +20,7 @@ and tests/logs/heldout41c is the held-out measurement after the change (tests/te
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from trainer.diagnose.doctor import diagnose, diagnosis_json
@@ -75,11 +76,26 @@ def cases_of(held: Path) -> dict:
 def assert_a_new_set(held: Path, cases: dict, count: int) -> None:
     """`count` threads, none of whose sources is anywhere else in tests/logs, each with a log."""
     assert len(cases) == count
-    earlier = "\n".join(p.read_text(errors="ignore") for p in LOGS.rglob("*")
-                        if p.is_file() and held not in p.parents and p.suffix in (".json", ".log", ".jsonl"))
+    earlier = urls_in(p for p in LOGS.rglob("*") if p.is_file() and held not in p.parents)
     for name, case in cases.items():
-        assert case["source"].startswith("https://github.com/") and case["source"] not in earlier, name
+        assert case["source"].startswith("https://github.com/") and _thread(case["source"]) not in earlier, name
         assert (held / f"{name}.log").read_text().strip(), name
+
+
+URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull|discussions)/\d+")
+
+
+def _thread(url: str) -> str:
+    """A thread's address with the repository's name as renames keep it (hiyouga/LLaMA-Factory is now
+    hiyouga/LlamaFactory: case and dashes aside)."""
+    owner, repo, kind, number = url.split("#")[0].rstrip("/").split("/")[3:7]
+    return "/".join([owner.lower(), re.sub(r"[-_.]", "", repo.lower()), kind, number])
+
+
+def urls_in(paths) -> set:
+    """Every thread address the files name, whole: issues/9 is not issues/993."""
+    return {_thread(m.group(0)) for p in paths if p.suffix in (".json", ".log", ".jsonl")
+            for m in URL.finditer(p.read_text(errors="ignore"))}
 
 
 def scored(held: Path, cases: dict) -> tuple[dict, dict]:
@@ -90,11 +106,10 @@ def scored(held: Path, cases: dict) -> tuple[dict, dict]:
 
 def test_the_held_out_threads_were_not_used_before():
     assert len(CASES) == 15
-    used = [p for p in LOGS.rglob("*") if p.is_file() and HELD not in p.parents]
-    earlier = "\n".join(p.read_text(errors="ignore") for p in used if p.suffix in (".json", ".log", ".jsonl"))
+    earlier = urls_in(p for p in LOGS.rglob("*") if p.is_file() and HELD not in p.parents)
     for name, case in CASES.items():
         assert case["source"].startswith("https://github.com/"), name
-        assert case["source"] not in earlier, f"{name}: {case['source']} is in an earlier corpus"
+        assert _thread(case["source"]) not in earlier, f"{name}: {case['source']} is in an earlier corpus"
         assert (HELD / f"{name}.log").read_text().strip(), name
 
 

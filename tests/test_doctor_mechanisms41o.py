@@ -338,3 +338,41 @@ def test_any_network_address_wording_of_the_client_socket_is_read_with_its_host(
             "(10.1.2.3, 29500). The client socket has failed to connect to 10.1.2.3:29500 (errno: 113 - No route to "
             "host).", overrides=("hardware.nodes=2",))
     assert j["class"] == "rendezvous" and "10.1.2.3" in j["title"]
+
+
+# --- built from heldout41t (after it was measured; see test_doctor_heldout41t.py) ----------------------------
+
+MISMATCHES = ["RuntimeError: expected scalar type Half but found Float",
+              "RuntimeError: self and mat2 must have the same dtype",
+              "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16",
+              "RuntimeError: Input type (float) and bias type (c10::Half) should be the same",
+              "RuntimeError: output tensor must have the same type as input tensor"]
+GATHER_FRAMES = ['  File "/env/site-packages/deepspeed/runtime/zero/partition_parameters.py", line 1150, in all_gather_coalesced',
+                 "    handle = _dist_allgather_fn(param.ds_tensor, param_buffer, ds_process_group)",
+                 '  File "/env/site-packages/torch/distributed/distributed_c10d.py", line 2358, in all_gather_into_tensor',
+                 "    work = group._allgather_base(output_tensor, input_tensor)"]
+
+
+def test_two_dtypes_are_read_by_where_they_met():
+    for message in MISMATCHES:
+        gathered = run("\n".join(["Traceback (most recent call last):", *GATHER_FRAMES, message]),
+                       overrides=("train.precision=fp16", "deepspeed.bf16=null",
+                                  'deepspeed.fp16:={"enabled": "auto", "loss_scale": 0}'))
+        assert gathered["class"] == "dtype_mismatch" and "bf16" in gathered["proposal"]["step"], message
+        assert gathered["proposal"]["overrides"][0] == "train.precision=bf16"
+        quantized = run(f"python train.py --quantization_bit 4 --fp16\n{message}", "7b_lora_1x4090")
+        assert "upgrade peft and bitsandbytes" in quantized["proposal"]["step"]
+        plain = run(message, "7b_lora_1x4090")
+        assert "one dtype" in plain["proposal"]["step"]
+
+
+def test_nan_out_of_a_backward_in_fp16_is_fp16s_range():
+    nan = "RuntimeError: Function 'LogSigmoidBackward0' returned nan values in its 0th output."
+    v100 = run(f"policy and reference set to f16和load_in_4bit\n{nan}", "7b_2xv100", ("hardware.gpus_per_node=1",))
+    assert v100["class"] == "nan_backward" and v100["proposal"]["overrides"][0] == "train.precision=fp32"
+    a100 = run(f"--fp16\n{nan}")  # 7b_8xa100 trains in bf16 already: the preset as it is
+    assert a100["proposal"]["overrides"] == [] and "train in bf16 instead of fp16, as 7b_8xa100" in a100["proposal"]["step"]
+    a100_fp16 = run(f"--fp16\n{nan}", overrides=("train.precision=fp16", "deepspeed.bf16=null",
+                                                 'deepspeed.fp16:={"enabled": "auto", "loss_scale": 0}'))
+    assert a100_fp16["proposal"]["overrides"][0] == "train.precision=bf16"
+    assert run(f"--bf16\n{nan}")["class"] != "nan_backward"  # not fp16's range: another cause

@@ -34,6 +34,8 @@
 | no_gradient_graph | "does not require grad and does not have a grad_fn"           | inputs require grad / non-reentrant |
 | checkpoint_recompute | non-reentrant checkpoint's "Recomputed values ... different metadata" | reentrant / ZeRO-2 under ZeRO-3 |
 | fp16_trainable    | "Attempting to unscale FP16 gradients"                        | fp32 trainable weights, or bf16   |
+| dtype_mismatch    | two dtypes where one was expected, read by where it was raised | the config's precision the checkpoint's / peft+bnb / one dtype |
+| nan_backward      | autograd's "returned nan values" in an fp16 run               | bf16, else fp32                   |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | signature         | a call its callee's release refuses (arity, keyword, missing argument) | the release that goes with it / the override's signature |
 | engine_api        | a DeepSpeedEngine method (from its source) on an unwrapped model | launch under DeepSpeed, or unset its switch |
@@ -66,8 +68,8 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory, oserror
 from . import phases
-from .classes import (architecture, autograd, binaries, checkpoint, devices, engine_api, fallback, launch, messages,
-                      names, network, quantized, sequence, stated, storage, toolkit, versions)
+from .classes import (architecture, autograd, binaries, checkpoint, devices, dtypes, engine_api, fallback, launch,
+                      messages, names, network, quantized, sequence, stated, storage, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
 from .logtext import Log
@@ -200,6 +202,8 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("checkpoint_recompute", _first(autograd.RECOMPUTED), autograd.diagnose_recomputed),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
     Recogniser("fp16_trainable", _first(autograd.FP16_TRAINABLE), autograd.diagnose_fp16_trainable),
+    Recogniser("dtype_mismatch", dtypes.find_mismatch, dtypes.diagnose_mismatch, signature=(dtypes.DTYPE_MISMATCH,)),
+    Recogniser("nan_backward", dtypes.find_nan_backward, dtypes.diagnose_nan_backward),
     Recogniser("engine_api", engine_api.find, engine_api.diagnose),
     Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),
     Recogniser("signature", names.find_signature, names.diagnose_signature, signature=(names.SIGNATURE,)),
