@@ -376,3 +376,37 @@ def test_nan_out_of_a_backward_in_fp16_is_fp16s_range():
                                                  'deepspeed.fp16:={"enabled": "auto", "loss_scale": 0}'))
     assert a100_fp16["proposal"]["overrides"][0] == "train.precision=bf16"
     assert run(f"--bf16\n{nan}")["class"] != "nan_backward"  # not fp16's range: another cause
+
+
+# --- built from heldout41u and 41v (after they were measured; see test_doctor_heldout41u.py, ...41v.py) ------
+
+@pytest.mark.parametrize("cls, owner", [("Accelerator", "accelerate"), ("TrainingArguments", "transformers"),
+                                        ("LoraConfig", "peft")])
+def test_an_init_refusing_a_keyword_is_the_class_the_raising_line_builds(cls, owner):
+    text = "\n".join(["Traceback (most recent call last):",
+                      '  File "/env/site-packages/somelib/trainer.py", line 4127, in create',
+                      f"    self.thing = {cls}(",
+                      "TypeError: __init__() got an unexpected keyword argument 'dispatch_batches'"])
+    j = run(text)
+    assert j["class"] == "signature" and f"{cls}.__init__()" in j["title"] and f"downgrade {owner}" in \
+        j["proposal"]["step"], j["title"]
+
+
+@pytest.mark.parametrize("compiled", ["", "flash_attn", "xformers"])
+def test_a_package_that_cannot_import_its_own_name_hid_the_failure_inside(compiled):
+    patch = f"    from myproj.train.llama_{compiled}_monkey_patch import patch" if compiled else "    import os"
+    text = "\n".join(["Traceback (most recent call last):", '  File "/home/u/MyProj/myproj/train/train_mem.py", line 6, '
+                      'in <module>', patch, '  File "/home/u/MyProj/myproj/__init__.py", line 1, in <module>',
+                      "    from .model import MyModelForCausalLM",
+                      "ImportError: cannot import name 'MyModelForCausalLM' from 'myproj.model' "
+                      "(/home/u/MyProj/myproj/model/__init__.py)"])
+    j = run(text)
+    assert j["class"] == "missing_name" and "its own 'MyModelForCausalLM'" in j["title"]
+    step = j["proposal"]["step"]
+    assert (f"reinstall {compiled.replace('_', '-')}" in step) if compiled else step.startswith("see the hidden error")
+
+
+def test_a_global_batch_no_accumulation_reaches_says_it_is_not_divisible():
+    j = run("AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+            "gradient_acc_step * world_size 256 != 1 * 85 * 3", "70b_32xa100")
+    assert "not divisible by micro x world size = 3" in j["proposal"]["reason"]

@@ -230,9 +230,10 @@ def diagnose_triad(f: Found) -> Diagnosis:
     if accum_for_total:
         overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={accum_for_total}"]
         keep = f"grad_accum {accum_for_total} keeps train_batch_size {total} at world size {world}"
-    else:
+    else:  # the global batch is not divisible by micro x world: no accumulation reaches it
         overrides += [f"train.micro_batch_size={micro}", f"train.grad_accum={accum}"]
-        keep = f"train_batch_size becomes {micro * accum * world}"
+        keep = (f"{total} is not divisible by micro x world size = {micro * world}, so no accumulation gives it: "
+                f"train_batch_size becomes {micro * accum * world} (or choose one divisible by {micro * world})")
     d.proposal = Proposal("make the triad agree with the launched world size", overrides,
                           f"DeepSpeed requires train_batch_size = micro x accumulation x world size (the global "
                           f"world, also under AutoTP); {keep}. The trainer solves the third value from the other two "

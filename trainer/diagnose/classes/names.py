@@ -158,6 +158,8 @@ def diagnose(f: Found) -> Diagnosis:
     package = module.split(".")[0]
     # a message without its module was retold: the library named beside the import statement it quotes made it
     importer = (_library_beside(f.log, quoted[1], package) if quoted else "") or importer_of(f, package)
+    if not importer and _imports_itself(f, package):
+        return _hidden_failure(f, module, name, package)
     here, has = installed_has(module, name, submodule)
     here = here.split("+")[0]  # 2.13.0+cpu: the local build tag names this machine's wheel, not a release
     theirs = f.versions.get(package)
@@ -198,6 +200,42 @@ def diagnose(f: Found) -> Diagnosis:
     return d
 
 
+# compiled packages a project imports inside its own modules (module name -> pip name): built against one torch,
+# they fail to load under another, and a project's `try: ... except: pass` turns that into a missing name
+COMPILED = {"flash_attn": "flash-attn", "xformers": "xformers", "apex": "apex", "bitsandbytes": "bitsandbytes",
+            "mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d"}
+
+
+def _imports_itself(f: Found, package: str) -> bool:
+    """The import was made by the package's own code (its __init__ importing its submodule)."""
+    raised = final_exception(f.log)
+    frames = list(raised.frames) if raised else f.log.frames(f.index)
+    return bool(frames) and f"/{package}/" in frames[-1].file.replace("\\", "/")
+
+
+def _hidden_failure(f: Found, module: str, name: str, package: str) -> Diagnosis:
+    """A package that cannot import a name from its own submodule: the submodule failed while it was imported, and
+    the package (or a try/except in it) hid why - not a release mismatch between two packages."""
+    d = Diagnosis("missing_name", f"{package} could not import its own '{name}' from {module}: the import of {module} "
+                                  f"failed inside, and the error was hidden", f.line)
+    # letters and digits as edges, not \b: `llama_flash_attn_monkey_patch` names flash_attn
+    named = [pip for mod, pip in COMPILED.items()
+             if mod != package and re.search(rf"(?<![A-Za-z0-9]){mod}(?![A-Za-z0-9])", f.log.text)]
+    look = f"`python -c \"import {module}\"` and import the file that defines {name} directly to see the error"
+    if named:
+        d.proposal = Proposal(
+            f"reinstall {named[0]} against the installed torch: pip install {named[0]} --no-build-isolation "
+            f"--no-cache-dir (then {look})", [],
+            f"the log shows {package} using {named[0]}, a compiled package: built for another torch it fails to load, "
+            f"and {package}'s import of {name} fails with it")
+    else:
+        d.proposal = Proposal(f"see the hidden error: {look}", [],
+                              f"'{name}' is {package}'s own, so no release is missing it: its module raised while "
+                              f"being imported (most often a compiled dependency built for another torch, or a "
+                              f"missing package), and {package} reports only the name")
+    return d
+
+
 def _library_beside(log: Log, index: int, package: str) -> str:
     """A known library other than `package` named on the lines around `index` ("... originates from the deepspeed
     library"), '' when none or several are."""
@@ -211,6 +249,7 @@ def _library_beside(log: Log, index: int, package: str) -> str:
 SIGNATURE = re.compile(r"(?P<func>[\w.]+)\(\) (?:takes (?:from \d+ to )?\d+ positional arguments? but \d+ (?:were|was) "
                        r"given|got an unexpected keyword argument '(?P<kw>\w+)'|missing \d+ required (?:positional|"
                        r"keyword-only) arguments?: (?P<names>[^\n]+))")
+CONSTRUCTED = re.compile(r"\b([A-Z]\w*)\($")  # the line ends in building a class: `self.accelerator = Accelerator(`
 SELF_CALL = re.compile(r"\bself\.(?P<method>\w+)\((?P<args>[^)]*)\)")
 LIBRARIES = ("transformers", "trl", "peft", "accelerate", "deepspeed", "datasets", "torch")
 
@@ -269,6 +308,8 @@ def diagnose_signature(f: Found) -> Diagnosis:
             f"{caller}'s own code ({site.file.split('site-packages/')[-1]}) calls the method with a signature a newer "
             f"{caller} introduced; the override in your script still has the old one")
         return d
+    if "." not in func and site and site.code and (built := CONSTRUCTED.search(site.code)):
+        func = f"{built.group(1)}.{func}"  # __init__() of the class the raising line builds: `Accelerator(`
     callee = defining_package(func) or (site.package if site and m.group("kw") else "")
     user = caller if caller and caller != callee else "the package that calls it"
     refused = f" ('{m.group('kw')}')" if m.group("kw") else ""
