@@ -1,5 +1,5 @@
 """Issue 41's mechanisms after heldout41o (built from its misses once it was measured; see
-test_doctor_heldout41o.py), each checked on cases drawn beyond those logs:
+test_doctor_heldout_round5.py), each checked on cases drawn beyond those logs:
 
 - an InfiniBand completion error is read by its number, libibverbs' work-completion status: a protection or access
   error is the adapter failing to reach the buffer (GPUDirect RDMA across PCIe ACS/IOMMU), a retry-exceeded one is
@@ -180,7 +180,7 @@ def test_an_error_in_the_ops_own_source_or_a_missing_header_is_not_read_as_torch
     assert "Python.h" in run(missing)["title"]
 
 
-# --- built from heldout41r (after it was measured; see test_doctor_heldout41r.py) ----------------------------
+# --- built from heldout41r (after it was measured; see test_doctor_heldout_round5.py) ----------------------------
 
 @pytest.mark.parametrize("library, module, name", [
     ("deepspeed", "torch.distributed.elastic.agent.server.api", "log"),
@@ -215,7 +215,7 @@ def test_an_instruction_that_only_shows_more_is_a_look_with_its_command_not_a_re
     assert j["proposal"]["step"].endswith(command) and j["proposal"]["overrides"] == []
 
 
-# --- built from heldout41q (after it was measured; see test_doctor_heldout41q.py) ----------------------------
+# --- built from heldout41q (after it was measured; see test_doctor_heldout_round5.py) ----------------------------
 
 from trainer.diagnose.classes import engine_api  # noqa: E402
 
@@ -295,7 +295,7 @@ def test_an_empty_operand_in_a_forward_is_a_parameter_read_by_another_module():
     assert j["phase"] == "forward" and "register_external_parameter" in j["proposal"]["step"]
 
 
-# --- built from heldout41s (after it was measured; see test_doctor_heldout41s.py) ----------------------------
+# --- built from heldout41s (after it was measured; see test_doctor_heldout_round5.py) ----------------------------
 
 def store_traceback(site: list[str], message: str) -> str:
     return "\n".join(["Traceback (most recent call last):", '  File "/env/site-packages/torch/distributed/run.py", '
@@ -340,7 +340,7 @@ def test_any_network_address_wording_of_the_client_socket_is_read_with_its_host(
     assert j["class"] == "rendezvous" and "10.1.2.3" in j["title"]
 
 
-# --- built from heldout41t (after it was measured; see test_doctor_heldout41t.py) ----------------------------
+# --- built from heldout41t (after it was measured; see test_doctor_heldout_round5.py) ----------------------------
 
 MISMATCHES = ["RuntimeError: expected scalar type Half but found Float",
               "RuntimeError: self and mat2 must have the same dtype",
@@ -378,7 +378,7 @@ def test_nan_out_of_a_backward_in_fp16_is_fp16s_range():
     assert run(f"--bf16\n{nan}")["class"] != "nan_backward"  # not fp16's range: another cause
 
 
-# --- built from heldout41u and 41v (after they were measured; see test_doctor_heldout41u.py, ...41v.py) ------
+# --- built from heldout41u and 41v (after they were measured; see test_doctor_heldout_round5.py) ---------
 
 @pytest.mark.parametrize("cls, owner", [("Accelerator", "accelerate"), ("TrainingArguments", "transformers"),
                                         ("LoraConfig", "peft")])
