@@ -410,3 +410,20 @@ def test_a_global_batch_no_accumulation_reaches_says_it_is_not_divisible():
     j = run("AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
             "gradient_acc_step * world_size 256 != 1 * 85 * 3", "70b_32xa100")
     assert "not divisible by micro x world size = 3" in j["proposal"]["reason"]
+
+
+# --- built from heldout41w and 41x (after they were measured; see test_doctor_heldout_round5.py) ------------
+
+def test_a_signature_message_wrapped_over_two_lines_is_read_whole():
+    j = run("TypeError: GenerationMixin._extract_past_from_model_output() got an unexpected keyword argument \n"
+            "'standardize_cache_format'")
+    assert j["class"] == "signature" and "'standardize_cache_format'" in j["title"]
+    assert "downgrade transformers" in j["proposal"]["step"]
+
+
+@pytest.mark.parametrize("header", ["curand_kernel.h", "cuda_runtime.h", "cublas_v2.h", "cusparse.h", "thrust/sort.h",
+                                    "cuda_fp16.h"])
+def test_a_missing_cuda_header_is_the_cuda_toolkit_of_torchs_version(header):
+    j = run(f"Emitting ninja build file /root/.cache/torch_extensions/cpu_adam/build.ninja...\n/opt/ds/csrc/includes/"
+            f"custom_cuda_layers.h:12:10: fatal error: {header}: No such file or directory\nninja: build stopped")
+    assert j["class"] == "op_build" and "CUDA toolkit" in j["proposal"]["step"], j["proposal"]["step"]

@@ -265,6 +265,17 @@ def find_signature(log: Log) -> Optional[int]:
     return None if m is None or (m.group("kw") and m.group("kw") in deepspeed_fields()) else index
 
 
+def _find_signature_wrapped(log: Log) -> Optional[int]:
+    """The second pass: the message wrapped over two lines (`... keyword argument` / `'name'`)."""
+    from .settings import deepspeed_fields
+    index = log.first_wrapped(SIGNATURE)
+    m = SIGNATURE.search(log.joined(index, following=2)) if index is not None else None
+    return None if m is None or (m.group("kw") and m.group("kw") in deepspeed_fields()) else index
+
+
+find_signature.wrapped = _find_signature_wrapped
+
+
 @functools.lru_cache(maxsize=16)
 def defining_package(qualname: str) -> str:
     """The installed library that defines the class of `Class.method` (DPOTrainer.get_batch_logps -> trl), '' when
@@ -289,7 +300,7 @@ def defining_package(qualname: str) -> str:
 
 
 def diagnose_signature(f: Found) -> Diagnosis:
-    m = SIGNATURE.search(f.log.joined(f.index, following=0))
+    m = SIGNATURE.search(f.log.joined(f.index, following=0)) or SIGNATURE.search(f.log.joined(f.index, following=2))
     func = m.group("func")
     raised = final_exception(f.log)
     frames = list(raised.frames) if raised else f.log.frames(f.index)

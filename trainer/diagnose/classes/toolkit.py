@@ -97,6 +97,11 @@ HEADER_PACKAGES = [(re.compile(p), x) for p, x in (
     (r"^crypt\.h$", "libcrypt's headers: `sudo apt install libcrypt-dev` (conda: `conda install libxcrypt`)"),
     (r"^omp\.h$", "the OpenMP headers of the compiler: `sudo apt install libomp-dev` (clang) or use gcc, which ships them"),
     (r"^numpy/", "numpy's headers: `pip install numpy` into the environment that runs the build"),
+    (r"^(cuda\w*|curand\w*|cublas\w*|cusparse\w*|cusolver\w*|cufft\w*|nvrtc\w*|nvToolsExt\w*|nvtx3?/\S*|"
+     r"cuda/\S*|thrust/\S*|cub/\S*)\.(h|hpp|cuh)$|^(thrust|cub)/",
+     "the CUDA toolkit's headers: install the full CUDA toolkit of torch's CUDA version (`python -c 'import torch; "
+     "print(torch.version.cuda)'`, e.g. the cuda-toolkit-12-1 package; a runtime-only CUDA or conda's cudatoolkit lacks "
+     "them) and point CUDA_HOME at it"),
     (r"^(torch|ATen|c10|pybind11)/", "torch's own headers: build with the environment whose torch is installed "
      "(the same interpreter), reinstall torch if its include/ is missing"),
 )]
