@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .. import hardware
 from ..errors import UserError
 from ..plan.estimate import plan_for_resolved
 from ..resolve import Resolved
@@ -74,6 +75,16 @@ class Found:
     @property
     def line(self) -> str:
         return self.log.line(self.index)
+
+    @property
+    def gpu(self) -> hardware.Gpu:
+        """The GPU the log names (torch's device name), else the preset's."""
+        return hardware.gpu_of_device(self.facts.gpu) or hardware.gpu(self.resolved.config.hardware.gpu)
+
+    @property
+    def nodes(self) -> int:
+        """The nodes the log shows, else the preset's."""
+        return self.facts.nodes or self.resolved.config.hardware.nodes
 
     def resolves(self, overrides: list[str]) -> Optional[Resolved]:
         """The preset with `overrides`, or None when it does not resolve on this machine (or cannot be checked)."""

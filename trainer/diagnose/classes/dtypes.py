@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 
 from ... import ds as dsc
-from ... import hardware
 from ..findings import Diagnosis, Found, Proposal
 from ..raised import final_exception
 
@@ -50,13 +49,14 @@ def diagnose_mismatch(f: Found) -> Diagnosis:
     if GATHER_SITE.search(frames) or GATHER_SITE.search(f.log.before(f.index, 6)):
         d = Diagnosis("dtype_mismatch", "a ZeRO-3 gather met partitions of two dtypes: the checkpoint's own dtype "
                                         "and the config's precision differ", f.line)
-        bf16 = _gpu(f).bf16
+        bf16 = f.gpu.bf16
+        to_bf16 = [] if dsc.precision(f.resolved.ds) == "bf16" or not bf16 else ["train.precision=bf16"] + \
+            dsc.precision_overrides(f.resolved.ds, "bf16")
         d.proposal = Proposal(
             "switch fp16 to bf16 in the DeepSpeed config and the training arguments (\"bf16\": {\"enabled\": \"auto\"}, "
             "--bf16), the dtype most checkpoints ship in" if bf16 else
             "load the model in the config's precision: from_pretrained(..., torch_dtype=torch.float16)",
-            [] if dsc.precision(f.resolved.ds) == "bf16" or not bf16 else ["train.precision=bf16"] +
-            dsc.precision_overrides(f.resolved.ds, "bf16"),
+            to_bf16 if to_bf16 and f.resolves(to_bf16) is not None else [],
             "ZeRO-3 partitions each parameter as it is created and all-gathers the partitions in one dtype; a model "
             "whose weights come in bf16 under an fp16 config (or the other way) gathers tensors of two types")
         return d
@@ -86,7 +86,7 @@ def find_nan_backward(log):
 
 def diagnose_nan_backward(f: Found) -> Diagnosis:
     op = NAN_BACKWARD.search(f.log.line(f.index)).group(1)
-    gpu = _gpu(f)
+    gpu = f.gpu
     d = Diagnosis("nan_backward", f"{op} returned NaN in the backward of an fp16 run: fp16's range", f.line)
     target = "bf16" if gpu.bf16 else "fp32"
     already = dsc.precision(f.resolved.ds) == target  # the preset trains so already: its rerun is the change
@@ -102,7 +102,3 @@ def diagnose_nan_backward(f: Found) -> Diagnosis:
                                                 "fp32 needs about twice the memory of fp16 - a smaller model or "
                                                 "micro-batch may be needed"))
     return d
-
-
-def _gpu(f: Found) -> hardware.Gpu:
-    return hardware.gpu_of_device(f.facts.gpu) or hardware.gpu(f.resolved.config.hardware.gpu)

@@ -11,7 +11,6 @@ import re
 
 from typing import Optional
 
-from ... import hardware
 from ..findings import Diagnosis, Found, Proposal
 from ..raised import final_exception
 
@@ -114,23 +113,19 @@ def _one_node(f: Found) -> Diagnosis:
 
 def pcie_gpus(f: Found) -> bool:
     """The GPUs of the log (else of the preset) reach each other over PCIe, not NVLink."""
-    return _gpu(f).interconnect == "pcie"
-
-
-def _gpu(f: Found) -> hardware.Gpu:
-    return hardware.gpu_of_device(f.facts.gpu) or hardware.gpu(f.resolved.config.hardware.gpu)
+    return f.gpu.interconnect == "pcie"
 
 
 def one_node(f: Found) -> bool:
     """One node, by the log's node count, else by the preset's."""
-    return (f.facts.nodes or f.resolved.config.hardware.nodes) == 1
+    return f.nodes == 1
 
 
 def p2p_test(f: Found) -> Proposal:
     """PCIe GPUs of one node: P2P off as the test (consumer cards often have no working P2P at all)."""
     return Proposal("test with NCCL_P2P_DISABLE=1: these GPUs reach each other over PCIe, where peer-to-peer often "
                     "does not work (`nvidia-smi topo -m` shows the path)", [],
-                    f"{_gpu(f).description} has no NVLink: NCCL's P2P transport goes through the PCIe switch or the "
+                    f"{f.gpu.description} has no NVLink: NCCL's P2P transport goes through the PCIe switch or the "
                     f"CPU, which ACS, the IOMMU, a virtual machine or a consumer card's driver breaks; if the run "
                     f"passes with P2P off (through host memory, slower), keep NCCL_P2P_DISABLE=1 or disable ACS/IOMMU",
                     env=(("NCCL_P2P_DISABLE", "1"),) + DEBUG_ENV)
@@ -317,11 +312,10 @@ def find_at_communicator(log) -> Optional[int]:
 def diagnose_at_communicator(f: Found) -> Diagnosis:
     """The transports of one node (P2P, shared memory) or of several (sockets, IB), as the nodes say: the log's
     node count, else the preset's."""
-    nodes = f.facts.nodes or f.resolved.config.hardware.nodes
     d = _one_node(f) if one_node(f) else diagnose_network(f)
     d.title = f"an error right after NCCL began setting up a communicator, where it connects its transports: {d.title}"
     if f.facts.nodes is None:
-        d.advice.insert(0, f"the log does not say how many nodes ran; this reads it as {nodes} node(s), as "
+        d.advice.insert(0, f"the log does not say how many nodes ran; this reads it as {f.nodes} node(s), as "
                            f"{f.resolved.config.name} is - pass --set hardware.nodes=N when it was another count")
     return d
 
