@@ -104,6 +104,16 @@ def scored(held: Path, cases: dict) -> tuple[dict, dict]:
     return got, {v: sum(g == v for g in got.values()) for v in ("right", "partial", "wrong", "not recognised", "silent")}
 
 
+def assert_holds(held: str, threads: int, right: int, not_recognised: int) -> None:
+    """A later round's set (a row of test_doctor_heldout_round5/6.py): its threads new, its score no worse, none wrong
+    or silent."""
+    cases = cases_of(LOGS / held)
+    assert_a_new_set(LOGS / held, cases, threads)
+    got, count = scored(LOGS / held, cases)
+    assert count["right"] >= right and count["not recognised"] <= not_recognised, got
+    assert count["wrong"] == 0 and count["silent"] == 0, got
+
+
 def test_the_held_out_threads_were_not_used_before():
     assert len(CASES) == 15
     earlier = urls_in(p for p in LOGS.rglob("*") if p.is_file() and HELD not in p.parents)

@@ -7,6 +7,7 @@
 | jit_lock          | a rank waiting on a JIT build's lock file (FileBaton, py-spy) | remove the stale lock             |
 | launch_args       | argparse's unrecognized arguments (--local_rank: launcher's)  | the script accepts it             |
 | devices_ignored   | DeepSpeed's runner ignoring CUDA_VISIBLE_DEVICES for a slot flag | --include host:ids         |
+| no_slot           | the runner's "No slot 'N' specified on host" (--include, CUDA_VISIBLE_DEVICES) | --include host:ids, unset the variable |
 | port_in_use       | the rendezvous port cannot be bound (in use, privileged)      | another --master_port             |
 | cuda_toolkit      | nvcc too old for the GPU, toolkit vs torch, no kernel image   | the matching toolkit / wheel      |
 | zero3_device_map  | ZeRO-3 with device_map / low_cpu_mem_usage in from_pretrained | load without them (zero.Init)     |
@@ -36,12 +37,14 @@
 | fp16_trainable    | "Attempting to unscale FP16 gradients"                        | fp32 trainable weights, or bf16   |
 | dtype_mismatch    | two dtypes where one was expected, read by where it was raised | the config's precision the checkpoint's / peft+bnb / one dtype |
 | nan_backward      | autograd's "returned nan values" in an fp16 run               | bf16, else fp32                   |
+| reduced_twice     | ZeRO's "has already been reduced. Gradient computed twice"    | checkpointing off / non-reentrant |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | signature         | a call its callee's release refuses (arity, keyword, missing argument) | the release that goes with it / the override's signature |
 | engine_api        | a DeepSpeedEngine method (from its source) on an unwrapped model | launch under DeepSpeed, or unset its switch |
 | missing_name      | "cannot import name N from P", "module P has no attribute N"  | the release that goes with it     |
 | extension_abi     | a compiled extension's "undefined symbol" (built for another torch) | rebuild it against this one |
 | invalid_device_ordinal | "invalid device ordinal": more ranks than visible GPUs   | ranks per node = GPUs             |
+| device_unavailable | a library's "device (cuda:N) is not available" past the node's GPUs | a GPU it has (one GPU: cuda:0) |
 | missing_field     | KeyError on a field the code reads from a sample              | preprocess that split like training |
 | unfilled_auto     | a DeepSpeed config's "auto" values compared as strings         | explicit numbers                  |
 | stated            | the final exception names keys/values/versions (stated.py)    | the change it states, or the pin  |
@@ -51,7 +54,7 @@
 | config_message    | an exception whose message says what to change (names keys)   | that change (overrides if it can) |
 | jit_lock (weak)   | a log that stops while loading a JIT op                       | remove the stale lock             |
 | stopped_at_init   | a log that ends in the process group's start, no error        | one fixed rendezvous port/address |
-| library_bug       | AttributeError/TypeError/NameError inside a library's own code | upgrade that library            |
+| library_bug       | a programming error or broken invariant inside a library's own code | by its installed source: upgrade, or its patch |
 | unrecognised      | nothing above: exception, library, phase, versions, the plan  | what to attach to a bug report    |
 
 A message wrapped over several lines is read in a second pass (`Log.first_wrapped`), after every class had its
@@ -68,7 +71,7 @@ from ..errors import UserError
 from ..resolve import Resolved
 from . import advice, collectives, memory, oserror
 from . import phases
-from .classes import (architecture, autograd, binaries, checkpoint, devices, dtypes, engine_api, fallback, launch,
+from .classes import (architecture, autograd, binaries, checkpoint, defects, devices, dtypes, engine_api, fallback, launch,
                       messages, names, network, quantized, sequence, stated, storage, toolkit, versions)
 from .findings import Diagnosis, Found, Reresolve
 from .logfacts import read_facts
@@ -174,6 +177,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("port_in_use", _first(launch.PORT_IN_USE), launch.diagnose_port),
     Recogniser("devices_ignored", _first(launch.DEVICES_IGNORED), launch.diagnose_devices_ignored,
                pattern=launch.DEVICES_IGNORED),
+    Recogniser("no_slot", _first(launch.NO_SLOT), launch.diagnose_no_slot),
     Recogniser("cuda_toolkit", _first(toolkit.CUDA_TOOLKIT), toolkit.diagnose_cuda_toolkit),
     Recogniser("zero3_device_map", _first(checkpoint.DEVICE_MAP), checkpoint.diagnose_device_map),
     Recogniser("zero3_load", _first(ZERO3_LOAD), checkpoint.diagnose_zero3_load),
@@ -201,6 +205,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("no_gradient_graph", autograd.find_no_graph, autograd.diagnose_no_graph),
     Recogniser("checkpoint_recompute", _first(autograd.RECOMPUTED), autograd.diagnose_recomputed),
     Recogniser("token_past_embedding", _first(autograd.PAST_EMBEDDING), autograd.diagnose_past_embedding),
+    Recogniser("reduced_twice", _first(autograd.REDUCED_TWICE), autograd.diagnose_reduced_twice),
     Recogniser("fp16_trainable", _first(autograd.FP16_TRAINABLE), autograd.diagnose_fp16_trainable),
     Recogniser("dtype_mismatch", dtypes.find_mismatch, dtypes.diagnose_mismatch, signature=(dtypes.DTYPE_MISMATCH,)),
     Recogniser("nan_backward", dtypes.find_nan_backward, dtypes.diagnose_nan_backward),
@@ -209,6 +214,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("signature", names.find_signature, names.diagnose_signature, signature=(names.SIGNATURE,)),
     Recogniser("extension_abi", _first(binaries.UNDEFINED_SYMBOL), binaries.diagnose_undefined_symbol),
     Recogniser("invalid_device_ordinal", _first(binaries.INVALID_ORDINAL), binaries.diagnose_invalid_ordinal),
+    Recogniser("device_unavailable", _first(binaries.DEVICE_UNAVAILABLE), binaries.diagnose_device_unavailable),
     Recogniser("missing_field", binaries.find_missing_field, binaries.diagnose_missing_field,
                signature=(binaries.KEY_ERROR, binaries.FIELD_READ)),
     Recogniser("unfilled_auto", stated.find_unfilled_auto, stated.diagnose_unfilled_auto,
@@ -223,7 +229,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("jit_lock", toolkit.find_stopped_at_op_loading, toolkit.diagnose_jit_lock),
     Recogniser("stopped_at_init", launch.find_stopped_at_init, launch.diagnose_stopped_at_init,
                signature=(launch.INIT_LINE,)),
-    Recogniser("library_bug", binaries.find_library_bug, binaries.diagnose_library_bug),
+    Recogniser("library_bug", defects.find, defects.diagnose),
 ]
 
 

@@ -111,6 +111,38 @@ def diagnose_recomputed(f: Found) -> Diagnosis:
     return d
 
 
+# --- a gradient reduced twice in one backward (ZeRO-1/2's per-parameter hooks) ------------------------------------
+
+# ZeRO-1/2 reduce each parameter's gradient from a hook that runs when autograd accumulates it; autograd sums every use
+# of a parameter within one graph before that, so the hook runs twice only when one backward accumulates it twice:
+# reentrant activation checkpointing runs an inner backward per checkpointed block, so a parameter used in two such
+# blocks (or a model called twice before one backward, with checkpointing on) is accumulated once per block
+REDUCED_TWICE = re.compile(r"(has already been reduced\.?\s+Gradient computed twice|Gradient computed twice for this "
+                           r"partition)")
+
+
+def diagnose_reduced_twice(f: Found) -> Diagnosis:
+    checkpointed = bool(CHECKPOINTED.search(f.log.text)) or f.resolved.config.model.gradient_checkpointing
+    d = Diagnosis("reduced_twice", "ZeRO's gradient hook ran twice for one parameter in one backward", f.line)
+    why = ("ZeRO-1/2 reduce a parameter's gradient from a hook that runs when autograd accumulates it, and autograd "
+           "sums a parameter's uses within one graph first, so the hook runs once per backward - unless ")
+    if checkpointed:
+        off = ["model.gradient_checkpointing=false"]
+        d.proposal = Proposal("turn off gradient checkpointing (or make it non-reentrant: gradient_checkpointing_kwargs="
+                              "{\"use_reentrant\": False})", off if f.resolves(off) is not None else [],
+                              why + "reentrant activation checkpointing runs a backward of its own per checkpointed "
+                              "block: a parameter used in two blocks, or a model called twice before one backward (a "
+                              "bi-encoder's query and passage), is accumulated once per block. Non-reentrant "
+                              "checkpointing (this trainer's) keeps one graph; without checkpointing, more activation "
+                              "memory")
+        return d
+    d.proposal = Proposal("accumulate each parameter once per backward: call the model once per step (both inputs in "
+                          "one batch) or train this model at ZeRO stage 0", [],
+                          why + "a backward runs in pieces (a loss backpropagated twice with retain_graph, a module "
+                          "that calls torch.autograd.backward itself)")
+    return d
+
+
 def diagnose_past_embedding(f: Found) -> Diagnosis:
     raised = final_exception(f.log)  # the device-side assert is printed before the traceback that reports it
     frames = [*f.log.frames(f.index), *(raised.frames if raised else ())]

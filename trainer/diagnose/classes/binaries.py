@@ -5,8 +5,6 @@
   c10/at/torch are torch's); the remedy is that package rebuilt against the installed torch, not a config change;
 - `invalid device ordinal`: a process asked for a GPU index the node does not show it - more ranks per node than
   visible GPUs (`--nproc_per_node 8` on a one-GPU machine), or CUDA_VISIBLE_DEVICES hiding some;
-- a programming error (AttributeError, TypeError, NameError) raised inside an installed library's own code, with no
-  class above for it: the library's defect, most often one a later release fixed - upgrade that library first;
 - a sample without a field the code reads (`KeyError: 'input_ids_j'` from `feature["input_ids_j"]`): the data that
   batch came from was not prepared like the training data - after N steps of training, the evaluation set.
 """
@@ -89,6 +87,39 @@ def diagnose_invalid_ordinal(f: Found) -> Diagnosis:
     return d
 
 
+# a library naming the device it was told to use: "The requested device for vllm (cuda:1) is not available"
+DEVICE_UNAVAILABLE = re.compile(r"(?:requested )?device(?: for (?P<what>[\w-]+))? \(?'?(?P<device>cuda:(?P<index>\d+))'?\)? "
+                                r"is not available", re.IGNORECASE)
+
+
+def diagnose_device_unavailable(f: Found) -> Diagnosis:
+    """A device index past the node's GPUs. What the message advises next (train on fewer processes) is computed
+    for the node it assumed; on a node of one GPU it would leave no process to train, so the device is what changes.
+    """
+    m = DEVICE_UNAVAILABLE.search(f.log.joined(f.index))
+    what, device, index = m.group("what") or "the component", m.group("device"), int(m.group("index"))
+    gpus = f.resolved.config.hardware.gpus_per_node
+    vllm = what.lower() == "vllm"
+    d = Diagnosis("device_unavailable", f"{what} was given {device}, which this node does not show", f.line)
+    if index < gpus:
+        d.proposal = Proposal(f"make {device} visible to the process that starts {what} (CUDA_VISIBLE_DEVICES)", [],
+                              f"the node has {gpus} GPUs, so {device} exists: the process sees fewer "
+                              "(CUDA_VISIBLE_DEVICES, or a launcher that narrows each rank to its own GPU)")
+        return d
+    last = f"cuda:{gpus - 1}" if gpus > 1 else "cuda:0"
+    key = f' (vllm_device="{last}" in TRL\'s config)' if vllm else ""
+    if gpus <= 1:
+        d.proposal = Proposal(f"put {what} on the GPU that trains: cuda:0{key}, with a memory fraction that leaves "
+                              f"training room (vllm_gpu_memory_utilization)" if vllm else
+                              f"put {what} on cuda:0, the node's only GPU", [],
+                              f"a node of one GPU has only cuda:0; {device} assumes a GPU of its own for {what}, and "
+                              f"training on one process fewer would leave none to train")
+        return d
+    d.proposal = Proposal(f"give {what} a GPU the node has: {last}{key}, and train on the other {gpus - 1} "
+                          f"(num_processes {gpus - 1})", [], f"the node shows cuda:0..{last}; {device} is past them")
+    return d
+
+
 FIELD_READ = re.compile(r"""(?:feature|features|example|examples|batch|sample|samples|item|row|inputs?|data)\[['"]"""
                         r"""(?P<field>\w+)['"]\]""")
 KEY_ERROR = re.compile(r"KeyError\W*'(?P<field>\w+)'")
@@ -126,47 +157,4 @@ def diagnose_missing_field(f: Found) -> Diagnosis:
             f"the code reads sample['{key}'] and the dataset's samples do not have it: another preprocessing, a "
             f"column renamed, or a split that was not tokenized")
     d.advice.append("`print(dataset.column_names)` for each split shows which lacks it")
-    return d
-
-
-PROGRAMMING_ERRORS = ("AttributeError", "TypeError", "NameError", "UnboundLocalError")
-QUOTED_FRAME = re.compile(r'"(?P<file>[^"]+\.py)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
-NOT_A_LIBRARY = {"", "torch", "trainer", "python", "site-packages"}
-
-
-def library_frame(log, raised) -> Optional[tuple[str, str]]:
-    """(package, file:function) of the innermost frame, when it lies in an installed library other than torch."""
-    frames = [(fr.package, f"{fr.file.split('site-packages/')[-1]} ({fr.func})") for fr in raised.frames]
-    if not frames:  # a frame pasted without its "File" word ('error : "/x/site-packages/p/m.py", line 254, in f')
-        for line in reversed(log.lines[max(0, raised.index - 6):raised.index]):
-            m = QUOTED_FRAME.search(line)
-            if m and "site-packages/" in m.group("file"):
-                path = m.group("file").split("site-packages/")[-1]
-                frames = [(path.split("/")[0].removesuffix(".py"), f"{path} ({m.group('func')})")]
-                break
-    if not frames or frames[-1][0] in NOT_A_LIBRARY:
-        return None
-    return frames[-1]
-
-
-def find_library_bug(log) -> Optional[int]:
-    raised = final_exception(log)
-    if raised is None or raised.name not in PROGRAMMING_ERRORS or library_frame(log, raised) is None:
-        return None
-    return raised.index
-
-
-def diagnose_library_bug(f: Found) -> Diagnosis:
-    raised = final_exception(f.log)
-    package, where = library_frame(f.log, raised)
-    pip_name = PIP_NAMES.get(package, package.replace("_", "-"))
-    seen = f.versions.get(package)
-    d = Diagnosis("library_bug", f"{raised.name} inside {package}'s own code ({where})", f.line)
-    d.proposal = Proposal(
-        f"upgrade {pip_name} (pip install -U {pip_name})" + (f": the run had {seen}" if seen else ""), [],
-        f"{raised.headline.rstrip(chr(34))} is a programming error raised inside {package} itself, with nothing of the "
-        f"run's config in it: most often a defect of that release that a later one fixed (its changelog or issue "
-        f"tracker names it)")
-    d.then.append(Proposal(f"if the latest {pip_name} fails the same way: report it to {pip_name} with the traceback "
-                           f"and `pip show {pip_name} torch transformers`", [], "then pin the last release that worked"))
     return d

@@ -96,6 +96,37 @@ def diagnose_devices_ignored(f: Found) -> Diagnosis:
     return d
 
 
+# DeepSpeed's runner checks --include against the node's slots (a hostfile's slots=N, else the GPUs it counts); with
+# CUDA_VISIBLE_DEVICES set and no slot flag it makes --include localhost:<those ids> itself, and releases before PR
+# 6530 counted the GPUs with the variable still set: ids 0,2 against the two slots 0,1
+NO_SLOT = re.compile(r"No slot '(?P<slot>[^']+)' specified on host '(?P<host>[^']+)'")
+SET_INCLUDE = re.compile(r"Detected (?:CUDA|HIP|ASCEND_RT|HABANA)_VISIBLE_(?:DEVICES|MODULES)=(?P<ids>[\w,]+): setting "
+                         r"--include")
+EXPLICIT_INCLUDE = re.compile(r"(?:--include[= ]|-i )\S+")
+
+
+def diagnose_no_slot(f: Found) -> Diagnosis:
+    m = NO_SLOT.search(f.log.joined(f.index))
+    slot, host = m.group("slot"), m.group("host")
+    made = SET_INCLUDE.search(f.log.text)
+    d = Diagnosis("no_slot", f"the launcher's GPU list names slot {slot}, which host {host} does not have", f.line)
+    if EXPLICIT_INCLUDE.search(f.log.text) and not made:
+        d.proposal = Proposal(f"name only slots {host} has in --include (0..N-1 for a node of N GPUs, or a hostfile's "
+                              f"slots=N)", [], "DeepSpeed's runner checks each --include id against the host's slots: "
+                              "the hostfile's slots=N, or on one node without a hostfile the GPUs it counts")
+        return d
+    ids = made.group("ids") if made else "IDS"
+    d.proposal = Proposal(f"unset CUDA_VISIBLE_DEVICES and name the GPUs with the launcher: deepspeed --include "
+                          f"{host}:{ids}", [],
+                          "with CUDA_VISIBLE_DEVICES set and no slot flag, DeepSpeed's runner turns it into --include "
+                          f"{host}:<those ids> and checks them against the node's slots; releases before DeepSpeed PR "
+                          "6530 counted the slots with the variable still set (ids 0,2 against slots 0,1). --include "
+                          "takes the GPUs' own numbers in every release")
+    d.then.append(Proposal(f"or upgrade DeepSpeed (pip install -U deepspeed): its runner counts the node's GPUs before "
+                           f"reading CUDA_VISIBLE_DEVICES", [], "DeepSpeed PR 6530"))
+    return d
+
+
 RENDEZVOUS = re.compile(r"(?:client socket has (?:failed to connect|timed out[^\n]*?while trying to connect) to "
                         r"(?:any network address of )?(?:\[(?P<host>[^\]]+)\]|\((?P<host2>[^,\s]+),))|(?:c10d|TCPStore)"
                         r"[^\n]*Cannot assign requested address")

@@ -42,6 +42,29 @@ def deepspeed_fields() -> dict[str, str]:
     return {**aliases, **fields}
 
 
+@functools.lru_cache(maxsize=1)
+def deepspeed_sections() -> dict[str, str]:
+    """DeepSpeed's config sections as their pydantic model's name -> the section (DeepSpeedBF16Config -> bf16), learned
+    from the installed DeepSpeed."""
+    try:
+        blocks = learned.facts().get("blocks", {})
+    except (UserError, OSError, ImportError):
+        return {}
+    return {path.rsplit(".", 1)[-1]: block for block, path in blocks.items()}
+
+
+def sections_with(field: str) -> list[str]:
+    """The DeepSpeed sections whose model has `field` (its name or its alias), e.g. loss_scale_window -> [fp16]."""
+    try:
+        models = learned.facts()["models"]
+    except (UserError, OSError, ImportError):
+        return []
+    names = deepspeed_sections()
+    return [names[m["name"]] for m in models.values() if m["name"] in names and any(
+        name == field or (isinstance(info, dict) and info.get("alias") == field)
+        for name, info in (m.get("fields") or {}).items())]
+
+
 def deepspeed_path_of(model: str, field: str) -> Optional[str]:
     """The DeepSpeed config path of a pydantic model's field (DeepSpeedZeroConfig, stage3_prefetch_bucket_size ->
     zero_optimization.stage3_prefetch_bucket_size); the field alone for the top-level config's own."""

@@ -29,7 +29,7 @@ from ..advice import TRAINER_DEEPSPEED
 from ..findings import Diagnosis, Found, Proposal
 from ..logtext import Log
 from ..raised import Raised, final_exception
-from .settings import deepspeed_fields, deepspeed_path_of, feature_names, model_targets, named_key, schema_fields, setting_named, spelt
+from .settings import deepspeed_fields, deepspeed_path_of, deepspeed_sections, sections_with, feature_names, model_targets, named_key, schema_fields, setting_named, spelt
 
 _NAME = r"(?:--?[\w-]+|`[\w.-]+`|'[\w.-]+'|\"[\w.-]+\"|[A-Za-z_][\w.]*)"
 CONFLICT = re.compile(rf"(?P<key>{_NAME})\s*(?:=\s*\S+\s+)?(?:cannot|can't|can not|must not|should not|may not|is not "
@@ -267,6 +267,8 @@ def _unknown_key(f: Found, raised: Raised, text: str) -> Diagnosis:
     deepspeed_model = model is not None and model.group(1) in set(known.values())
     if not deepspeed_model and not any(k in known for k in keys):
         return _foreign_keys(raised, keys, model.group(1) if model else None, text)
+    if model and (misplaced := _misplaced(raised, keys, model.group(1))):
+        return misplaced
     d = Diagnosis("config_message", f"the run's DeepSpeed does not know the key{'s' if len(keys) > 1 else ''} "
                                     f"{', '.join(keys)}{where}", raised.headline)
     newer = [k for k in keys if k in known]
@@ -289,6 +291,27 @@ def _unknown_key(f: Found, raised: Raised, text: str) -> Diagnosis:
                           "has them"), removals if not named else [],
                           "no DeepSpeed model has this key (the installed DeepSpeed's learned keys); "
                           + ("the nearest known key is named" if named else "null removes it from the preset"))
+    return d
+
+
+def _misplaced(raised: Raised, keys: list[str], model: str) -> Optional[Diagnosis]:
+    """Keys refused by one DeepSpeed section's model that belong to another section (fp16's loss_scale_window under
+    bf16): DeepSpeed knows them, so no release fixes it; they are in the wrong place. Older DeepSpeeds ignored
+    unknown keys in some sections, so such a config can have worked before an upgrade."""
+    section = deepspeed_sections().get(model)
+    if section is None:
+        return None
+    homes = {k: [s for s in sections_with(k) if s != section] for k in keys}
+    if not keys or not all(homes.values()) or any(section in sections_with(k) for k in keys):
+        return None
+    where = "; ".join(f"{k} is a key of {' and '.join(homes[k])}" for k in keys)
+    d = Diagnosis("config_message", f"{', '.join(keys)} in the {section} section, whose model ({model}) has no such "
+                                    f"key{'s' if len(keys) > 1 else ''}", raised.headline)
+    d.proposal = Proposal(f"remove {', '.join(keys)} from the {section} section of the DeepSpeed config", [],
+                          f"{where} (the installed DeepSpeed's models), not of {section}: a DeepSpeed whose models forbid "
+                          f"extra keys refuses it there (older ones ignored it), so no upgrade fixes this; keep it "
+                          f"only where {'it belongs' if len(keys) == 1 else 'they belong'}, and only if that section "
+                          f"is on")
     return d
 
 
