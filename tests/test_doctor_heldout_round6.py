@@ -1,4 +1,4 @@
-"""Issue 41's sixth round of held-out measurements (tests/logs/heldout41y, 41z), one set a row, kept like the fifth
+"""Issue 41's sixth round of held-out measurements (tests/logs/heldout41y-41zb), one set a row, kept like the fifth
 (test_doctor_heldout_round5.py): collected by other engineers without running the doctor or reading its code (each
 reported only how many logs it wrote), scored once when new by the same rule as heldout41b
 (test_doctor_heldout41b.verdict), and only then read and used to build (test_doctor_mechanisms41y.py). The tests assert
@@ -30,9 +30,26 @@ pytestmark = pytest.mark.quick
 # GPUs, whose stated remedy (one process fewer) would leave a one-GPU node none. Scored after: heldout41y 4 right,
 # 1 partial (a ZeRO-3 coordinator line that DeepSpeed 0.19.8 changed: upgrade, where the thread went back to 0.15.3);
 # heldout41z 2 right.
+#
+# Twenty-sixth and twenty-seventh held-out measurements: the doctor on 2 and 5 public threads (tests/logs/heldout41za:
+# failures in the middle or at the end of a run - saving, resuming, exporting and converting; tests/logs/heldout41zb:
+# memory, kernels and performance - Liger, triton, fused optimizers, kernel images), collected side by side by two
+# engineers without running the doctor or reading its code. The doctor ran on them once, at 7c03f33 (after what
+# heldout41y and 41z led to): heldout41za 0 right, 2 not recognised; heldout41zb 2 right, 1 partial, 2 not
+# recognised. Seven logs: 2 right, 1 partial, 0 wrong, 4 not recognised.
+#
+# Then used (test_doctor_mechanisms41y.py): a line pasted as Markdown inline code is read without its backticks;
+# transformers' own refusal of storage its config does not declare tied (remove the sharing, else no safetensors); a
+# keyword transformers passes that a patched forward lacks (upgrade the patching package the log names); torch.save's
+# "Parent directory X does not exist" read against the argparse of the installed script the log runs (zero_to_fp32.py's
+# output_dir). Scored after: heldout41za 1 right, 1 partial (an output directory, where the thread pinned DeepSpeed
+# 0.15.2); heldout41zb 3 right, 1 partial, 1 not recognised (triton's PY_SSIZE_T_CLEAN, fixed by torch 2.5 with triton
+# 3.1).
 SETS = [  # (set, threads, right at least, not recognised at most); none wrong or silent
     ("heldout41y", 5, 4, 0),
     ("heldout41z", 2, 2, 0),
+    ("heldout41za", 2, 1, 0),
+    ("heldout41zb", 5, 3, 1),
 ]
 
 

@@ -76,7 +76,7 @@ def test_a_wrapped_evidence_line_is_read_as_one(failure, pattern, head, tail):
     assert log.first_wrapped(pattern) == 0  # ...the pair does
     j = run(f"{head}\n{tail}\n")
     # the same class, unless another class's evidence stands whole on one of the two lines (it comes first)
-    whole = [r.failure for r in RECOGNISERS if r.find(Log((head, tail))) is not None]
+    whole = [r.failure for r in RECOGNISERS if r.find(Log.of(f"{head}\n{tail}\n")) is not None]  # as the doctor reads it
     assert j["recognised"] and j["class"] in [failure, *whole], (j["class"], head, tail)
 
 

@@ -201,3 +201,72 @@ def test_a_device_past_the_nodes_gpus(gpus, index):
         assert 'vllm_device="cuda:0"' in step and "--num_processes 0" not in step
     else:
         assert f'vllm_device="cuda:{gpus - 1}"' in step and f"num_processes {gpus - 1}" in step
+
+
+# --- after heldout41za and 41zb -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("quoted", ["`{}`", "  `{}`", "`{}"])
+def test_an_exception_pasted_as_inline_code_is_read_like_any_other(quoted):
+    n = DRAW.randrange(1, 900)
+    plain = REDUCED.format(n=n)
+    assert run(quoted.format(plain))["class"] == run(plain)["class"] == "reduced_twice"
+
+
+def shared_message(names: list[str], newer: bool) -> str:
+    found = "{" + ", ".join(f"'{n}'" for n in names) + "}"
+    if newer:
+        return (f"RuntimeError: The weights trying to be saved contained shared tensors [{found}] which are not "
+                f"properly defined. We found all the potential target tied weights keys to be: ['lm_head.weight'].")
+    return (f"RuntimeError: The weights trying to be saved contained shared tensors [{found}] that are mismatching the "
+            f"transformers base configuration. Try saving using `safe_serialization=False` or remove this tensor sharing.")
+
+
+@pytest.mark.parametrize("newer", [False, True])
+def test_transformers_refusing_undeclared_sharing_removes_the_sharing_first(newer):
+    names = DRAW.sample(["model.vision_tower.embed.weight", "model.embed_tokens.weight", "score.weight",
+                         "model.mm_projector.0.weight", "lm_head.weight"], 2)
+    j = run(shared_message(names, newer))
+    assert j["class"] == "shared_tensors" and j["proposal"]["step"].startswith("remove the shared tensor")
+    assert all(n in j["proposal"]["step"] for n in names)
+    assert "safe_serialization=False" in j["then"][0]["step"]
+
+
+def test_safetensors_own_refusal_still_saves_without_it():
+    j = run("RuntimeError: Some tensors share memory, this will lead to duplicate memory on disk and potential "
+            "differences when loading them again: [{'lm_head.weight', 'model.embed_tokens.weight'}].")
+    assert j["class"] == "shared_tensors" and "safe_serialization=False" in j["proposal"]["step"]
+
+
+@pytest.mark.parametrize("patcher", ["liger-kernel", "Liger", "unsloth", None])
+def test_a_keyword_a_patched_forward_lacks_upgrades_the_patching_package(patcher):
+    kwarg = DRAW.choice(["mm_token_type_ids", "cache_position", "logits_to_keep", "pixel_attention_mask"])
+    version = f"{DRAW.randrange(4, 6)}.{DRAW.randrange(0, 60)}.{DRAW.randrange(0, 3)}"
+    lines = [f"transformers version: {version}"]
+    if patcher:
+        lines.append(f"Applying {patcher} patches to the model")
+    lines.append(f"ValueError: The following `model_kwargs` are not used by the model: ['{kwarg}'] (note: typos in "
+                 f"the generate arguments will also show up in this list)")
+    j = run("\n".join(lines))
+    assert j["class"] == "signature" and kwarg in j["title"] and version in j["title"]
+    step = j["proposal"]["step"]
+    if patcher is None:
+        assert step.startswith("update the model's own code")
+    else:
+        expected = "liger-kernel" if patcher.lower().startswith("liger") else patcher
+        assert step.startswith(f"upgrade {expected}") and version in step
+
+
+@pytest.mark.parametrize("output", ["../pytorch_model.bin", "out/model.bin", "fp32.pt"])
+def test_zero_to_fp32_told_a_file_is_read_against_its_installed_arguments(output):
+    source = DRAW.choice([".", "checkpoints/global_step500", "/data/run/ckpt"])
+    text = f"$ python zero_to_fp32.py {source} {output}\nRuntimeError: Parent directory {output} does not exist."
+    j = run(text)
+    assert j["class"] == "parent_missing" and "zero_to_fp32.py's output_dir" in j["proposal"]["step"]
+    folder = output.rsplit("/", 1)[0] + "/" if "/" in output else "."
+    assert j["proposal"]["step"].endswith(f"`zero_to_fp32.py {source} {folder}`")
+    assert f"deepspeed {installed.installed_version('deepspeed')}" in j["proposal"]["reason"]
+
+
+def test_a_missing_parent_of_anything_else_is_the_directory_to_create():
+    j = run("RuntimeError: Parent directory /scratch/me/run3/ckpt does not exist.")
+    assert j["class"] == "parent_missing" and j["proposal"]["step"].startswith("create the directory /scratch/me")

@@ -74,7 +74,8 @@ class Log:
     @classmethod
     def of(cls, raw: str) -> "Log":
         # \r\n (Windows), then a bare \r (a redrawn progress bar): each redraw is a line of its own
-        return cls(tuple(collapse_repeats(raw.replace("\r\n", "\n").replace("\r", "\n").split("\n"))[0]))
+        lines = [unquoted(line) for line in raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+        return cls(tuple(collapse_repeats(lines)[0]))
 
     @functools.cached_property
     def text(self) -> str:
@@ -382,6 +383,16 @@ def fold(text: str) -> str:
 
 REPEAT_BLOCK_LINES = 64  # the longest block of lines whose back-to-back repeats are collapsed (a traceback per step)
 REPEAT_CANDIDATES = 4  # earlier occurrences of a line tried as the start of the block it repeats
+
+
+INLINE_CODE = re.compile(r"^(\s*)`(?!``)(?P<inner>[^`].*?)`?\s*$")
+
+
+def unquoted(line: str) -> str:
+    """A line pasted as Markdown inline code (`` `RuntimeError: ...` ``) without its backticks, so an exception
+    quoted that way starts its line like any other; fences (```) are left alone."""
+    m = INLINE_CODE.match(line)
+    return f"{m.group(1)}{m.group('inner')}" if m else line
 
 
 def collapse_repeats(lines: list[str], longest: int = REPEAT_BLOCK_LINES) -> tuple[list[str], list[tuple]]:

@@ -15,7 +15,8 @@
 | zero3_placeholder | an operand of size 0 against the model's width                | by phase: register/leaf, or no ZeRO-3 for that step |
 | stage3_save       | 16-bit weights not gathered at save time                      | gather on save / zero_to_fp32     |
 | ckpt_topology     | a ZeRO checkpoint loaded on another data-parallel size        | the elastic (universal) resume    |
-| shared_tensors    | safetensors refusing tensors that share storage (tied weights) | save without it / save_pretrained |
+| shared_tensors    | tensors that share storage refused at a save (safetensors; transformers' undeclared ties) | save without it / untie |
+| parent_missing    | torch.save's "Parent directory X does not exist" (a script argument, read from its argparse) | a directory there |
 | offload_optimizer | ZeRO-Offload with a client optimizer                          | DeepSpeedCPUAdam                  |
 | sequence_parallel | a traceback from a Ulysses precondition's site (classes/sequence.py) | that precondition's fix  |
 | nvme_aio          | "buffer nbytes != file bytes", an aio assertion               | check the NVMe path, CPU offload  |
@@ -40,6 +41,7 @@
 | reduced_twice     | ZeRO's "has already been reduced. Gradient computed twice"    | checkpointing off / non-reentrant |
 | token_past_embedding | srcIndex < srcSelectDimSize, "index out of range in self"  | resize the embedding to the tokenizer |
 | signature         | a call its callee's release refuses (arity, keyword, missing argument) | the release that goes with it / the override's signature |
+| signature         | transformers' "model_kwargs are not used by the model" (a patched or remote forward) | upgrade the patcher / the model code |
 | engine_api        | a DeepSpeedEngine method (from its source) on an unwrapped model | launch under DeepSpeed, or unset its switch |
 | missing_name      | "cannot import name N from P", "module P has no attribute N"  | the release that goes with it     |
 | extension_abi     | a compiled extension's "undefined symbol" (built for another torch) | rebuild it against this one |
@@ -185,6 +187,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("stage3_save", _save, checkpoint.diagnose_save, signature=(SAVE_SKIPPED, EMPTY_WEIGHTS)),
     Recogniser("ckpt_topology", _first(checkpoint.TOPOLOGY), checkpoint.diagnose_topology),
     Recogniser("shared_tensors", _first(checkpoint.SHARED_TENSORS), checkpoint.diagnose_shared_tensors),
+    Recogniser("parent_missing", _first(checkpoint.PARENT_MISSING), checkpoint.diagnose_parent_missing),
     Recogniser("offload_optimizer", _first(messages.CLIENT_OPTIMIZER), messages.diagnose_client_optimizer),
     Recogniser("sequence_parallel", sequence.find, sequence.diagnose),
     Recogniser("nvme_aio", _first(NVME), advice.diagnose_nvme),
@@ -212,6 +215,7 @@ RECOGNISERS: list[Recogniser] = [
     Recogniser("engine_api", engine_api.find, engine_api.diagnose),
     Recogniser("missing_name", names.find, names.diagnose, signature=(names.MISSING_NAME,)),
     Recogniser("signature", names.find_signature, names.diagnose_signature, signature=(names.SIGNATURE,)),
+    Recogniser("signature", _first(names.UNUSED_KWARGS), names.diagnose_unused_kwargs),
     Recogniser("extension_abi", _first(binaries.UNDEFINED_SYMBOL), binaries.diagnose_undefined_symbol),
     Recogniser("invalid_device_ordinal", _first(binaries.INVALID_ORDINAL), binaries.diagnose_invalid_ordinal),
     Recogniser("device_unavailable", _first(binaries.DEVICE_UNAVAILABLE), binaries.diagnose_device_unavailable),

@@ -7,6 +7,7 @@ import re
 
 from ... import ds as dsc
 from ...plan.estimate import gb
+from .. import installed
 from ..findings import Diagnosis, Found, Proposal, planned
 from ..raised import final_exception
 
@@ -176,13 +177,18 @@ def diagnose_device_map(f: Found) -> Diagnosis:
 
 # safetensors' save_file writes each tensor's storage once per name and refuses two names over one storage: tied
 # weights (an input embedding and lm_head) saved through a path that does not drop the duplicate first
-SHARED_TENSORS = re.compile(r"Some tensors share memory, this will lead to duplicate memory on disk")
+SHARED_TENSORS = re.compile(r"(Some tensors share memory, this will lead to duplicate memory on disk|The weights trying to "
+                            r"be saved contained shared tensors)")
+# transformers' save_pretrained drops the duplicates its config declares tied, and refuses the others itself
+UNDECLARED = re.compile(r"The weights trying to be saved contained shared tensors")
 SHARED_NAMES = re.compile(r"\[\{([^}]*)\}")
 
 
 def diagnose_shared_tensors(f: Found) -> Diagnosis:
     names = SHARED_NAMES.search(f.log.joined(f.index, following=2))
     tied = f" ({names.group(1)})" if names else ""
+    if UNDECLARED.search(f.log.joined(f.index)):
+        return _undeclared_sharing(f, tied)
     d = Diagnosis("shared_tensors", f"the save refused tensors that share storage{tied}: tied weights, written with "
                                     f"safetensors", f.line)
     d.proposal = Proposal(
@@ -191,6 +197,51 @@ def diagnose_shared_tensors(f: Found) -> Diagnosis:
         f"safetensors stores one tensor per name and refuses two names over one storage{tied}; the save that raised "
         "passes the raw state dict. Where you control the call, save_pretrained / safetensors' save_model drop the "
         "duplicate instead and keep safetensors")
+    return d
+
+
+def _undeclared_sharing(f: Found, tied: str) -> Diagnosis:
+    d = Diagnosis("shared_tensors", f"save_pretrained refused tensors that share storage{tied} which the model's "
+                                    f"config does not declare tied", f.line)
+    d.proposal = Proposal(
+        f"remove the shared tensor before saving: give one of them{tied} storage of its own (`x.weight = "
+        f"torch.nn.Parameter(y.weight.clone())`), or declare the pair in the model's _tied_weights_keys", [],
+        "save_pretrained drops only the duplicates the model declares tied (its _tied_weights_keys and the config's "
+        "tie_word_embeddings); these share storage by an assignment in the model's code or the training script, so "
+        "it refuses to pick one, and a reload would not tie them again")
+    d.then.append(Proposal("or save without safetensors: safe_serialization=False (the HF Trainer's "
+                           "save_safetensors=False)", [], "torch.save keeps the shared storage as it is"))
+    return d
+
+
+# --- a script told to write into a directory that is a file name ---------------------------------------------------
+
+# torch.save's refusal when the file's directory does not exist: the path given was taken as a directory to write in
+PARENT_MISSING = re.compile(r"Parent directory (?P<path>\S+?)\.? does not exist")
+SCRIPT_RUN = re.compile(r"(?P<script>[\w.-]+\.py)\b(?P<args>[^\n]*)")
+
+
+def diagnose_parent_missing(f: Found) -> Diagnosis:
+    path = PARENT_MISSING.search(f.log.joined(f.index)).group("path")
+    d = Diagnosis("parent_missing", f"a save into {path}/, a directory that does not exist", f.line)
+    run = next((m for line in f.log.lines for m in [SCRIPT_RUN.search(line)] if m and path in m.group("args").split()),
+               None)
+    found = installed.script(run.group("script")) if run else None
+    if run and found:
+        package, file = found
+        words = [w for w in run.group("args").split() if not w.startswith("-")]
+        declared = installed.positionals(file)
+        name, meaning = declared[words.index(path)] if words.index(path) < len(declared) else (path, "")
+        d.proposal = Proposal(
+            f"pass a directory as {run.group('script')}'s {name}: `{run.group('script')} "
+            f"{' '.join(w if w != path else (path.rsplit('/', 1)[0] + '/' if '/' in path else '.') for w in words)}`",
+            [], f"in {package} {installed.installed_version(package)} (installed here) its argument {name} is "
+            f"\"{meaning}\": the script writes its files into it, so {path} was taken as a directory. Instructions "
+            f"that pass a file there were written for an older {package}: use its form, or pin that release")
+        return d
+    d.proposal = Proposal(f"create the directory {path} first, or pass the directory the file should go in", [],
+                          "torch.save writes into an existing directory only; the code took this path as that "
+                          "directory")
     return d
 
 

@@ -334,3 +334,35 @@ def diagnose_signature(f: Found) -> Diagnosis:
         + ("; the call comes from your own script: match it to the installed release's signature" if not caller
            and frames else ""))
     return d
+
+
+# --- a keyword transformers passes that the model's forward does not take -------------------------------------------
+
+# transformers checks model_kwargs against the signature of the model's forward: a forward replaced by a patching
+# package (Liger's, unsloth's) or a model's own remote code written for an older transformers lacks a keyword the
+# installed transformers now passes
+UNUSED_KWARGS = re.compile(r"The following `?model_kwargs`? are not used by the model: \[(?P<names>[^\]]*)\]")
+PATCHERS = re.compile(r"\b(liger[_-]kernel|liger|unsloth)\b", re.IGNORECASE)
+TRANSFORMERS_SEEN = re.compile(r"transformers[^\n]{0,40}?\bv?(?P<version>\d+\.\d+\.\d+)", re.IGNORECASE)
+
+
+def diagnose_unused_kwargs(f: Found) -> Diagnosis:
+    names = UNUSED_KWARGS.search(f.log.joined(f.index)).group("names")
+    patcher = PATCHERS.search(f.log.text)
+    seen = TRANSFORMERS_SEEN.search(f.log.text)
+    release = f" {seen.group('version')}" if seen else ""
+    d = Diagnosis("signature", f"the model's forward does not take {names}, which transformers{release} passes", f.line)
+    if patcher:
+        package = "liger-kernel" if patcher.group(1).lower().startswith("liger") else patcher.group(1).lower()
+        d.proposal = Proposal(f"upgrade {package} (pip install -U {package}) to a release written for "
+                              f"transformers{release}, or train without its patching", [],
+                              f"{package} replaces the model's forward with its own; transformers{release} passes "
+                              f"{names}, which that forward was not written to take, and refuses a keyword the "
+                              "forward's signature lacks")
+        return d
+    d.proposal = Proposal(f"update the model's own code (its trust_remote_code modeling file, a newer revision) or pin "
+                          f"transformers to the release it was written for", [],
+                          f"transformers{release} passes {names} and checks them against the forward's signature; a "
+                          "forward that lacks them was written for another release (a typo in generate's arguments "
+                          "shows up the same way)")
+    return d
