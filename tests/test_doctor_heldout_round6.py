@@ -1,4 +1,4 @@
-"""Issue 41's sixth round of held-out measurements (tests/logs/heldout41y-41zb), one set a row, kept like the fifth
+"""Issue 41's sixth round of held-out measurements (tests/logs/heldout41y-41zd), one set a row, kept like the fifth
 (test_doctor_heldout_round5.py): collected by other engineers without running the doctor or reading its code (each
 reported only how many logs it wrote), scored once when new by the same rule as heldout41b
 (test_doctor_heldout41b.verdict), and only then read and used to build (test_doctor_mechanisms41y.py). The tests assert
@@ -45,11 +45,20 @@ pytestmark = pytest.mark.quick
 # output_dir). Scored after: heldout41za 1 right, 1 partial (an output directory, where the thread pinned DeepSpeed
 # 0.15.2); heldout41zb 3 right, 1 partial, 1 not recognised (triton's PY_SSIZE_T_CLEAN, fixed by torch 2.5 with triton
 # 3.1).
+#
+# Twenty-eighth and twenty-ninth held-out measurements: the doctor on 1 and 2 public threads (tests/logs/heldout41zc:
+# launching and distributed setup; tests/logs/heldout41zd: model loading, tokenizers and data; 4-8 asked for each, in
+# 20 minutes), collected side by side by two engineers without running the doctor or reading its code. The doctor ran
+# on them once, at ea3ed16 (the doctor as at eaf2250, after what heldout41y-41zb led to): heldout41zc 1 right;
+# heldout41zd 1 right, 1 not recognised (a Trainer's "max_steps has to be specified" for a dataset without __len__).
+# Nothing was built from them: they are held out for the next round.
 SETS = [  # (set, threads, right at least, not recognised at most); none wrong or silent
     ("heldout41y", 5, 4, 0),
     ("heldout41z", 2, 2, 0),
     ("heldout41za", 2, 1, 0),
     ("heldout41zb", 5, 3, 1),
+    ("heldout41zc", 1, 1, 0),
+    ("heldout41zd", 2, 1, 1),
 ]
 
 
