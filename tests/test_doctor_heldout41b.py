@@ -105,7 +105,7 @@ def scored(held: Path, cases: dict) -> tuple[dict, dict]:
 
 
 def assert_holds(held: str, threads: int, right: int, not_recognised: int) -> None:
-    """A later round's set (a row of test_doctor_heldout_round5/6.py): its threads new, its score no worse, none wrong
+    """A later round's set (a row of test_doctor_heldout_round5.py): its threads new, its score no worse, none wrong
     or silent."""
     cases = cases_of(LOGS / held)
     assert_a_new_set(LOGS / held, cases, threads)

@@ -1,5 +1,5 @@
 """Issue 41's mechanisms after heldout41y and 41z (built from their misses once they were measured; see
-test_doctor_heldout_round6.py), each checked on cases drawn beyond those logs:
+test_doctor_heldout_round5.py), each checked on cases drawn beyond those logs:
 
 - a broken invariant inside a library's own code (IndexError, a bare assert, an index past a tensor's end) or a
   programming error there is read against the installed release's source (trainer/diagnose/installed.py): the same
@@ -58,12 +58,11 @@ def user_frame() -> tuple[str, int, str, str]:
     return ("/home/me/train.py", DRAW.randrange(20, 400), "main", "engine.step()")
 
 
-@pytest.mark.parametrize("function, number, code", deepspeed_lines(COORDINATOR, 3) +
-                         deepspeed_lines("runtime/zero/stage3.py", 3))
-def test_an_invariant_broken_on_a_line_the_installed_deepspeed_still_runs_is_not_fixed_by_upgrading(function,
+@pytest.mark.parametrize("relative, function, number, code",
+                         [(file, *drawn) for file in (COORDINATOR, "runtime/zero/stage3.py")
+                          for drawn in deepspeed_lines(file, 3)])
+def test_an_invariant_broken_on_a_line_the_installed_deepspeed_still_runs_is_not_fixed_by_upgrading(relative, function,
                                                                                                     number, code):
-    relative = COORDINATOR if installed._functions(installed.root("deepspeed") / COORDINATOR).get(function) \
-        else "runtime/zero/stage3.py"
     last = DRAW.choice(["IndexError: pop from an empty deque", "IndexError: list index out of range",
                         "AssertionError", "RuntimeError: start (4096) + length (512) exceeds dimension size (4096)."])
     j = run(traceback([user_frame(), (f"{SITE}/deepspeed/{relative}", number + DRAW.randrange(-30, 30), function,

@@ -178,31 +178,16 @@ def script(name: str) -> Optional[tuple[str, Path]]:
 
 
 def positionals(path: Path) -> list[tuple[str, str]]:
-    """(name, help) of each positional argument the script's argparse declares, in order."""
+    """(name, help) of each positional argument the script's argparse declares, in source order."""
     try:
         tree = ast.parse(_text(path))
     except (SyntaxError, ValueError):
         return []
-    out = []
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str) and not first.value.startswith("-"):
                 help_text = next((kw.value for kw in node.keywords if kw.arg == "help"), None)
-                out.append((first.value, _joined(help_text)))
-    return sorted(out, key=lambda pair: _line_of(tree, pair[0]))
-
-
-def _joined(node) -> str:
-    """A help string as written: a constant, or adjacent string constants."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    return ""
-
-
-def _line_of(tree, name: str) -> int:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args and \
-                isinstance(node.args[0], ast.Constant) and node.args[0].value == name:
-            return node.lineno
-    return 0
+                found.append((node.lineno, first.value, help_text.value if isinstance(help_text, ast.Constant) else ""))
+    return [(name, help_text) for _, name, help_text in sorted(found)]

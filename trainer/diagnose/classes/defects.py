@@ -98,7 +98,8 @@ def diagnose(f: Found) -> Diagnosis:
     seen = f.versions.get(package)
     kind = "a programming error" if raised.name in PROGRAMMING_ERRORS else "a broken invariant of its own bookkeeping"
     d = Diagnosis("library_bug", f"{raised.name} inside {package}'s own code ({where})", f.line)
-    said = f"{raised.headline.rstrip(chr(34) + '.')} is {kind} raised inside {package} itself, with nothing of the run's config in it"
+    said = (f"{raised.headline.rstrip(chr(34) + '.')} is {kind} raised inside {package} itself, with nothing of the "
+            f"run's config in it")
     if compared is not None and compared.state == "same":
         d.proposal = _still_there(pip_name, compared.place, said, seen)
         return d
